@@ -1,0 +1,155 @@
+"""Attribute schemas for rules: typed, documented, validated with errors naming the field.
+
+Declarations are data; this module turns a TOML table into checked Python values without running
+any project code. Attributes of type `label`/`label_list` are the edges of the target graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rsi.errors import DeclarationError, LabelError
+from rsi.label import Label
+
+_MISSING = object()
+
+KINDS = ("string", "int", "float", "bool", "string_list", "label", "label_list", "string_dict",
+         "table", "table_list")
+
+
+@dataclass(frozen=True)
+class Attr:
+    kind: str
+    doc: str = ""
+    default: Any = _MISSING
+    choices: tuple[str, ...] = ()
+    nonempty: bool = False
+
+    @property
+    def required(self) -> bool:
+        return self.default is _MISSING
+
+    @property
+    def is_dependency(self) -> bool:
+        return self.kind in ("label", "label_list")
+
+
+def attr(kind: str, doc: str = "", default: Any = _MISSING, **kw: Any) -> Attr:
+    if kind not in KINDS:
+        raise ValueError(f"unknown attribute kind {kind}")
+    return Attr(kind, doc, default, **kw)
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
+               list: "a list", dict: "a table"}
+
+
+def _type_name(value: Any) -> str:
+    return _TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+@dataclass
+class Where:
+    file: str
+    target: str
+    package: str
+
+
+def _err(where: Where, field_name: str, msg: str, hint: str | None = None) -> DeclarationError:
+    return DeclarationError(msg, file=where.file, target=where.target, field=field_name, hint=hint)
+
+
+def coerce(a: Attr, name: str, value: Any, where: Where) -> Any:
+    k = a.kind
+    want = {
+        "string": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
+        "string_list": "a list of strings", "label": "a label string",
+        "label_list": "a list of label strings", "string_dict": "a table of strings",
+        "table": "a table", "table_list": "a list of tables",
+    }[k]
+    bad = _err(where, name, f"expected {want}, got {_type_name(value)} {value!r:.60}")
+    if k == "string":
+        if not isinstance(value, str):
+            raise bad
+        if a.choices and value not in a.choices:
+            raise _err(where, name, f"{value!r} is not one of {', '.join(a.choices)}")
+        if a.nonempty and not value:
+            raise _err(where, name, "must not be empty")
+        return value
+    if k == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if k == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if k == "bool":
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if k in ("string_list", "label_list"):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise bad
+        if a.nonempty and not value:
+            raise _err(where, name, "must list at least one entry")
+        if len(set(value)) != len(value):
+            dup = next(v for v in value if value.count(v) > 1)
+            raise _err(where, name, f"{dup!r} is listed twice")
+        if k == "label_list":
+            return tuple(_label(v, name, where) for v in value)
+        return tuple(value)
+    if k == "label":
+        if not isinstance(value, str):
+            raise bad
+        return _label(value, name, where)
+    if k == "string_dict":
+        if not isinstance(value, dict) or not all(
+            isinstance(kk, str) and isinstance(v, str) for kk, v in value.items()
+        ):
+            raise bad
+        return dict(value)
+    if k == "table":
+        if not isinstance(value, dict):
+            raise bad
+        return value
+    if k == "table_list":
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            raise bad
+        return list(value)
+    raise AssertionError(k)
+
+
+def _label(text: str, name: str, where: Where) -> Label:
+    try:
+        return Label.parse(text, where.package)
+    except LabelError as exc:
+        raise _err(where, name, exc.message, hint=exc.hint) from None
+
+
+@dataclass(frozen=True)
+class Schema:
+    attrs: dict[str, Attr] = field(default_factory=dict)
+
+    def validate(self, raw: dict, where: Where) -> dict:
+        import difflib
+
+        out: dict[str, Any] = {}
+        for key in raw:
+            if key not in self.attrs:
+                close = difflib.get_close_matches(key, list(self.attrs), n=1)
+                raise _err(
+                    where, key, "unknown attribute",
+                    hint=f"did you mean '{close[0]}'?" if close
+                    else f"known attributes: {', '.join(sorted(self.attrs))}",
+                )
+        for name, a in self.attrs.items():
+            if name in raw:
+                out[name] = coerce(a, name, raw[name], where)
+            elif a.required:
+                raise _err(where, name, "required attribute is missing")
+            else:
+                d = a.default
+                out[name] = tuple(d) if isinstance(d, list) else (dict(d) if isinstance(d, dict) else d)
+        return out

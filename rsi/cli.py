@@ -1,0 +1,294 @@
+"""The `rsi` command line: a thin layer over the engine. Every command a program reads has
+`--json`. Exit codes: 0 success, 1 build failure (or a corrupt store found), 2 usage or
+declaration error."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rsi import __version__
+from rsi.errors import EXIT_BUILD_FAILED, EXIT_USAGE, RsiError
+
+EPILOG = """\b
+Exit codes:
+  0  success
+  1  build failure (an action failed, a corrupt store entry was found)
+  2  usage or declaration error (bad label, bad BUILD.toml, unknown option)
+"""
+
+
+def _emit(obj: Any, as_json: bool, human: str | None = None) -> None:
+    if as_json:
+        click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
+    elif human is not None:
+        click.echo(human)
+
+
+def _workspace(ctx: click.Context, **overrides: Any):
+    from rsi.workspace import Workspace
+
+    root = ctx.obj.get("workspace")
+    ws = Workspace.load(Path(root).resolve()) if root else Workspace.discover()
+    if ctx.obj.get("store"):
+        overrides["store"] = ctx.obj["store"]
+    return ws.with_overrides(**overrides)
+
+
+class RsiGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except RsiError as exc:
+            click.echo(f"rsi: error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("rsi: interrupted", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=RsiGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="rsi")
+@click.option("--workspace", "-C", type=click.Path(file_okay=False), help="Workspace root "
+              "(default: the nearest folder with rsi.toml at or above the current one).")
+@click.option("--store", type=click.Path(file_okay=False), help="Store folder (default: "
+              "<workspace>/cache or rsi.toml's `store`).")
+@click.pass_context
+def main(ctx: click.Context, workspace: str | None, store: str | None) -> None:
+    """rsi: build LLM-inference optimisation campaigns as a hermetic, content-addressed graph.
+
+    \b
+    Start with:
+      rsi build //tasks/softmax:verdict     build a target (and only what changed)
+      rsi query 'deps(//tasks/...)'          explore the target graph
+      rsi why //tasks/softmax:verdict        what ran in its last build, and why
+      rsi cache verify                       re-hash the store, remove corrupt entries
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["workspace"] = workspace
+    ctx.obj["store"] = store
+
+
+@main.command(epilog=EPILOG)
+@click.argument("targets", nargs=-1, required=True)
+@click.option("--jobs", "-j", type=click.IntRange(1), help="Parallel actions (default: CPUs).")
+@click.option("--keep-going", "-k", is_flag=True, default=None,
+              help="Build everything not downstream of a failure.")
+@click.option("--salt", help="Mix this string into every action key (invalidates the cache).")
+@click.option("--executor", type=click.Choice(["local", "bwrap", "docker", "remote"]),
+              help="Where actions run (default: local sandbox).")
+@click.option("--remote", help="REAPI endpoint grpc://HOST:PORT for the remote cache.")
+@click.option("--events", type=click.File("w"), help="Also write the event stream (JSON lines) "
+              "to this file ('-' for stdout).")
+@click.option("--json", "as_json", is_flag=True, help="Print a build report as JSON.")
+@click.pass_context
+def build(ctx: click.Context, targets: tuple[str, ...], jobs: int | None, keep_going: bool | None,
+          salt: str | None, executor: str | None, remote: str | None, events, as_json: bool) -> None:
+    """Build TARGETS (labels or patterns: //pkg:name, :name, //pkg/..., //pkg:all).
+
+    Only actions whose key is not in the cache run. Outputs of the named targets are copied
+    under out/. Every build writes an event log under <store>/events/.
+    """
+    from rsi.build import build as run_build
+
+    ws = _workspace(ctx, jobs=jobs, keep_going=keep_going, salt=salt, executor=executor,
+                    remote=remote)
+    report = run_build(ws, list(targets), events_to=events)
+    if as_json:
+        _emit(report.to_json(), True)
+    else:
+        c = report.counts
+        for label, t in report.targets.items():
+            state = "ok" if t["ok"] else "FAILED"
+            click.echo(f"{label}: {state} ({t['cache']})")
+            for f in t["failed"]:
+                click.echo(f"  {f['action']}: {f['status']}: {f['message']}", err=True)
+            for path in t["outputs"]:
+                click.echo(f"  {path}")
+        click.echo(f"{c['actions']} actions: {c['cached']} cached, {c['executed']} executed, "
+                   f"{c['failed']} failed, {c['skipped']} not built  ({report.wall_s:.2f}s)")
+    sys.exit(0 if report.ok else EXIT_BUILD_FAILED)
+
+
+@main.command(epilog=EPILOG)
+@click.argument("expr")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def query(ctx: click.Context, expr: str, as_json: bool) -> None:
+    """Evaluate a query over the target graph.
+
+    \b
+    EXPR := PATTERN | deps(EXPR) | rdeps(EXPR) | kind(RULE, EXPR)
+    Examples:
+      rsi query '//...'
+      rsi query 'deps(//tasks/softmax:verdict)'
+      rsi query 'kind(check, rdeps(//tasks/softmax:task))'
+    """
+    from rsi.loader import Loader
+    from rsi.query import evaluate
+    from rsi.registry import load_rules
+
+    ws = _workspace(ctx)
+    loader = Loader(ws.root, load_rules(ws.rules))
+    labels = evaluate(loader, expr)
+    rows = [{"label": str(lb), "rule": loader.target(lb).rule.name} for lb in labels]
+    _emit(rows, as_json, "\n".join(str(lb) for lb in labels))
+
+
+@main.command(epilog=EPILOG)
+@click.argument("targets", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(["dot", "json"]), default="dot")
+@click.option("--actions", is_flag=True, help="Show the action graph instead of targets.")
+@click.pass_context
+def graph(ctx: click.Context, targets: tuple[str, ...], fmt: str, actions: bool) -> None:
+    """Print the target (or action) graph of TARGETS as Graphviz dot or JSON."""
+    from rsi.build import load_graph, open_store
+
+    ws = _workspace(ctx)
+    labels, bg = load_graph(ws, list(targets), open_store(ws))
+    g = bg.action_graph.subgraph(bg.actions_for(labels)) if actions else bg.target_graph
+    nodes = sorted(str(n) for n in g.nodes)
+    edges = sorted((str(a), str(b)) for a, b in g.edges)
+    if fmt == "json":
+        _emit({"nodes": nodes, "edges": [{"from": a, "to": b} for a, b in edges]}, True)
+    else:
+        lines = ["digraph rsi {", "  rankdir=LR;"]
+        lines += [f'  "{n}";' for n in nodes]
+        lines += [f'  "{a}" -> "{b}";' for a, b in edges]
+        lines.append("}")
+        click.echo("\n".join(lines))
+
+
+@main.command(epilog=EPILOG)
+@click.argument("target")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def why(ctx: click.Context, target: str, as_json: bool) -> None:
+    """Explain TARGET's last build: which actions ran and the exact field that changed for
+    each, or that it was fully cached."""
+    from rsi.build import open_store
+    from rsi.why import explain
+
+    ws = _workspace(ctx)
+    doc = explain(open_store(ws), target, ws)
+    if as_json:
+        _emit(doc, True)
+        return
+    if doc["build_id"] is None:
+        click.echo(f"{doc['label']}: no build of it is recorded in this store")
+        return
+    click.echo(f"{doc['label']}: last built in {doc['build_id']}")
+    if not doc["ran"]:
+        click.echo(f"  fully cached: {doc['cached']} action(s) served from the cache, none ran")
+    for a in doc["ran"]:
+        click.echo(f"  ran {a['action']} ({a['status']})")
+        for reason in a["why"]:
+            click.echo(f"    - {reason}")
+    if doc["ran"] and doc["cached"]:
+        click.echo(f"  {doc['cached']} other action(s) were cached")
+
+
+@main.group(epilog=EPILOG)
+def cache() -> None:
+    """Inspect and maintain the local store (ls, show, verify, gc, stats)."""
+
+
+@cache.command("ls")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def cache_ls_cmd(ctx: click.Context, as_json: bool) -> None:
+    """List cached action results."""
+    from rsi.build import open_store
+    from rsi.cacheops import cache_ls
+
+    rows = cache_ls(open_store(_workspace(ctx)))
+    human = "\n".join(f"{r['key'][:16]}  exit={r['exit_code']}  outputs={r['outputs']}  "
+                      f"{r['action'] or '?'}" for r in rows)
+    _emit(rows, as_json, human or "(empty)")
+
+
+@cache.command("show")
+@click.argument("what")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def cache_show_cmd(ctx: click.Context, what: str, as_json: bool) -> None:
+    """Show one cached action: by key prefix, label or action id."""
+    from rsi.build import open_store
+    from rsi.cacheops import cache_show
+
+    doc = cache_show(open_store(_workspace(ctx)), what)
+    _emit(doc, True) if as_json else click.echo(json.dumps(doc, indent=2, default=str))
+
+
+@cache.command("verify")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def cache_verify_cmd(ctx: click.Context, as_json: bool) -> None:
+    """Re-hash every blob, check every action result; corrupt entries are removed (and will
+    be rebuilt). Exit 1 when anything was corrupt."""
+    from rsi.build import open_store
+    from rsi.cacheops import cache_verify
+
+    store = open_store(_workspace(ctx))
+    with store.lock(exclusive=True):
+        report = cache_verify(store)
+    human = (f"{'clean' if report.clean else 'CORRUPT'}: {report.blobs} blobs, {report.actions} "
+             f"action results checked; removed {len(report.corrupt_blobs)} blobs, "
+             f"{len(report.corrupt_actions)} action results")
+    _emit(report.to_json(), as_json, human)
+    sys.exit(0 if report.clean else EXIT_BUILD_FAILED)
+
+
+@cache.command("gc")
+@click.argument("roots", nargs=-1)
+@click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def cache_gc_cmd(ctx: click.Context, roots: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
+    """Remove everything not reachable from the workspace's targets (or the ROOTS patterns)."""
+    from rsi.build import open_store
+    from rsi.cacheops import cache_gc
+    from rsi.loader import Loader
+    from rsi.registry import load_rules
+
+    ws = _workspace(ctx)
+    loader = Loader(ws.root, load_rules(ws.rules))
+    keep = {str(lb) for lb in loader.expand(list(roots) or ["//..."])}
+    store = open_store(ws)
+    with store.lock(exclusive=True):
+        doc = cache_gc(store, keep, dry_run)
+    verb = "would remove" if dry_run else "removed"
+    human = (f"{verb} {len(doc['removed_actions'])} action results and {len(doc['removed_blobs'])} "
+             f"blobs ({doc['freed_bytes']} bytes); kept {doc['kept_actions']} results")
+    if dry_run and not as_json:
+        human += "".join(f"\n  ac  {k}" for k in doc["removed_actions"])
+        human += "".join(f"\n  cas {k}" for k in doc["removed_blobs"])
+    _emit(doc, as_json, human)
+
+
+@cache.command("stats")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def cache_stats_cmd(ctx: click.Context, as_json: bool) -> None:
+    """Counts and sizes of the store."""
+    from rsi.build import open_store
+    from rsi.cacheops import cache_stats
+
+    doc = cache_stats(open_store(_workspace(ctx)))
+    _emit(doc, as_json, "\n".join(f"{k}: {v}" for k, v in doc.items()))
+
+
+def run() -> None:
+    try:
+        main(standalone_mode=True)
+    except RsiError as exc:
+        click.echo(f"rsi: error: {exc}", err=True)
+        sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,78 @@
+"""The build event stream: versioned JSON lines that CI and agents read, plus a live progress
+line for people at a terminal. Schema: docs/events.md. Writing an event never fails a build."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+EVENTS_SCHEMA = "rsi.events/1"
+
+
+class EventLog:
+    def __init__(
+        self,
+        path: Path | None = None,
+        *,
+        also: IO[str] | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        self.path = path
+        self._files: list[IO[str]] = []
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._files.append(open(path, "a", encoding="utf-8"))
+        if also is not None:
+            self._files.append(also)
+        self._lock = threading.Lock()
+        self._next_id = 1
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        self._last_draw = 0.0
+        self.counts = {"total": 0, "done": 0, "hit": 0, "executed": 0, "failed": 0, "running": 0}
+        self._drawn = False
+
+    def emit(self, kind: str, parent: int | None = None, **fields: Any) -> int:
+        with self._lock:
+            event_id = self._next_id
+            self._next_id += 1
+            doc = {"schema": EVENTS_SCHEMA, "id": event_id, "parent": parent, "kind": kind,
+                   "time": round(time.time(), 6), **fields}
+            line = json.dumps(doc, sort_keys=True, default=str) + "\n"
+            for f in self._files:
+                try:
+                    f.write(line)
+                    f.flush()
+                except (OSError, ValueError):
+                    pass
+        return event_id
+
+    def draw(self, current: str = "", force: bool = False) -> None:
+        if not self.progress:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_draw < 0.1:
+            return
+        self._last_draw = now
+        c = self.counts
+        line = (f"[{c['done']}/{c['total']}] {c['running']} running, {c['hit']} cached, "
+                f"{c['executed']} executed, {c['failed']} failed  {current}")
+        width = os.get_terminal_size(sys.stderr.fileno()).columns if sys.stderr.isatty() else 120
+        sys.stderr.write("\r" + line[: width - 1].ljust(width - 1))
+        sys.stderr.flush()
+        self._drawn = True
+
+    def close(self) -> None:
+        if self._drawn:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+        for f in self._files:
+            if f is not sys.stdout and f is not sys.stderr:
+                try:
+                    f.close()
+                except OSError:
+                    pass

@@ -1,0 +1,115 @@
+"""The executor interface and the pieces every executor shares: materialising inputs from the
+store into a fresh scratch folder and collecting declared outputs back into it."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+import stat
+import threading
+from functools import lru_cache
+from pathlib import Path
+from typing import Protocol
+
+from rsi.action import Action, ActionResult, OutputFile
+from rsi.digest import FileNode, SymlinkNode
+from rsi.store import LocalStore
+
+
+class Executor(Protocol):
+    name: str
+
+    def run(
+        self, action: Action, store: LocalStore, cancel: threading.Event | None = None
+    ) -> ActionResult: ...
+
+
+def materialise_inputs(action: Action, store: LocalStore, exec_dir: Path) -> None:
+    """Write every input file under `exec_dir`, verified, read-only (files 0444)."""
+    for rel, node in action.inputs:
+        dest = exec_dir / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(node, SymlinkNode):
+            os.symlink(node.target, dest)
+            continue
+        store.export_file(node.digest, dest, node.executable)
+        os.chmod(dest, 0o555 if node.executable else 0o444)
+    for out in action.outputs:
+        (exec_dir / out).parent.mkdir(parents=True, exist_ok=True)
+
+
+def readonly_units(action: Action) -> list[str]:
+    """The fewest input paths to bind read-only without covering a declared output's folder."""
+    out_dirs: set[str] = set()
+    for out in action.outputs:
+        parts = out.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            out_dirs.add("/".join(parts[:i]))
+    units: set[str] = set()
+    for rel, _ in action.inputs:
+        parts = rel.split("/")
+        for i in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:i])
+            if prefix not in out_dirs:
+                units.add(prefix)
+                break
+    return sorted(units)
+
+
+def collect_outputs(
+    action: Action, store: LocalStore, exec_dir: Path
+) -> tuple[tuple[OutputFile, ...], str | None]:
+    """Move declared outputs into the store. Undeclared files are ignored; a missing one fails."""
+    found: list[OutputFile] = []
+    missing: list[str] = []
+    for rel in action.outputs:
+        path = exec_dir / rel
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            missing.append(rel)
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            missing.append(f"{rel} (not a regular file)")
+            continue
+        digest = store.put_file(path, move=True)
+        found.append(OutputFile(rel, digest, bool(st.st_mode & 0o111)))
+    failure = None
+    if missing:
+        failure = "declared output(s) not created: " + ", ".join(missing)
+    return tuple(found), failure
+
+
+def remove_tree(path: Path) -> None:
+    def onerror(func, p, exc_info):  # NB: read-only folders of inputs block unlink for non-root
+        try:
+            os.chmod(os.path.dirname(p), 0o755)
+            os.chmod(p, 0o755)
+            func(p)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=onerror)
+
+
+@lru_cache(maxsize=1)
+def host_facts() -> dict:
+    cpu = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "hostname": socket.gethostname(),
+        "os": platform.system(),
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+        "cpu_model": cpu,
+        "cpu_count": os.cpu_count(),
+    }

@@ -1,0 +1,231 @@
+"""The local executor: one action, one fresh scratch folder, a cleared environment, read-only
+inputs, no network, and a process tree that is gone when the action ends.
+
+Sandboxing prefers bubblewrap (new namespaces, a root built from read-only binds, the workspace
+and the store invisible), falls back to `unshare` (no network, own pid namespace), and only then
+to a plain process group, which it reports in every result as `sandbox: none`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from functools import lru_cache
+from pathlib import Path
+
+from rsi.action import Action, ActionResult
+from rsi.digest import digest_value
+from rsi.errors import ExecutionError
+from rsi.executors.base import (
+    collect_outputs,
+    host_facts,
+    materialise_inputs,
+    readonly_units,
+    remove_tree,
+)
+from rsi.store import LocalStore
+
+EXEC_ROOT = "/rsi/exec"
+HOST_PYTHON = "host-python"
+
+
+@lru_cache(maxsize=1)
+def sandbox_mode() -> str:
+    """'bwrap', 'unshare' or 'none': the strongest isolation that works on this machine."""
+    forced = os.environ.get("RSI_SANDBOX")
+    if forced in ("bwrap", "unshare", "none"):
+        return forced
+    bwrap = shutil.which("bwrap")
+    if bwrap:
+        probe = subprocess.run(
+            [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
+            capture_output=True,
+        )
+        if probe.returncode == 0:
+            return "bwrap"
+    unshare = shutil.which("unshare")
+    if unshare:
+        probe = subprocess.run(
+            [unshare, "--net", "--pid", "--fork", "--kill-child", "--map-root-user", "true"],
+            capture_output=True,
+        )
+        if probe.returncode == 0:
+            return "unshare"
+    return "none"
+
+
+@lru_cache(maxsize=1)
+def host_python_identity() -> str:
+    """`host-python@<digest>` of this interpreter: version, platform and every installed dist."""
+    from importlib import metadata
+
+    dists = sorted(
+        f"{d.metadata['Name']}=={d.version}"
+        for d in metadata.distributions()
+        if d.metadata["Name"] and d.metadata["Name"].lower() != "rsi"
+    )
+    ident = {"version": sys.version, "platform": sys.platform, "dists": dists}
+    return f"{HOST_PYTHON}@{digest_value(ident).hash[:32]}"
+
+
+def _system_binds() -> list[str]:
+    args: list[str] = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    for etc in ("/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
+                "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/localtime"):
+        if os.path.exists(etc):
+            args += ["--ro-bind", etc, etc]
+    return args
+
+
+@lru_cache(maxsize=1)
+def _python_binds() -> tuple[str, ...]:
+    seen: list[str] = []
+    for p in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))):
+        real = os.path.realpath(p)
+        if not any(real == s or real.startswith(s + "/") for s in seen):
+            seen.append(real)
+    args: list[str] = []
+    for p in seen:
+        if not p.startswith("/usr/"):
+            args += ["--ro-bind", p, p]
+    return tuple(args)
+
+
+class LocalExecutor:
+    name = "local"
+
+    def __init__(self, sandbox: str | None = None) -> None:
+        self.sandbox = sandbox or sandbox_mode()
+
+    def _argv(self, action: Action) -> tuple[list[str], list[str]]:
+        """(argv to run, extra bwrap binds) after resolving the action's toolchain."""
+        argv = list(action.argv)
+        platform = dict(action.platform)
+        toolchain = platform.get("toolchain", "host")
+        binds: list[str] = []
+        if toolchain.startswith(HOST_PYTHON + "@"):
+            if toolchain != host_python_identity():
+                raise ExecutionError(
+                    f"action needs {toolchain} but this interpreter is {host_python_identity()}",
+                    hint="run with the same environment, or rebuild so the key matches this one",
+                )
+            if argv[0] in ("python3", "python"):
+                argv[0] = sys.executable
+            binds += list(_python_binds())
+        elif toolchain != "host":
+            raise ExecutionError(
+                f"the local executor cannot provide toolchain {toolchain!r}",
+                hint="use --executor bwrap or docker for container toolchains",
+            )
+        return argv, binds
+
+    def run(
+        self, action: Action, store: LocalStore, cancel: threading.Event | None = None
+    ) -> ActionResult:
+        scratch = store.scratch_dir()
+        exec_dir = scratch / "exec"
+        exec_dir.mkdir()
+        started = time.time()
+        try:
+            materialise_inputs(action, store, exec_dir)
+            argv, extra_binds = self._argv(action)
+            cmd, cwd = self._wrap(action, argv, extra_binds, exec_dir)
+            stdout_path, stderr_path = scratch / "stdout", scratch / "stderr"
+            with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+                t0 = time.perf_counter()
+                try:
+                    proc = subprocess.Popen(
+                        cmd, cwd=cwd, env=dict(action.env), stdin=subprocess.DEVNULL,
+                        stdout=out, stderr=err, start_new_session=True,
+                    )
+                except OSError as exc:
+                    raise ExecutionError(f"cannot start {cmd[0]}: {exc}") from exc
+                timed_out = self._wait(proc, action.timeout_s, cancel)
+                wall = time.perf_counter() - t0
+            if self.sandbox == "bwrap" and proc.returncode == 1 and not timed_out:
+                head = stderr_path.read_bytes()[:200]
+                if head.startswith(b"bwrap:"):
+                    raise ExecutionError(f"sandbox failed to start: {head.decode(errors='replace')}")
+            outputs, failure = collect_outputs(action, store, exec_dir)
+            if timed_out:
+                failure = f"timed out after {action.timeout_s:g}s; process tree killed"
+            stdout = store.put_file(stdout_path, move=True)
+            stderr = store.put_file(stderr_path, move=True)
+            return ActionResult(
+                exit_code=proc.returncode if not timed_out else -signal.SIGKILL,
+                outputs=outputs if not failure or outputs else (),
+                stdout=stdout,
+                stderr=stderr,
+                timed_out=timed_out,
+                failure=failure if (failure or proc.returncode == 0) else None,
+                executor=self.name,
+                host={**host_facts(), "sandbox": self.sandbox},
+                timing={"started": started, "wall_s": round(wall, 6)},
+            )
+        finally:
+            remove_tree(scratch)
+
+    def _wrap(
+        self, action: Action, argv: list[str], extra_binds: list[str], exec_dir: Path
+    ) -> tuple[list[str], str]:
+        if self.sandbox == "bwrap":
+            cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session",
+                   "--hostname", "rsi", *_system_binds(), *extra_binds,
+                   "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                   "--dir", "/rsi", "--bind", str(exec_dir), EXEC_ROOT]
+            for unit in readonly_units(action):
+                cmd += ["--ro-bind", str(exec_dir / unit), f"{EXEC_ROOT}/{unit}"]
+            cmd += ["--chdir", EXEC_ROOT, "--", *argv]
+            return cmd, "/"
+        if self.sandbox == "unshare":
+            flags = ["--net", "--pid", "--fork", "--kill-child"]
+            if os.geteuid() != 0:
+                flags.append("--map-root-user")
+            return ["unshare", *flags, "--", *argv], str(exec_dir)
+        return argv, str(exec_dir)
+
+    @staticmethod
+    def _wait(proc: subprocess.Popen, timeout_s: float, cancel: threading.Event | None) -> bool:
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    _kill_group(proc)
+                    return True
+                try:
+                    proc.wait(timeout=min(remaining, 0.05 if cancel else remaining))
+                    return False
+                except subprocess.TimeoutExpired:
+                    if cancel is not None and cancel.is_set():
+                        _kill_group(proc)
+                        raise ExecutionError("cancelled") from None
+        except BaseException:
+            _kill_group(proc)
+            raise
+        finally:
+            # NB: an action's detached grandchildren share its process group or namespace;
+            # killing the group after a normal exit sweeps up what bwrap/unshare did not.
+            _kill_group(proc, reap=False)
+
+
+def _kill_group(proc: subprocess.Popen, reap: bool = True) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if reap:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass

@@ -1,0 +1,153 @@
+"""Loading declarations: `BUILD.toml` files become validated targets. No project code runs.
+
+Each top-level table of a `BUILD.toml` is one target; its `rule` key names the rule and every
+other key is an attribute checked against that rule's schema. Errors name file, target and field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from rsi.attrs import Where
+from rsi.errors import DeclarationError, LabelError
+from rsi.label import Label, Pattern
+from rsi.rule import Rule
+from rsi.workspace import BUILD_FILE
+
+SKIP_DIRS = {"cache", "out", "node_modules", "__pycache__", "build", "dist"}
+
+
+@dataclass(frozen=True)
+class Target:
+    label: Label
+    rule: Rule
+    attrs: dict
+    file: str
+
+    def deps(self) -> list[Label]:
+        found: list[Label] = []
+        for name, a in self.rule.attrs.items():
+            if a.kind == "label" and self.attrs.get(name) is not None:
+                found.append(self.attrs[name])
+            elif a.kind == "label_list":
+                found.extend(self.attrs.get(name) or ())
+        return found
+
+
+class Loader:
+    def __init__(self, root: Path, rules: Mapping[str, Rule]) -> None:
+        self.root = root
+        self.rules = dict(rules)
+        self._packages: dict[str, dict[str, Target]] = {}
+
+    def build_file(self, package: str) -> Path:
+        return (self.root / package / BUILD_FILE) if package else self.root / BUILD_FILE
+
+    def package(self, package: str) -> dict[str, Target]:
+        cached = self._packages.get(package)
+        if cached is not None:
+            return cached
+        path = self.build_file(package)
+        rel = os.path.relpath(path, Path.cwd()) if path.is_absolute() else str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise LabelError(f"no package //{package}: {path} does not exist") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DeclarationError(f"cannot read: {exc}", file=rel) from None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise DeclarationError(f"not valid TOML: {exc}", file=rel) from None
+        targets: dict[str, Target] = {}
+        for name, raw in data.items():
+            label_text = f"//{package}:{name}"
+            if not isinstance(raw, dict):
+                raise DeclarationError(
+                    f"top-level key {name!r} is not a target table", file=rel,
+                    hint=f"declare targets as [{name}] tables with a rule = \"...\" key",
+                )
+            try:
+                label = Label.parse(label_text)
+            except LabelError:
+                raise DeclarationError(f"{name!r} is not a valid target name", file=rel,
+                                       target=name) from None
+            targets[name] = self._target(label, dict(raw), rel)
+        self._packages[package] = targets
+        return targets
+
+    def _target(self, label: Label, raw: dict, file: str) -> Target:
+        where = Where(file=file, target=str(label), package=label.package)
+        rule_name = raw.pop("rule", None)
+        if rule_name is None:
+            raise DeclarationError("missing 'rule'", file=file, target=str(label), field="rule",
+                                   hint=f"known rules: {', '.join(sorted(self.rules))}")
+        if not isinstance(rule_name, str) or rule_name not in self.rules:
+            close = difflib.get_close_matches(str(rule_name), list(self.rules), n=1)
+            raise DeclarationError(
+                f"unknown rule {rule_name!r}", file=file, target=str(label), field="rule",
+                hint=f"did you mean '{close[0]}'?" if close
+                else f"known rules: {', '.join(sorted(self.rules))}",
+            )
+        rule = self.rules[rule_name]
+        attrs = rule.schema.validate(raw, where)
+        return Target(label, rule, attrs, file)
+
+    def target(self, label: Label, *, wanted_by: Target | None = None, field: str | None = None) -> Target:
+        try:
+            targets = self.package(label.package)
+        except LabelError as exc:
+            if wanted_by is None:
+                raise
+            raise DeclarationError(
+                f"dependency {label} cannot be found: {exc.message}", file=wanted_by.file,
+                target=str(wanted_by.label), field=field, hint=self._package_hint(label.package),
+            ) from None
+        found = targets.get(label.name)
+        if found is None:
+            close = difflib.get_close_matches(label.name, list(targets), n=3)
+            hint = ("did you mean " + ", ".join(f"//{label.package}:{c}" for c in close) + "?") if close else None
+            if wanted_by is None:
+                raise LabelError(f"no target {label} in {self.build_file(label.package)}", hint=hint)
+            raise DeclarationError(f"dependency {label} does not exist", file=wanted_by.file,
+                                   target=str(wanted_by.label), field=field, hint=hint)
+        return found
+
+    def _package_hint(self, package: str) -> str | None:
+        parent = package.rsplit("/", 1)[0] if "/" in package else ""
+        names = [p for p in self.packages_under(parent)]
+        close = difflib.get_close_matches(package, names, n=3)
+        return ("did you mean " + ", ".join(f"//{c}" for c in close) + "?") if close else None
+
+    def packages_under(self, package: str) -> Iterable[str]:
+        base = self.root / package if package else self.root
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in SKIP_DIRS)
+            if BUILD_FILE in filenames:
+                rel = os.path.relpath(dirpath, self.root)
+                yield "" if rel == "." else rel.replace(os.sep, "/")
+
+    def expand(self, patterns: Iterable[str], current_package: str = "") -> list[Label]:
+        labels: list[Label] = []
+        seen: set[Label] = set()
+        for text in patterns:
+            pattern = Pattern.parse(text, current_package)
+            if pattern.name is not None:
+                found = [self.target(Label(pattern.package, pattern.name)).label]
+            elif pattern.recursive:
+                found = [t.label for pkg in self.packages_under(pattern.package)
+                         for t in self.package(pkg).values()]
+                if not found:
+                    raise LabelError(f"pattern {text!r} matches no targets")
+            else:
+                found = [t.label for t in self.package(pattern.package).values()]
+            for label in found:
+                if label not in seen:
+                    seen.add(label)
+                    labels.append(label)
+        return labels

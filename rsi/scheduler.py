@@ -1,0 +1,348 @@
+"""The scheduler: runs exactly the actions whose key is not cached, in dependency order, in
+parallel within resource classes, and says for every miss why it missed.
+
+Early cutoff falls out of the keys: a consumer's key is computed from its producers' output
+digests, so a rebuilt producer with identical outputs leaves its consumers cached. Exclusive
+actions (timing) run with nothing else running. The scheduler never executes anything itself.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rsi.action import Action, ActionResult
+from rsi.analysis import BuildGraph
+from rsi.canonical import canonical_bytes
+from rsi.digest import Digest, FileNode, SymlinkNode
+from rsi.errors import CorruptEntry, ExecutionError, RsiError, StoreError
+from rsi.events import EventLog
+from rsi.executors.base import Executor
+from rsi.rule import ActionSpec
+from rsi.store import LocalStore
+
+
+class RemoteCache(Protocol):
+    def get(self, action: Action, store: LocalStore) -> ActionResult | None: ...
+    def put(self, action: Action, result: ActionResult, store: LocalStore) -> None: ...
+
+
+@dataclass
+class Outcome:
+    id: str
+    status: str  # hit | remote_hit | executed | failed | skipped | error | not_started
+    key: Digest | None = None
+    result: ActionResult | None = None
+    why: list[str] = field(default_factory=list)
+    message: str | None = None
+    retryable: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("hit", "remote_hit", "executed")
+
+
+class Scheduler:
+    def __init__(
+        self,
+        store: LocalStore,
+        executor: Executor,
+        events: EventLog,
+        *,
+        jobs: int = 1,
+        keep_going: bool = False,
+        salt: str = "",
+        remote: RemoteCache | None = None,
+        remote_fallback: bool = False,
+    ) -> None:
+        self.store = store
+        self.executor = executor
+        self.events = events
+        self.jobs = max(1, jobs)
+        self.keep_going = keep_going
+        self.salt = salt
+        self.remote = remote
+        self.remote_fallback = remote_fallback
+        self.index = store.load_target_index()
+        self.index_updates: dict[str, dict] = {}
+        self.cancel = threading.Event()
+
+    # ------------------------------------------------------------------------ resolution
+    def resolve(self, spec: ActionSpec, outcomes: dict[str, Outcome]) -> Action:
+        inputs: dict[str, FileNode | SymlinkNode] = {}
+        memo = self.store.file_memo
+        for art in spec.inputs:
+            if art.producer is not None:
+                produced = outcomes[art.producer].result
+                out = produced.output_map.get(art.path) if produced else None
+                if out is None:
+                    raise ExecutionError(f"{spec.label}: input {art.path} was not produced by "
+                                         f"{art.producer}")
+                inputs[art.path] = FileNode(out.digest, out.executable)
+            elif art.digest is not None:
+                inputs[art.path] = FileNode(art.digest, art.executable)
+            elif art.symlink is not None:
+                inputs[art.path] = SymlinkNode(art.symlink)
+            else:
+                try:
+                    inputs[art.path] = FileNode(memo.digest(art.source), art.executable)
+                except OSError as exc:
+                    raise ExecutionError(f"{spec.label}: cannot read input {art.source}: {exc}") from exc
+        return Action(
+            argv=spec.argv, inputs=tuple(inputs.items()), outputs=spec.outputs, env=spec.env,
+            platform=spec.platform, timeout_s=spec.timeout_s, salt=self.salt,
+            digest_function=self.store.function, label=spec.label, mnemonic=spec.mnemonic,
+            tags=spec.tags,
+        )
+
+    def _upload_sources(self, spec: ActionSpec, action: Action) -> None:
+        nodes = action.input_map
+        for art in spec.inputs:
+            if art.source is None or art.producer is not None:
+                continue
+            want = nodes[art.path].digest
+            if not self.store.has(want):
+                got = self.store.put_file(art.source)
+                if got != want:
+                    self.store.file_memo.forget(art.source)
+                    raise ExecutionError(f"{art.source} changed while the build was running",
+                                         hint="run the build again")
+
+    # ------------------------------------------------------------------------------- why
+    def why(self, spec: ActionSpec, action: Action) -> list[str]:
+        last = self.index.get(spec.id)
+        if last is None:
+            return ["no earlier build of this action is recorded"]
+        if last.get("key") == str(action.key()):
+            return ["its cached result is missing or failed verification"]
+        try:
+            import json
+
+            before = json.loads(self.store.read_bytes(Digest.parse(last["description"])))
+        except (RsiError, KeyError, ValueError):
+            return ["the action changed (its earlier description is no longer in the store)"]
+        reasons = diff_descriptions(before, action.describe())
+        if last.get("attrs") and last["attrs"] != spec.attrs_digest:
+            reasons.insert(0, "target attributes changed")
+        return reasons or ["the action changed"]
+
+    def _record(self, spec: ActionSpec, action: Action) -> None:
+        key = str(action.key())
+        last = self.index.get(spec.id)
+        if last is not None and last.get("key") == key:
+            return
+        desc = self.store.put_bytes(canonical_bytes(action.describe()))
+        entry = {"key": key, "description": str(desc), "attrs": spec.attrs_digest,
+                 "label": spec.label, "time": time.time()}
+        self.index[spec.id] = entry
+        self.index_updates[spec.id] = entry
+
+    # ------------------------------------------------------------------------------- run
+    def run(self, graph: BuildGraph, wanted: set[str], build_event: int) -> dict[str, Outcome]:
+        g = graph.action_graph.subgraph(wanted)
+        waiting = {a: g.in_degree(a) for a in g.nodes}
+        ready = deque(sorted(a for a, n in waiting.items() if n == 0))
+        outcomes: dict[str, Outcome] = {}
+        to_execute: deque[tuple[ActionSpec, Action, list[str], int]] = deque()
+        running: dict[Future, tuple[ActionSpec, Action, list[str], int]] = {}
+        exclusive_running = False
+        stopped = False
+        counts = self.events.counts
+        counts["total"] = len(wanted)
+
+        def finish(action_id: str, outcome: Outcome) -> None:
+            outcomes[action_id] = outcome
+            counts["done"] += 1
+            if outcome.ok:
+                for nxt in g.successors(action_id):
+                    waiting[nxt] -= 1
+                    if waiting[nxt] == 0:
+                        ready.append(nxt)
+            else:
+                for nxt in _descendants(g, action_id):
+                    if nxt not in outcomes:
+                        outcomes[nxt] = Outcome(nxt, "skipped",
+                                                message=f"not built: depends on {action_id}")
+                        counts["done"] += 1
+                        self.events.emit("action_skipped", build_event, action=nxt,
+                                         label=graph.actions[nxt].label, because=action_id)
+
+        pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="rsi-exec")
+        try:
+            while ready or to_execute or running:
+                while ready and not stopped:
+                    action_id = ready.popleft()
+                    spec = graph.actions[action_id]
+                    try:
+                        action = self.resolve(spec, outcomes)
+                    except RsiError as exc:
+                        self._fail(action_id, spec, None, exc, build_event, finish)
+                        stopped = stopped or not self.keep_going
+                        continue
+                    cached = self.store.get_action_result(action.key())
+                    if cached is not None and cached.ok:
+                        counts["hit"] += 1
+                        self._record(spec, action)
+                        self.events.emit("action_finished", build_event, action=action_id,
+                                         label=spec.label, mnemonic=spec.mnemonic,
+                                         key=str(action.key()), cache="hit", status="ok")
+                        finish(action_id, Outcome(action_id, "hit", action.key(), cached))
+                        continue
+                    why = self.why(spec, action)
+                    remote_result = self._remote_get(action, build_event)
+                    if remote_result is not None:
+                        counts["hit"] += 1
+                        self._record(spec, action)
+                        self.events.emit("action_finished", build_event, action=action_id,
+                                         label=spec.label, mnemonic=spec.mnemonic,
+                                         key=str(action.key()), cache="remote_hit", status="ok")
+                        finish(action_id, Outcome(action_id, "remote_hit", action.key(),
+                                                  remote_result))
+                        continue
+                    to_execute.append((spec, action, why, 0))
+                # dispatch within resource classes
+                while to_execute and not stopped and not exclusive_running:
+                    spec, action, why, _ = to_execute[0]
+                    if action.exclusive and running:
+                        break
+                    if len(running) >= self.jobs:
+                        break
+                    to_execute.popleft()
+                    ev = self.events.emit("action_started", build_event, action=spec.id,
+                                          label=spec.label, mnemonic=spec.mnemonic,
+                                          key=str(action.key()), cache="miss", why=why,
+                                          exclusive=action.exclusive)
+                    fut = pool.submit(self._execute, spec, action)
+                    running[fut] = (spec, action, why, ev)
+                    counts["running"] = len(running)
+                    if action.exclusive:
+                        exclusive_running = True
+                    self.events.draw(spec.label)
+                if stopped and not running:
+                    break
+                if not running:
+                    if not ready and to_execute and stopped:
+                        break
+                    continue
+                done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    spec, action, why, ev = running.pop(fut)
+                    counts["running"] = len(running)
+                    if action.exclusive:
+                        exclusive_running = False
+                    try:
+                        result = fut.result()
+                    except RsiError as exc:
+                        self._fail(spec.id, spec, action, exc, ev, finish)
+                        stopped = stopped or not self.keep_going
+                        continue
+                    if result.ok:
+                        counts["executed"] += 1
+                        self._record(spec, action)
+                        self.events.emit("action_finished", ev, action=spec.id, label=spec.label,
+                                         mnemonic=spec.mnemonic, key=str(action.key()),
+                                         cache="miss", status="ok", why=why,
+                                         wall_s=result.timing.get("wall_s"),
+                                         executor=result.executor)
+                        finish(spec.id, Outcome(spec.id, "executed", action.key(), result, why))
+                    else:
+                        counts["failed"] += 1
+                        message = result.failure or f"exited with code {result.exit_code}"
+                        self.events.emit("action_finished", ev, action=spec.id, label=spec.label,
+                                         mnemonic=spec.mnemonic, key=str(action.key()),
+                                         cache="miss", status="failed", message=message,
+                                         exit_code=result.exit_code, timed_out=result.timed_out,
+                                         stderr=str(result.stderr) if result.stderr else None)
+                        finish(spec.id, Outcome(spec.id, "failed", action.key(), result, why,
+                                                message=message))
+                        stopped = stopped or not self.keep_going
+                    self.events.draw(spec.label)
+        except BaseException:
+            self.cancel.set()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            try:
+                self.store.save_target_index(self.index_updates)
+            finally:
+                self.store.save_memos()
+        for action_id in wanted:
+            if action_id not in outcomes:
+                outcomes[action_id] = Outcome(action_id, "not_started",
+                                              message="not started: the build stopped at a failure")
+        return outcomes
+
+    def _remote_get(self, action: Action, parent: int) -> ActionResult | None:
+        if self.remote is None:
+            return None
+        try:
+            return self.remote.get(action, self.store)
+        except RsiError as exc:
+            if not self.remote_fallback:
+                raise
+            self.events.emit("warning", parent, message=f"remote cache unavailable, building "
+                             f"locally: {exc.message}")
+            self.remote = None
+            return None
+
+    def _execute(self, spec: ActionSpec, action: Action) -> ActionResult:
+        self._upload_sources(spec, action)
+        result = self.executor.run(action, self.store, self.cancel)
+        if result.ok:
+            self.store.put_action_result(action.key(), result)
+            if self.remote is not None:
+                try:
+                    self.remote.put(action, result, self.store)
+                except RsiError as exc:
+                    if not self.remote_fallback:
+                        raise
+                    self.events.emit("warning", None, message=f"remote upload failed: {exc.message}")
+        return result
+
+    def _fail(self, action_id, spec, action, exc: RsiError, parent, finish) -> None:
+        self.events.counts["failed"] += 1
+        retryable = isinstance(exc, (ExecutionError, StoreError, CorruptEntry))
+        self.events.emit("action_finished", parent, action=action_id, label=spec.label,
+                         mnemonic=spec.mnemonic, key=str(action.key()) if action else None,
+                         status="error", message=str(exc), retryable=retryable)
+        finish(action_id, Outcome(action_id, "error", action.key() if action else None,
+                                  message=str(exc), retryable=retryable))
+
+
+def _descendants(g, node) -> list[str]:
+    import networkx as nx
+
+    return sorted(nx.descendants(g, node))
+
+
+def diff_descriptions(before: dict, after: dict) -> list[str]:
+    """Name each field that differs between two action descriptions."""
+    reasons: list[str] = []
+    b_in, a_in = before.get("inputs", {}), after.get("inputs", {})
+    for path in sorted(set(b_in) | set(a_in)):
+        if path not in b_in:
+            reasons.append(f"input {path} added")
+        elif path not in a_in:
+            reasons.append(f"input {path} removed")
+        elif b_in[path] != a_in[path]:
+            old, new = b_in[path], a_in[path]
+            if old[:2] != new[:2]:
+                reasons.append(f"input {path} content changed ({str(old[0])[:12]} -> {str(new[0])[:12]})")
+            else:
+                reasons.append(f"input {path} executable bit changed")
+    b_env, a_env = before.get("env", {}), after.get("env", {})
+    for k in sorted(set(b_env) | set(a_env)):
+        if b_env.get(k) != a_env.get(k):
+            reasons.append(f"env {k} changed ({b_env.get(k)!r} -> {a_env.get(k)!r})")
+    for name in ("argv", "outputs", "platform", "timeout_s", "salt", "digest_function"):
+        if before.get(name) != after.get(name):
+            if name == "salt":
+                reasons.append("salt changed (every action key was invalidated)")
+            else:
+                reasons.append(f"{name} changed")
+    return reasons

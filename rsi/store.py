@@ -1,0 +1,268 @@
+"""The local store: content-addressed blobs and the action cache, on disk, crash-safe.
+
+Layout (Bazel's disk cache): `cas/ab/<hash>` blobs, `ac/ab/<key>` action results, `targets/`
+the last key per action id (for "why did this rebuild?"). Every write is temp+fsync+rename; every
+read that serves content verifies it; a corrupt entry is deleted and reported, never served.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from rsi.action import ActionResult
+from rsi.canonical import canonical_bytes
+from rsi.digest import DEFAULT_FUNCTION, Digest, FileDigestMemo, digest_bytes, digest_file
+from rsi.errors import CorruptEntry, StoreError
+from rsi.fsutil import atomic_write_bytes, store_write_error
+
+STORE_SCHEMA = "rsi.store/1"
+
+
+def _shard(root: Path, hash_hex: str) -> Path:
+    return root / hash_hex[:2] / hash_hex
+
+
+class LocalStore:
+    def __init__(self, root: str | os.PathLike, digest_function: str = DEFAULT_FUNCTION) -> None:
+        self.root = Path(root).resolve()
+        self.function = digest_function
+        self.cas = self.root / "cas"
+        self.ac = self.root / "ac"
+        self.targets = self.root / "targets"
+        self.tmp = self.root / "tmp"
+        self.events_dir = self.root / "events"
+        self.corrupt_seen: list[str] = []
+        self._init()
+        self.blob_memo = FileDigestMemo(self.root / "blob-memo.json", self.function)
+        self.file_memo = FileDigestMemo(self.root / "file-memo.json", self.function)
+
+    # ------------------------------------------------------------------------------ layout
+    def _init(self) -> None:
+        meta = self.root / "STORE.json"
+        try:
+            for d in (self.cas, self.ac, self.targets, self.tmp, self.events_dir):
+                d.mkdir(parents=True, exist_ok=True)
+            if not meta.exists():
+                atomic_write_bytes(
+                    meta,
+                    json.dumps({"schema": STORE_SCHEMA, "digest_function": self.function}).encode(),
+                )
+        except OSError as exc:
+            raise store_write_error(self.root, exc) from exc
+        try:
+            found = json.loads(meta.read_text()).get("digest_function")
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"{meta}: unreadable store metadata ({exc})") from exc
+        if found != self.function:
+            raise StoreError(
+                f"the store at {self.root} holds {found} digests but this workspace uses "
+                f"{self.function}; digests of two functions never mix",
+                hint="use a separate store (--store DIR) for this digest function",
+            )
+
+    def save_memos(self) -> None:
+        self.blob_memo.save()
+        self.file_memo.save()
+
+    @contextmanager
+    def lock(self, exclusive: bool = False) -> Iterator[None]:
+        """Builds hold the lock shared; `cache gc` holds it exclusive."""
+        fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)
+
+    def scratch_dir(self, prefix: str = "scratch") -> Path:
+        """A fresh folder on the store's file system, named after this pid (for crash cleanup)."""
+        return Path(tempfile.mkdtemp(dir=self.tmp, prefix=f"{prefix}-{os.getpid()}-"))
+
+    # ------------------------------------------------------------------------------- blobs
+    def blob_path(self, digest: Digest) -> Path:
+        return _shard(self.cas, digest.hash)
+
+    def has(self, digest: Digest) -> bool:
+        try:
+            return os.stat(self.blob_path(digest)).st_size == digest.size
+        except OSError:
+            return False
+
+    def has_verified(self, digest: Digest) -> bool:
+        """Present and its content still hashes to its name (memoised on the blob's stat)."""
+        path = self.blob_path(digest)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        if st.st_size != digest.size:
+            self._quarantine(path)
+            return False
+        if self.blob_memo.digest(path, st) != digest:
+            self.blob_memo.forget(path)
+            self._quarantine(path)
+            return False
+        return True
+
+    def put_bytes(self, data: bytes) -> Digest:
+        digest = digest_bytes(data, self.function)
+        if not self.has(digest):
+            path = self.blob_path(digest)
+            try:
+                atomic_write_bytes(path, data)
+            except OSError as exc:
+                raise store_write_error(self.root, exc) from exc
+        return digest
+
+    def put_file(self, src: str | os.PathLike, *, move: bool = False) -> Digest:
+        """Add a file's content; with `move`, rename it in (same file system, no copy).
+
+        The copy is hashed, not the source, so a source that changes meanwhile can never
+        leave a blob whose name does not match its content.
+        """
+        try:
+            self.cas.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.cas, prefix=".tmp-")
+            os.close(fd)
+            try:
+                if move:
+                    os.replace(src, tmp)
+                else:
+                    shutil.copyfile(src, tmp)
+                digest = digest_file(tmp, self.function)
+                path = self.blob_path(digest)
+                if self.has(digest):
+                    os.unlink(tmp)
+                    return digest
+                os.chmod(tmp, 0o444)
+                with open(tmp, "rb") as f:
+                    os.fsync(f.fileno())
+                path.parent.mkdir(exist_ok=True)
+                os.replace(tmp, path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+        except OSError as exc:
+            raise store_write_error(self.root, exc) from exc
+        return digest
+
+    def read_bytes(self, digest: Digest) -> bytes:
+        path = self.blob_path(digest)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise CorruptEntry(f"blob {digest} is missing from {self.cas}") from None
+        if digest_bytes(data, self.function) != digest:
+            self._quarantine(path)
+            raise CorruptEntry(f"blob {digest} failed verification and was removed")
+        return data
+
+    def export_file(self, digest: Digest, dest: str | os.PathLike, executable: bool = False) -> None:
+        """Copy a blob out, verifying it on the way; never serves a corrupt blob."""
+        src = self.blob_path(digest)
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not self.has_verified(digest):
+            raise CorruptEntry(f"blob {digest} is missing or corrupt in {self.cas}")
+        try:
+            if dest.exists() or dest.is_symlink():
+                dest.unlink()
+            shutil.copyfile(src, dest)
+            os.chmod(dest, 0o755 if executable else 0o644)
+        except OSError as exc:
+            raise StoreError(f"cannot write {dest}: {exc.strerror or exc}") from exc
+
+    def _quarantine(self, path: Path) -> None:
+        try:
+            os.chmod(path, 0o644)
+            os.unlink(path)
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------------------ action cache
+    def _ac_path(self, key: Digest) -> Path:
+        return _shard(self.ac, key.hash)
+
+    def get_action_result(self, key: Digest, *, check_blobs: bool = True) -> ActionResult | None:
+        """The cached result for `key`, or None. A corrupt entry is deleted and reported as None."""
+        path = self._ac_path(key)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc}") from exc
+        try:
+            doc = json.loads(raw)
+            body = doc["result"]
+            if doc.get("integrity") != digest_bytes(canonical_bytes(body), self.function).hash:
+                raise ValueError("integrity mismatch")
+            result = ActionResult.from_json(body)
+        except (ValueError, KeyError, TypeError):
+            self._quarantine(path)
+            self.corrupt_seen.append(str(key))
+            return None
+        if check_blobs:
+            for out in result.outputs:
+                if not self.has_verified(out.digest):
+                    self.corrupt_seen.append(str(out.digest))
+                    return None
+            for log in (result.stdout, result.stderr):
+                if log is not None and not self.has(log):
+                    return None
+        return result
+
+    def put_action_result(self, key: Digest, result: ActionResult) -> None:
+        body = result.to_json()
+        doc = {"result": body, "integrity": digest_bytes(canonical_bytes(body), self.function).hash}
+        try:
+            atomic_write_bytes(self._ac_path(key), json.dumps(doc, sort_keys=True).encode())
+        except OSError as exc:
+            raise store_write_error(self.root, exc) from exc
+
+    def iter_action_keys(self) -> Iterator[Digest]:
+        for shard in sorted(self.ac.iterdir()) if self.ac.exists() else ():
+            for entry in sorted(shard.iterdir()):
+                if not entry.name.startswith("."):
+                    yield Digest(entry.name, 0)
+
+    def iter_blobs(self) -> Iterator[tuple[str, Path]]:
+        for shard in sorted(self.cas.iterdir()) if self.cas.exists() else ():
+            for entry in sorted(shard.iterdir()):
+                if not entry.name.startswith("."):
+                    yield entry.name, entry
+
+    # ------------------------------------------------------------------- target index (why)
+    # NB: one small file for all action ids, so a no-op build reads it once; a concurrent
+    # build may lose the other's index updates, which only weakens "why", never correctness.
+    def _target_index_path(self) -> Path:
+        return self.targets / "index.json"
+
+    def load_target_index(self) -> dict[str, dict]:
+        try:
+            return json.loads(self._target_index_path().read_bytes())
+        except (OSError, ValueError):
+            return {}
+
+    def save_target_index(self, updates: dict[str, dict]) -> None:
+        if not updates:
+            return
+        index = self.load_target_index()
+        index.update(updates)
+        try:
+            atomic_write_bytes(self._target_index_path(), json.dumps(index).encode(), fsync=False)
+        except OSError as exc:
+            raise store_write_error(self.root, exc) from exc
+
+
+def is_disk_full(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)

@@ -1,0 +1,43 @@
+"""`rsi why`: read a target's last build from the event logs and say what ran and why."""
+
+from __future__ import annotations
+
+import json
+
+from rsi.label import Label
+from rsi.store import LocalStore
+
+
+def explain(store: LocalStore, target: str, ws=None) -> dict:
+    label = str(Label.parse(target, ""))
+    logs = sorted(store.events_dir.glob("*.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for log in logs:
+        ran, cached, found, build_id = [], 0, False, None
+        try:
+            lines = log.read_text().splitlines()
+        except OSError:
+            continue
+        requested = False
+        for line in lines:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            kind = ev.get("kind")
+            if kind == "build_started":
+                build_id = ev.get("build_id")
+            elif kind == "target_started" and ev.get("label") == label:
+                requested = True
+            elif kind == "action_finished":
+                found = True
+                if ev.get("cache") in ("hit", "remote_hit"):
+                    cached += 1
+                else:
+                    ran.append({"action": ev.get("action"), "label": ev.get("label"),
+                                "status": ev.get("status"), "why": ev.get("why") or [],
+                                "message": ev.get("message")})
+        if requested and found:
+            return {"label": label, "build_id": build_id, "events": str(log), "ran": ran,
+                    "cached": cached, "fully_cached": not ran}
+    return {"label": label, "build_id": None, "events": None, "ran": [], "cached": 0,
+            "fully_cached": None}

@@ -1,0 +1,1 @@
+"""Rule families of rsi. Each module is one family; `register.py` lists them all."""

@@ -1,0 +1,595 @@
+"""Helpers shared by the harness scripts and their children: spec loading, input transport, digests.
+
+Standalone on purpose: stdlib + numpy, torch only when a task uses it. Never imports `rsi` or
+`rules`, and loads task or candidate code only by explicit file path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import json
+import os
+import signal
+import sys
+import time
+import types
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SPEC_SCHEMA = "rsi.harness.spec/1"
+FRAMEWORKS = ("numpy", "torch")
+PR_SET_CHILD_SUBREAPER = 36
+INFRA_EXIT = 2
+
+
+class HarnessError(Exception):
+    """An infrastructure or harness fault: the candidate could not be judged."""
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON and files
+
+
+def write_json(path: Path, doc: Any) -> None:
+    text = json.dumps(doc, indent=1, sort_keys=True, allow_nan=False)
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(text + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise HarnessError(f"cannot read JSON from {path}: {exc}") from exc
+
+
+def finite_or_none(value: float | None) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if np.isfinite(value) else None
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def tree_digest(root: Path) -> tuple[str, list[str]]:
+    """sha256 over the sorted (relative path, content) of every regular file under `root`."""
+    root = Path(root)
+    if not root.is_dir():
+        raise HarnessError(f"implementation folder {root} does not exist")
+    files = sorted(
+        p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and not p.is_symlink()
+    )
+    h = hashlib.sha256(b"rsi-tree-v1\0")
+    for rel in files:
+        data = (root / rel).read_bytes()
+        h.update(rel.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+    return h.hexdigest(), files
+
+
+def derive_seed(*parts: Any) -> int:
+    """A 63-bit seed from a canonical encoding of `parts` (spec seed, pair index, role, ...)."""
+    text = json.dumps(parts, separators=(",", ":"), sort_keys=True)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Spec
+
+
+def load_spec(path: Path) -> dict:
+    spec = read_json(path)
+    if not isinstance(spec, dict):
+        raise HarnessError("spec must be a JSON object")
+    missing = [k for k in ("entry", "editable", "framework", "cases", "tolerances") if k not in spec]
+    if missing:
+        raise HarnessError(f"spec {path} lacks required keys {missing}; see rules/harness/SPEC.md")
+    if spec["framework"] not in FRAMEWORKS:
+        raise HarnessError(f"spec framework must be one of {FRAMEWORKS}, not {spec['framework']!r}")
+    entry = spec["entry"]
+    if not (isinstance(entry, dict) and entry.get("module") and entry.get("function")):
+        raise HarnessError("spec entry must be {'module': ..., 'function': ...}")
+    if f"{entry['module']}.py" not in spec["editable"]:
+        raise HarnessError(f"spec entry module {entry['module']}.py is not among editable files")
+    names = [c.get("name") for c in spec["cases"]]
+    if not names or len(set(names)) != len(names) or not all(names):
+        raise HarnessError("spec cases must be non-empty and have unique non-empty names")
+    for case in spec["cases"]:
+        if case.get("out_dtype", case.get("dtype")) not in spec["tolerances"]:
+            raise HarnessError(f"no tolerance for the output dtype of case {case['name']!r}")
+    spec.setdefault("threads", 1)
+    spec.setdefault("call_timeout_s", 30.0)
+    spec.setdefault("startup_timeout_s", 120.0)
+    spec.setdefault("device", "cpu")
+    spec.setdefault("seed", 0)
+    measure = spec.setdefault("measure", {})
+    measure.setdefault("warmups", 3)
+    measure.setdefault("samples", 10)
+    measure.setdefault("pairs", 10)
+    measure.setdefault("metric", "latency")
+    measure.setdefault("direction", "minimize" if measure["metric"] == "latency" else "maximize")
+    measure.setdefault("seed", 0)
+    measure.setdefault("probes", 32)
+    measure.setdefault("units_per_call", None)
+    measure.setdefault("arm_timeout_s", None)
+    if (measure["metric"], measure["direction"]) not in (("latency", "minimize"),
+                                                         ("throughput", "maximize")):
+        raise HarnessError("measure metric/direction must be latency/minimize or throughput/maximize")
+    if measure["metric"] == "throughput" and not measure["units_per_call"]:
+        raise HarnessError("measure metric 'throughput' needs measure.units_per_call")
+    assess = spec.setdefault("assess", {})
+    assess.setdefault("min_improvement", 0.05)
+    assess.setdefault("confidence", 0.95)
+    assess.setdefault("bootstrap_resamples", 2000)
+    assess.setdefault("min_pairs", 5)
+    return spec
+
+
+def tolerance_for(spec: dict, dtype: str) -> tuple[float, float]:
+    tol = spec["tolerances"].get(dtype)
+    if tol is None:
+        raise HarnessError(f"spec has no tolerance for dtype {dtype}")
+    return float(tol["atol"]), float(tol["rtol"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading code by path
+
+
+def load_module_from_path(path: Path, name_hint: str) -> types.ModuleType:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(str(path))
+    name = f"_rsi_{name_hint}_{uuid.uuid4().hex[:12]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_task_module(task_dir: Path, stem: str) -> types.ModuleType:
+    path = Path(task_dir) / f"{stem}.py"
+    if not path.is_file():
+        raise HarnessError(f"task folder {task_dir} lacks {stem}.py")
+    try:
+        return load_module_from_path(path, stem)
+    except Exception as exc:  # a broken task is a harness fault, never the candidate's
+        raise HarnessError(f"cannot load {path}: {type(exc).__name__}: {exc}") from exc
+
+
+def load_impl_entry(impl_dir: Path, entry: dict) -> Any:
+    """Import the editable package as a private package and return the entry function.
+
+    The folder becomes the `__path__` of a uniquely named package, so relative imports between
+    editable files work while nothing in it shadows a top-level module.
+    """
+    impl_dir = Path(impl_dir).resolve()
+    pkg_name = f"_rsi_impl_{uuid.uuid4().hex[:12]}"
+    package = types.ModuleType(pkg_name)
+    package.__path__ = [str(impl_dir)]
+    package.__package__ = pkg_name
+    sys.modules[pkg_name] = package
+    module_path = impl_dir / f"{entry['module']}.py"
+    if not module_path.is_file():
+        raise ModuleNotFoundError(f"editable module {entry['module']}.py is missing")
+    full_name = f"{pkg_name}.{entry['module']}"
+    spec = importlib.util.spec_from_file_location(full_name, module_path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[full_name] = module
+    spec.loader.exec_module(module)
+    fn = getattr(module, entry["function"], None)
+    if not callable(fn):
+        raise LookupError(f"{entry['module']}.py defines no callable {entry['function']!r}")
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrays: names, raw extents, transport, digests
+
+
+def import_torch():
+    import torch  # noqa: PLC0415  (only tasks that need it pay for it)
+
+    return torch
+
+
+def is_torch_tensor(value: Any) -> bool:
+    mod = sys.modules.get("torch")
+    return mod is not None and isinstance(value, mod.Tensor)
+
+
+def dtype_name(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return value.dtype.name
+    return str(value.dtype).removeprefix("torch.")
+
+
+def _geometry(value: Any) -> tuple[int, list[int], list[int], int, int]:
+    """(data address, shape, byte strides, itemsize, byte offset of first element in extent)."""
+    if isinstance(value, np.ndarray):
+        addr, shape, strides, itemsize = (
+            value.ctypes.data, list(value.shape), list(value.strides), value.itemsize)
+    else:
+        itemsize = value.element_size()
+        addr, shape = value.data_ptr(), list(value.shape)
+        strides = [s * itemsize for s in value.stride()]
+    lo = sum(min(0, s * (n - 1)) for s, n in zip(strides, shape) if n > 0)
+    return addr, shape, strides, itemsize, -lo
+
+
+def extent_bytes(value: Any) -> bytes:
+    """The raw bytes of the memory span a (possibly strided) array view covers."""
+    addr, shape, strides, itemsize, neg_lo = _geometry(value)
+    if any(n == 0 for n in shape):
+        return b""
+    hi = sum(max(0, s * (n - 1)) for s, n in zip(strides, shape)) + itemsize
+    size = neg_lo + hi
+    return bytes((ctypes.c_char * size).from_address(addr - neg_lo))
+
+
+def describe_input(value: Any) -> dict:
+    if isinstance(value, bool | int | float) and not isinstance(value, np.generic):
+        return {"kind": "scalar", "type": type(value).__name__, "value": value}
+    if type(value) is np.ndarray:
+        framework = "numpy"
+    elif is_torch_tensor(value) and type(value).__name__ == "Tensor":
+        framework = "torch"
+        if value.device.type != "cpu":
+            raise HarnessError("only CPU tensors can be transported to the child")
+    else:
+        raise HarnessError(f"workloads produced an unsupported input type {type(value).__name__}")
+    _, shape, strides, itemsize, neg_lo = _geometry(value)
+    return {"kind": "array", "framework": framework, "dtype": dtype_name(value), "shape": shape,
+            "strides_bytes": strides, "offset_bytes": neg_lo, "itemsize": itemsize}
+
+
+def inputs_digest(inputs: dict[str, Any]) -> str:
+    h = hashlib.sha256(b"rsi-input-v1\0")
+    header = {name: describe_input(inputs[name]) for name in sorted(inputs)}
+    h.update(json.dumps(header, sort_keys=True, separators=(",", ":")).encode() + b"\0")
+    for name in sorted(inputs):
+        if header[name]["kind"] == "array":
+            data = extent_bytes(inputs[name])
+            h.update(name.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+    return h.hexdigest()
+
+
+def write_inputs(inputs: dict[str, Any], io_dir: Path) -> dict:
+    manifest = {}
+    for name in sorted(inputs):
+        meta = describe_input(inputs[name])
+        if meta["kind"] == "array":
+            data = np.frombuffer(extent_bytes(inputs[name]), dtype=np.uint8)
+            np.save(io_dir / f"in_{name}.npy", data, allow_pickle=False)
+        manifest[name] = meta
+    write_json(io_dir / "inputs.json", manifest)
+    return manifest
+
+
+def _torch_dtype(torch, name: str):
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise HarnessError(f"unknown torch dtype {name}")
+    return dt
+
+
+def rebuild_input(meta: dict, buffer: np.ndarray) -> Any:
+    """Recreate the array view described by `meta` over the uint8 `buffer` (shares its memory)."""
+    if meta["kind"] == "scalar":
+        return {"float": float, "int": int, "bool": bool}[meta["type"]](meta["value"])
+    if meta["framework"] == "numpy":
+        return np.ndarray(tuple(meta["shape"]), dtype=np.dtype(meta["dtype"]), buffer=buffer,
+                          offset=meta["offset_bytes"], strides=tuple(meta["strides_bytes"]))
+    torch = import_torch()
+    itemsize = meta["itemsize"]
+    storage = torch.from_numpy(buffer).untyped_storage()
+    out = torch.empty(0, dtype=_torch_dtype(torch, meta["dtype"]))
+    out.set_(storage, meta["offset_bytes"] // itemsize, tuple(meta["shape"]),
+             tuple(s // itemsize for s in meta["strides_bytes"]))
+    return out
+
+
+def read_inputs(io_dir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], dict]:
+    manifest = read_json(io_dir / "inputs.json")
+    buffers, inputs = {}, {}
+    for name, meta in manifest.items():
+        if meta["kind"] == "array":
+            buffers[name] = np.load(io_dir / f"in_{name}.npy", allow_pickle=False)
+            buffers[name] = np.ascontiguousarray(buffers[name]).copy()
+            inputs[name] = rebuild_input(meta, buffers[name])
+        else:
+            inputs[name] = rebuild_input(meta, np.empty(0, np.uint8))
+    return inputs, buffers, manifest
+
+
+def materialise_output(out: Any, framework: str) -> tuple[np.ndarray | None, dict]:
+    """Check the returned object's exact type and copy it into a plain contiguous numpy array.
+
+    Returns (array or None, meta); `meta["problem"]` names a reason code when the object is not
+    an acceptable result. bfloat16 travels as its uint16 bit pattern.
+    """
+    meta: dict[str, Any] = {"type": f"{type(out).__module__}.{type(out).__qualname__}",
+                            "problem": None}
+    if framework == "numpy":
+        if type(out) is not np.ndarray:
+            meta["problem"] = "wrong_type"
+            return None, meta
+        meta.update(dtype=out.dtype.name, shape=list(out.shape), device="cpu")
+        if out.dtype.hasobject or out.dtype.fields is not None:
+            meta["problem"] = "wrong_dtype"
+            return None, meta
+        return np.array(out, copy=True, order="C"), meta
+    torch = sys.modules.get("torch")
+    if torch is None or type(out) is not torch.Tensor:
+        meta["problem"] = "wrong_type"
+        return None, meta
+    meta.update(dtype=dtype_name(out), shape=list(out.shape), device=out.device.type)
+    if out.layout != torch.strided or out.is_quantized or out.is_complex():
+        meta["problem"] = "wrong_type"
+        return None, meta
+    if out.device.type != "cpu":
+        return None, meta
+    flat = out.detach().contiguous().clone()
+    if flat.dtype == torch.bfloat16:
+        return flat.view(torch.int16).numpy().view(np.uint16).copy(), meta
+    try:
+        return flat.numpy().copy(), meta
+    except (TypeError, RuntimeError):
+        meta["problem"] = "wrong_dtype"
+        return None, meta
+
+
+def as_float64(raw: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "bfloat16":
+        return (raw.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return raw.astype(np.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparison
+
+
+def compare(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> dict:
+    """Elementwise |a-e| <= atol + rtol*|e|; NaN never matches; inf must match exactly."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(actual - expected)
+        exact = actual == expected
+        ok = exact | (err <= atol + rtol * np.abs(expected))
+        ok &= ~np.isnan(actual) & ~np.isnan(expected)
+        finite_err = err[np.isfinite(err)]
+        nz = np.abs(expected) > 0
+        rel = err[nz] / np.abs(expected[nz])
+        rel = rel[np.isfinite(rel)]
+    nonfinite = int(np.count_nonzero(~np.isfinite(actual) & np.isfinite(expected)))
+    bad = int(ok.size - np.count_nonzero(ok))
+    return {
+        "passed": bad == 0,
+        "mismatched": bad,
+        "nonfinite": nonfinite,
+        "max_abs_err": finite_or_none(finite_err.max()) if finite_err.size else (
+            None if err.size else 0.0),
+        "max_rel_err": finite_or_none(rel.max()) if rel.size else None,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants are re-parented to us, so we can find and kill them later."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    if not Path("/proc").is_dir():
+        return []
+    root = os.getpid() if pid is None else pid
+    tree, found, stack = _children_map(), [], [root]
+    while stack:
+        for child in tree.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_descendants(exclude: set[int] | None = None) -> int:
+    """SIGKILL every process below us (bar `exclude`) and reap those that are our children."""
+    killed = 0
+    for _ in range(5):
+        victims = [p for p in descendants() if p not in (exclude or set())]
+        if not victims:
+            break
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.01)
+        reap_zombies()
+    return killed
+
+
+def reap_zombies() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def child_env(threads: int, tmpdir: Path) -> dict[str, str]:
+    env = {k: os.environ[k] for k in ("PATH", "LD_LIBRARY_PATH", "SYSTEMROOT") if k in os.environ}
+    t = str(int(threads))
+    env.update(OMP_NUM_THREADS=t, MKL_NUM_THREADS=t, OPENBLAS_NUM_THREADS=t,
+               NUMEXPR_NUM_THREADS=t, VECLIB_MAXIMUM_THREADS=t, PYTHONHASHSEED="0",
+               TMPDIR=str(tmpdir), HOME=str(tmpdir), LC_ALL="C")
+    return env
+
+
+def run_zygote(script: Path, job_path: Path, work_dir: Path, threads: int,
+               deadline_s: float) -> dict:
+    """Run a zygote child (runner.py / timer.py) in its own session; kill all it left behind."""
+    import subprocess  # noqa: PLC0415
+
+    log_out = open(work_dir / "zygote.stdout", "wb")  # noqa: SIM115
+    log_err = open(work_dir / "zygote.stderr", "wb")  # noqa: SIM115
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-B", str(script), "--job", str(job_path)],
+        cwd=work_dir, env=child_env(threads, work_dir), stdin=subprocess.DEVNULL,
+        stdout=log_out, stderr=log_err, start_new_session=True)
+    timed_out = False
+    try:
+        proc.wait(timeout=deadline_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        kill_group(proc.pid)
+        proc.wait()
+        kill_descendants()
+        log_out.close()
+        log_err.close()
+    return {"returncode": proc.returncode, "timed_out": timed_out,
+            "wall_s": round(time.monotonic() - started, 3),
+            "stderr_tail": (work_dir / "zygote.stderr").read_text(errors="replace")[-4000:]}
+
+
+def tail(path: Path, limit: int = 2000) -> str | None:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return None
+    return text[-limit:] if text else None
+
+
+def fork_item(item_fn, timeout_s: float, work_root: Path, log_path: Path) -> dict:
+    """Run `item_fn` in a forked child with its own process group, cwd and log; enforce timeout.
+
+    Used by the zygotes: the zygote imported only the framework, never candidate code, so every
+    item starts from the same pristine state. Whatever the item left running is killed after.
+    """
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    cwd = tempfile.mkdtemp(prefix="item-", dir=work_root)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 70
+        try:
+            os.setpgid(0, 0)
+            os.chdir(cwd)
+            os.environ["TMPDIR"] = cwd
+            os.environ["HOME"] = cwd
+            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            os.close(log_fd)
+            item_fn()
+            code = 0
+        except BaseException:  # noqa: BLE001  the child must never fall back into the zygote
+            import traceback  # noqa: PLC0415
+
+            try:
+                traceback.print_exc()
+            except BaseException:  # noqa: BLE001, S110
+                pass
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            except BaseException:  # noqa: BLE001, S110
+                pass
+            os._exit(code)
+    try:
+        os.setpgid(pid, pid)
+    except OSError:
+        pass
+    deadline = started + timeout_s
+    timed_out, status, nap = False, None, 0.0005
+    while True:
+        got, status = os.waitpid(pid, os.WNOHANG)
+        if got == pid:
+            break
+        if time.monotonic() >= deadline:
+            timed_out = True
+            kill_group(pid)
+            os.kill(pid, signal.SIGKILL) if _alive(pid) else None
+            _, status = os.waitpid(pid, 0)
+            break
+        time.sleep(nap)
+        nap = min(nap * 2, 0.01)
+    wall_s = time.monotonic() - started
+    kill_group(pid)
+    kill_descendants()
+    shutil.rmtree(cwd, ignore_errors=True)
+    return {
+        "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+        "timed_out": timed_out,
+        "wall_s": round(wall_s, 6),
+    }
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def zygote_prelude(job: dict) -> None:
+    """Common zygote set-up: no bytecode, subreaper, pinned threads, framework imported once."""
+    sys.dont_write_bytecode = True
+    become_subreaper()
+    if job["framework"] == "torch":
+        import_torch()
+
+
+def set_threads(framework: str, threads: int) -> None:
+    if framework == "torch":
+        torch = import_torch()
+        torch.set_num_threads(int(threads))
