@@ -103,6 +103,16 @@ def analyze(
             ids.append(spec.id)
         bg.target_actions[label] = ids
         bg.providers[label] = provider
+    producers: dict[str, str] = {}
+    for spec in bg.actions.values():
+        for path in spec.outputs:
+            other = producers.setdefault(path, spec.label)
+            if other != spec.label:
+                t = targets[Label.parse(spec.label)]
+                raise DeclarationError(
+                    f"output {path} is also declared by {other}", file=t.file, target=spec.label,
+                    field="outs", hint="every output path must belong to one target",
+                )
     for spec in bg.actions.values():
         for art in spec.inputs:
             if art.producer:

@@ -166,8 +166,10 @@ def build(
             cache = "hit" if statuses and all(s in ("hit", "remote_hit") for s in statuses) else "miss"
             failed = [{"action": i, "status": outcomes[i].status, "message": outcomes[i].message}
                       for i in ids if i in outcomes and not outcomes[i].ok]
+            show = graph.providers[label].info.get("show")
+            shown = next((o for o in outputs if show and o.endswith("/" + show)), None)
             report.targets[str(label)] = {"ok": ok, "cache": cache, "outputs": outputs,
-                                          "failed": failed}
+                                          "failed": failed, "show": shown}
             events.emit("target_finished", root_event, label=str(label), ok=ok, cache=cache,
                         outputs=outputs, failed=failed)
         c = events.counts

@@ -39,6 +39,15 @@ def _workspace(ctx: click.Context, **overrides: Any):
     return ws.with_overrides(**overrides)
 
 
+def _current_package(ws) -> str:
+    """The package of the current folder; relative labels resolve against it (as in build)."""
+    try:
+        rel = Path.cwd().resolve().relative_to(ws.root)
+    except ValueError:
+        return ""
+    return "" if str(rel) == "." else rel.as_posix()
+
+
 class RsiGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -106,9 +115,13 @@ def build(ctx: click.Context, targets: tuple[str, ...], jobs: int | None, keep_g
             state = "ok" if t["ok"] else "FAILED"
             click.echo(f"{label}: {state} ({t['cache']})")
             for f in t["failed"]:
-                click.echo(f"  {f['action']}: {f['status']}: {f['message']}", err=True)
+                click.echo(f"  {f['action']}: {f['status']}: {f['message']}")
             for path in t["outputs"]:
                 click.echo(f"  {path}")
+            if t.get("show"):
+                click.echo("")
+                click.echo(Path(t["show"]).read_text().rstrip())
+                click.echo("")
         click.echo(f"{c['actions']} actions: {c['cached']} cached, {c['executed']} executed, "
                    f"{c['failed']} failed, {c['skipped']} not built  ({report.wall_s:.2f}s)")
     sys.exit(0 if report.ok else EXIT_BUILD_FAILED)
@@ -134,7 +147,7 @@ def query(ctx: click.Context, expr: str, as_json: bool) -> None:
 
     ws = _workspace(ctx)
     loader = Loader(ws.root, load_rules(ws.rules))
-    labels = evaluate(loader, expr)
+    labels = evaluate(loader, expr, _current_package(ws))
     rows = [{"label": str(lb), "rule": loader.target(lb).rule.name} for lb in labels]
     _emit(rows, as_json, "\n".join(str(lb) for lb in labels))
 
@@ -173,8 +186,10 @@ def why(ctx: click.Context, target: str, as_json: bool) -> None:
     from rsi.build import open_store
     from rsi.why import explain
 
+    from rsi.label import Label
+
     ws = _workspace(ctx)
-    doc = explain(open_store(ws), target, ws)
+    doc = explain(open_store(ws), str(Label.parse(target, _current_package(ws))), ws)
     if as_json:
         _emit(doc, True)
         return

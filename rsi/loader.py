@@ -6,8 +6,10 @@ other key is an attribute checked against that rule's schema. Errors name file, 
 
 from __future__ import annotations
 
+import ast
 import difflib
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,29 @@ class Target:
         return found
 
 
+_DUPLICATE = re.compile(r"Cannot declare (\(.*\)) twice \(at line (\d+)")
+
+
+def _toml_error(exc: tomllib.TOMLDecodeError, package: str, file: str) -> DeclarationError:
+    """TOML's "Cannot declare ('a',) twice" said as what it means here: a duplicate target."""
+    m = _DUPLICATE.match(str(exc))
+    try:
+        key = ast.literal_eval(m.group(1)) if m else None
+    except (ValueError, SyntaxError):
+        key = None
+    if not isinstance(key, tuple) or not key or not all(isinstance(k, str) for k in key):
+        return DeclarationError(f"not valid TOML: {exc}", file=file)
+    name, line = key[0], m.group(2)
+    if len(key) == 1:
+        return DeclarationError(
+            f"target '{name}' is declared twice (again at line {line})", file=file,
+            target=f"//{package}:{name}",
+            hint="target names are unique in a package: rename or merge one of the tables",
+        )
+    return DeclarationError(f"table [{'.'.join(key)}] is declared twice (again at line {line})",
+                            file=file, target=f"//{package}:{name}", field=key[1])
+
+
 class Loader:
     def __init__(self, root: Path, rules: Mapping[str, Rule]) -> None:
         self.root = root
@@ -63,7 +88,10 @@ class Loader:
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise DeclarationError(f"not valid TOML: {exc}", file=rel) from None
+            raise _toml_error(exc, package, rel) from None
+        except RecursionError:  # NB: tomllib recurses per nested array/inline table
+            raise DeclarationError("not valid TOML: values are nested too deeply",
+                                   file=rel) from None
         targets: dict[str, Target] = {}
         for name, raw in data.items():
             label_text = f"//{package}:{name}"

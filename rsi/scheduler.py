@@ -22,7 +22,7 @@ from rsi.canonical import canonical_bytes
 from rsi.digest import Digest, FileNode, SymlinkNode
 from rsi.errors import CorruptEntry, ExecutionError, RsiError, StoreError
 from rsi.events import EventLog
-from rsi.executors.base import Executor
+from rsi.executors.base import TRASH, Executor
 from rsi.rule import ActionSpec
 from rsi.store import LocalStore
 
@@ -253,6 +253,9 @@ class Scheduler:
                     else:
                         counts["failed"] += 1
                         message = result.failure or f"exited with code {result.exit_code}"
+                        tail = self._stderr_tail(result)
+                        if tail:
+                            message += "\n" + tail
                         self.events.emit("action_finished", ev, action=spec.id, label=spec.label,
                                          mnemonic=spec.mnemonic, key=str(action.key()),
                                          cache="miss", status="failed", message=message,
@@ -267,6 +270,7 @@ class Scheduler:
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+            TRASH.drain()
             try:
                 self.store.save_target_index(self.index_updates)
             finally:
@@ -276,6 +280,15 @@ class Scheduler:
                 outcomes[action_id] = Outcome(action_id, "not_started",
                                               message="not started: the build stopped at a failure")
         return outcomes
+
+    def _stderr_tail(self, result: ActionResult, lines: int = 15) -> str:
+        if result.stderr is None or result.stderr.size == 0:
+            return ""
+        try:
+            text = self.store.read_bytes(result.stderr).decode("utf-8", "replace")
+        except RsiError:
+            return ""
+        return "\n".join("    | " + ln for ln in text.rstrip().splitlines()[-lines:])
 
     def _remote_get(self, action: Action, parent: int) -> ActionResult | None:
         if self.remote is None:

@@ -40,6 +40,7 @@ class LocalStore:
         self.tmp = self.root / "tmp"
         self.events_dir = self.root / "events"
         self.corrupt_seen: list[str] = []
+        self._empty: Digest | None = None
         self._init()
         self.blob_memo = FileDigestMemo(self.root / "blob-memo.json", self.function)
         self.file_memo = FileDigestMemo(self.root / "file-memo.json", self.function)
@@ -125,35 +126,49 @@ class LocalStore:
     def put_file(self, src: str | os.PathLike, *, move: bool = False) -> Digest:
         """Add a file's content; with `move`, rename it in (same file system, no copy).
 
-        The copy is hashed, not the source, so a source that changes meanwhile can never
-        leave a blob whose name does not match its content.
+        What is hashed is the file that gets renamed into place (the copy, or the moved file),
+        so a source changing meanwhile can never leave a blob whose name mismatches its content.
         """
         try:
-            self.cas.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.cas, prefix=".tmp-")
-            os.close(fd)
+            if move:
+                tmp = os.fspath(src)
+            else:
+                self.cas.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=self.cas, prefix=".tmp-")
+                os.close(fd)
+                shutil.copyfile(src, tmp)
             try:
-                if move:
-                    os.replace(src, tmp)
-                else:
-                    shutil.copyfile(src, tmp)
                 digest = digest_file(tmp, self.function)
-                path = self.blob_path(digest)
                 if self.has(digest):
                     os.unlink(tmp)
                     return digest
                 os.chmod(tmp, 0o444)
-                with open(tmp, "rb") as f:
-                    os.fsync(f.fileno())
-                path.parent.mkdir(exist_ok=True)
-                os.replace(tmp, path)
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                path = self.blob_path(digest)
+                try:
+                    os.replace(tmp, path)
+                except FileNotFoundError:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(tmp, path)
             except BaseException:
-                if os.path.exists(tmp):
+                if not move and os.path.exists(tmp):
                     os.unlink(tmp)
                 raise
         except OSError as exc:
             raise store_write_error(self.root, exc) from exc
         return digest
+
+    def put_log(self, path: str | os.PathLike) -> Digest:
+        """Keep an action's stdout/stderr; the (common) empty log costs no file operation."""
+        if os.stat(path).st_size == 0:
+            if self._empty is None:
+                self._empty = self.put_bytes(b"")
+            return self._empty
+        return self.put_file(path, move=True)
 
     def read_bytes(self, digest: Digest) -> bytes:
         path = self.blob_path(digest)

@@ -80,6 +80,9 @@ class Workspace:
             data = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise DeclarationError(f"not valid TOML: {exc}", file=str(path)) from None
+        except RecursionError:  # NB: tomllib recurses per nested array/inline table
+            raise DeclarationError("not valid TOML: values are nested too deeply",
+                                   file=str(path)) from None
         section = data.get("workspace", {})
         extra = set(data) - {"workspace"}
         if extra or not isinstance(section, dict):

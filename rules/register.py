@@ -6,11 +6,6 @@ from rsi.rule import Rule
 
 
 def rules() -> list[Rule]:
-    from rules import command
+    from rules import command, domain
 
-    found: list[Rule] = [*command.RULES]
-    try:
-        from rules import domain
-    except ImportError:  # NB: the domain family is optional until its module lands
-        return found
-    return found + list(domain.RULES)
+    return [*command.RULES, *domain.RULES]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+import queue
 import shutil
 import socket
 import stat
@@ -80,6 +81,40 @@ def collect_outputs(
     if missing:
         failure = "declared output(s) not created: " + ", ".join(missing)
     return tuple(found), failure
+
+
+class _Trash:
+    """Removes finished scratch folders on a background thread.
+
+    NB: on file systems mounted with `discard`, rmdir/unlink cost milliseconds each; removing a
+    scratch folder off the action's critical path keeps per-action overhead near the sandbox's.
+    """
+
+    def __init__(self) -> None:
+        self._queue: "queue.Queue[Path]" = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def put(self, path: Path) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="rsi-trash", daemon=True)
+                self._thread.start()
+        self._queue.put(path)
+
+    def _run(self) -> None:
+        while True:
+            path = self._queue.get()
+            try:
+                remove_tree(path)
+            finally:
+                self._queue.task_done()
+
+    def drain(self) -> None:
+        self._queue.join()
+
+
+TRASH = _Trash()
 
 
 def remove_tree(path: Path) -> None:

@@ -1,0 +1,189 @@
+"""Fan-in graph benchmark: rsi against a bare loop of the same subprocess calls, in one run.
+
+The graph is the one of ../shared/peers (N leaves, N/10 mids of 10 leaves, one root). Scenarios:
+cold build, no-op rebuild, one leaf changed, one leaf touched; each as wall seconds of the real
+`rsi build //:root` command and as a ratio to the bare loop measured in the same run. Also hashing
+a 1 GiB file through rsi.digest against the bare blake3 library.
+
+    python bench/fanin.py [--sizes 100 1000] [--repeat 5] [--hash-gib 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RSI = [sys.executable, "-m", "rsi.cli"]
+
+
+def leaf_cmd(i: int) -> str:
+    return f"cat in/leaf_{i}.txt > leaf_{i}.out; echo 'leaf {i}' >> leaf_{i}.out"
+
+
+def write_workspace(ws: Path, n: int) -> None:
+    shutil.rmtree(ws, ignore_errors=True)
+    (ws / "in").mkdir(parents=True)
+    (ws / "rsi.toml").write_text("[workspace]\njobs = %d\n" % (os.cpu_count() or 1))
+    parts = []
+    for i in range(n):
+        (ws / "in" / f"leaf_{i}.txt").write_text(f"input {i} \n")
+        parts.append(f'[leaf_{i}]\nrule = "command"\nsrcs = ["in/leaf_{i}.txt"]\n'
+                     f'outs = ["leaf_{i}.out"]\ncmd = "{leaf_cmd(i)}"\n')
+    for j in range(n // 10):
+        leaves = [f":leaf_{i}" for i in range(10 * j, 10 * j + 10)]
+        files = " ".join(f"leaf_{i}.out" for i in range(10 * j, 10 * j + 10))
+        parts.append(f'[mid_{j}]\nrule = "command"\ndeps = {json.dumps(leaves)}\n'
+                     f'outs = ["mid_{j}.out"]\ncmd = "cat {files} > mid_{j}.out"\n')
+    mids = [f":mid_{j}" for j in range(n // 10)]
+    files = " ".join(f"mid_{j}.out" for j in range(n // 10))
+    parts.append(f'[root]\nrule = "command"\ndeps = {json.dumps(mids)}\nouts = ["root.out"]\n'
+                 f'cmd = "cat {files} > root.out"\n')
+    (ws / "BUILD.toml").write_text("\n".join(parts))
+
+
+def bare_loop(ws: Path, n: int) -> float:
+    """The same commands, one `subprocess.run` each, in dependency order, no engine."""
+    work = Path(tempfile.mkdtemp(prefix="bare-"))
+    shutil.copytree(ws / "in", work / "in")
+    env = {"PATH": "/usr/bin:/bin"}
+    t0 = time.perf_counter()
+    for i in range(n):
+        subprocess.run(["/bin/sh", "-c", leaf_cmd(i)], cwd=work, env=env, check=True)
+    for j in range(n // 10):
+        files = " ".join(f"leaf_{i}.out" for i in range(10 * j, 10 * j + 10))
+        subprocess.run(["/bin/sh", "-c", f"cat {files} > mid_{j}.out"], cwd=work, env=env, check=True)
+    files = " ".join(f"mid_{j}.out" for j in range(n // 10))
+    subprocess.run(["/bin/sh", "-c", f"cat {files} > root.out"], cwd=work, env=env, check=True)
+    dt = time.perf_counter() - t0
+    assert len((work / "root.out").read_text().splitlines()) == 2 * n
+    shutil.rmtree(work)
+    return dt
+
+
+def rsi_build(ws: Path, n: int) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    p = subprocess.run([*RSI, "build", "//:root", "--json"], cwd=ws, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"rsi build failed:\n{p.stdout}\n{p.stderr}")
+    executed = json.loads(p.stdout)["counts"]["executed"]
+    assert len((ws / "out" / "root.out").read_text().splitlines()) == 2 * n
+    return dt, executed
+
+
+def clean(ws: Path) -> None:
+    shutil.rmtree(ws / "cache", ignore_errors=True)
+    shutil.rmtree(ws / "out", ignore_errors=True)
+
+
+def bench_size(n: int, repeat: int, base: Path) -> dict:
+    ws = base / f"ws_{n}"
+    write_workspace(ws, n)
+    leaf = ws / "in" / f"leaf_{n // 2}.txt"
+    res: dict = {"n": n, "actions": n + n // 10 + 1}
+    bare = [bare_loop(ws, n) for _ in range(max(1, repeat // 2))]
+    res["bare_loop_s"] = statistics.median(bare)
+    cold, noop, change, touch = [], [], [], []
+    for r in range(max(1, repeat // 2)):
+        clean(ws)
+        dt, ex = rsi_build(ws, n)
+        cold.append(dt)
+        assert ex == res["actions"], ex
+    time.sleep(1.1)  # NB: lets the stat memo record the inputs (it skips files younger than 1 s)
+    rsi_build(ws, n)
+    for r in range(repeat):
+        dt, ex = rsi_build(ws, n)
+        noop.append(dt)
+        assert ex == 0, ex
+    for r in range(repeat):
+        leaf.write_text(f"input changed {r} {time.time()}\n")
+        dt, ex = rsi_build(ws, n)
+        change.append(dt)
+        assert ex == 3, ex
+    time.sleep(1.1)
+    rsi_build(ws, n)
+    for r in range(repeat):
+        os.utime(leaf)
+        dt, ex = rsi_build(ws, n)
+        touch.append(dt)
+        assert ex == 0, ex
+    startup = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        subprocess.run([*RSI, "--version"], capture_output=True, check=True)
+        startup.append(time.perf_counter() - t0)
+    for name, xs in (("cold", cold), ("noop", noop), ("change_one", change), ("touch_one", touch),
+                     ("startup", startup)):
+        med = statistics.median(xs)
+        res[f"{name}_s"] = med
+        res[f"{name}_ratio_to_bare"] = med / res["bare_loop_s"]
+    return res
+
+
+def bench_hash(gib: float, base: Path) -> dict:
+    import blake3
+
+    from rsi.digest import digest_file
+
+    path = base / "big.bin"
+    size = int(gib * (1 << 30))
+    with open(path, "wb") as f:
+        chunk = os.urandom(1 << 24)
+        for _ in range(size // len(chunk)):
+            f.write(chunk)
+    bare, ours = [], []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        h.update_mmap(str(path))
+        want = h.hexdigest()
+        bare.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        got = digest_file(path).hash
+        ours.append(time.perf_counter() - t0)
+        assert got == want
+    path.unlink()
+    b, o = min(bare), min(ours)
+    return {"bytes": size, "bare_blake3_gib_s": gib / b, "rsi_gib_s": gib / o,
+            "rsi_fraction_of_bare": b / o}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[100, 1000])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--hash-gib", type=float, default=1.0)
+    ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench" / "fanin.json")
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="rsi-bench-"))
+    results = {"sizes": [], "hash": None}
+    try:
+        for n in args.sizes:
+            r = bench_size(n, args.repeat, base)
+            results["sizes"].append(r)
+            print(f"N={n} ({r['actions']} actions): bare loop {r['bare_loop_s']:.2f}s | "
+                  f"cold {r['cold_s']:.2f}s ({r['cold_ratio_to_bare']:.2f}x) | "
+                  f"no-op {r['noop_s']:.3f}s | change one {r['change_one_s']:.3f}s | "
+                  f"touch one {r['touch_one_s']:.3f}s | startup {r['startup_s']:.3f}s", flush=True)
+        if args.hash_gib > 0:
+            h = bench_hash(args.hash_gib, base)
+            results["hash"] = h
+            print(f"hash {args.hash_gib:g} GiB: bare blake3 {h['bare_blake3_gib_s']:.2f} GiB/s, "
+                  f"rsi {h['rsi_gib_s']:.2f} GiB/s ({100 * h['rsi_fraction_of_bare']:.0f}% of bare)")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""The bwrap executor: the docker executor's sandbox without a daemon, in the same toolchain.
+
+The toolchain's rootfs tar is extracted once into the store and bound read-only as `/`; inputs
+are read-only, only the declared output folders are writable, /tmp is a tmpfs, there is no
+network, the sandbox has its own pid namespace and dies with its parent, and the action runs as
+an unprivileged user. A timeout kills bwrap, which takes the whole pid namespace with it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from rsi.action import Action, ActionResult
+from rsi.errors import ExecutionError
+from rsi.executors.base import (
+    collect_outputs,
+    host_facts,
+    materialise_inputs,
+    readonly_units,
+    remove_tree,
+)
+from rsi.executors.local import LocalExecutor
+from rsi.store import LocalStore
+from rsi.toolchain.build import find_toolchain, rootfs_dir
+from rsi.toolchain.runtime import (
+    EXEC_ROOT,
+    SANDBOX_GID,
+    SANDBOX_UID,
+    action_environment,
+    cpuset,
+    platform_map,
+    prepare_writable,
+)
+
+
+def bwrap_available() -> str | None:
+    """None when bwrap can build a sandbox here, else the reason it cannot."""
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return "bwrap is not installed (apt-get install bubblewrap)"
+    kwargs = _drop_privileges()
+    probe = subprocess.run(
+        [exe, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
+        capture_output=True, text=True, **kwargs,
+    )
+    if probe.returncode != 0:
+        return f"bwrap cannot create namespaces here: {probe.stderr.strip()}"
+    return None
+
+
+def _drop_privileges() -> dict:
+    # NB: bwrap itself runs as the sandbox user when we are root, so nothing in the sandbox is
+    # uid 0 outside it either; it then needs unprivileged user namespaces
+    if os.geteuid() == 0:
+        return {"user": SANDBOX_UID, "group": SANDBOX_GID, "extra_groups": []}
+    return {}
+
+
+class BwrapExecutor:
+    name = "bwrap"
+
+    def __init__(self) -> None:
+        reason = bwrap_available()
+        if reason:
+            raise ExecutionError(f"the bwrap executor cannot run: {reason}")
+
+    def command(self, action: Action, root: Path, exec_dir: Path,
+                writable: list[str], env: dict[str, str]) -> list[str]:
+        cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session",
+               "--hostname", "rsi", "--ro-bind", str(root), "/",
+               "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        if writable == [""]:
+            cmd += ["--bind", str(exec_dir), EXEC_ROOT]
+            for unit in readonly_units(action):
+                cmd += ["--ro-bind", str(exec_dir / unit), f"{EXEC_ROOT}/{unit}"]
+        else:
+            cmd += ["--ro-bind", str(exec_dir), EXEC_ROOT]
+            for unit in writable:
+                cmd += ["--bind", str(exec_dir / unit), f"{EXEC_ROOT}/{unit}"]
+        if os.geteuid() != 0:
+            cmd += ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID)]
+        cmd += ["--clearenv"]
+        for key, value in sorted(env.items()):
+            cmd += ["--setenv", key, value]
+        cmd += ["--chdir", EXEC_ROOT, "--", *action.argv]
+        if cpuset(action):
+            cmd = ["taskset", "-c", cpuset(action), *cmd]
+        return cmd
+
+    def run(self, action: Action, store: LocalStore,
+            cancel: threading.Event | None = None) -> ActionResult:
+        toolchain = platform_map(action).get("toolchain")
+        if not toolchain or "@" not in toolchain:
+            raise ExecutionError(
+                f"{action.label or 'action'}: the bwrap executor needs a `toolchain` platform "
+                "property <name>@<rootfs digest>",
+                hint="declare the action's toolchain, or run it with the local executor")
+        if platform_map(action).get("accelerator"):
+            raise ExecutionError("the bwrap executor does not provide accelerators",
+                                 hint="run accelerator actions with the docker executor")
+        info = find_toolchain(store.root, toolchain)
+        root = rootfs_dir(info)
+        scratch = store.scratch_dir()
+        exec_dir = scratch / "exec"
+        exec_dir.mkdir()
+        os.chmod(scratch, 0o711)
+        started = time.time()
+        try:
+            materialise_inputs(action, store, exec_dir)
+            writable = prepare_writable(exec_dir, action)
+            os.chmod(exec_dir, 0o755)
+            cmd = self.command(action, root, exec_dir, writable, action_environment(info, action))
+            stdout_path, stderr_path = scratch / "stdout", scratch / "stderr"
+            with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+                t0 = time.perf_counter()
+                try:
+                    proc = subprocess.Popen(
+                        cmd, cwd="/", env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                        stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                        start_new_session=True, **_drop_privileges(),
+                    )
+                except OSError as exc:
+                    raise ExecutionError(f"cannot start bwrap: {exc}") from exc
+                timed_out = LocalExecutor._wait(proc, action.timeout_s, cancel)
+                wall = time.perf_counter() - t0
+            if proc.returncode == 1 and not timed_out:
+                head = stderr_path.read_bytes()[:300]
+                if head.startswith(b"bwrap:"):
+                    raise ExecutionError(
+                        f"sandbox failed to start: {head.decode(errors='replace')}")
+            outputs, failure = collect_outputs(action, store, exec_dir)
+            if timed_out:
+                failure = f"timed out after {action.timeout_s:g}s; sandbox killed"
+            return ActionResult(
+                exit_code=-signal.SIGKILL if timed_out else proc.returncode,
+                outputs=outputs if not failure or outputs else (),
+                stdout=store.put_file(stdout_path, move=True),
+                stderr=store.put_file(stderr_path, move=True),
+                timed_out=timed_out,
+                failure=failure if (failure or proc.returncode == 0) else None,
+                executor=self.name,
+                host={**host_facts(), "sandbox": "bwrap", "rootfs": str(info.rootfs)},
+                timing={"started": started, "wall_s": round(wall, 6)},
+            )
+        finally:
+            remove_tree(scratch)

@@ -1,0 +1,280 @@
+"""Rules for optimisation tasks: `task`, `binding`, `candidate` and `verdict`.
+
+A binding freezes a task, a toolchain and a measurement policy into one spec; a verdict for
+(binding, candidate) is three actions — check, paired measure, assess — plus the binding's own
+baseline check and A/A calibration, which every candidate of the binding shares by key.
+The harness scripts under rules/harness run inside the sandbox; nothing here runs them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rsi.attrs import attr
+from rsi.executors.local import host_python_identity
+from rsi.rule import Artifact, Provider, Rule, RuleContext
+
+HARNESS_DIR = Path(__file__).resolve().parent / "harness"
+HARNESS_EXEC = "_rsi/harness"
+PY = ["python3", "-I", "-B"]
+ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+# NB: each step gets only the scripts it runs, so editing the renderer reruns no measurement
+HARNESS_SCRIPTS = {
+    "check": ("check.py", "runner.py", "_common.py"),
+    "measure": ("measure.py", "timer.py", "_common.py"),
+    "assess": ("assess.py", "stats.py", "_common.py"),
+    "render": ("render.py",),
+}
+
+
+def harness_files(step: str) -> tuple[Artifact, ...]:
+    return tuple(
+        Artifact(f"{HARNESS_EXEC}/{name}", source=str(HARNESS_DIR / name))
+        for name in HARNESS_SCRIPTS[step]
+    )
+
+
+def toolchain_platform(name: str) -> dict[str, str]:
+    if name == "host-python":
+        return {"toolchain": host_python_identity()}
+    return {"toolchain": name}
+
+
+# ------------------------------------------------------------------------------------- task
+
+
+def _task(ctx: RuleContext) -> Provider:
+    a = ctx.attrs
+    runtime = tuple(ctx.source(f, "runtime") for f in a["runtime"])
+    names = {Path(r.path).name for r in runtime}
+    for needed in ("workloads.py", "oracle.py"):
+        if needed not in names:
+            raise ctx.error(f"runtime must include {needed}", "runtime")
+    baseline = ctx.source_tree(a["baseline"], "baseline")
+    base_names = sorted(r.path.rsplit("/", 1)[-1] for r in baseline)
+    editable = list(a["editable"])
+    if sorted(editable) != base_names:
+        raise ctx.error(f"baseline folder holds {base_names} but editable lists {sorted(editable)}",
+                        "editable", hint="the baseline must be exactly the editable files")
+    if f"{a['entry'].get('module')}.py" not in editable:
+        raise ctx.error("entry.module must name one of the editable files", "entry")
+    for doc in a["docs"]:
+        ctx.source(doc, "docs")  # NB: checked to exist, never an action input
+    spec = {
+        "task": ctx.label.name if ctx.label.name != "task" else ctx.label.package.rsplit("/", 1)[-1],
+        "framework": a["framework"],
+        "device": a["device"],
+        "entry": dict(a["entry"]),
+        "editable": editable,
+        "tolerances": a["tolerances"],
+        "cases": a["cases"],
+    }
+    task_dir = ctx.exec_path("")[:-1] if ctx.label.package else "."
+    baseline_dir = ctx.exec_path(a["baseline"].rstrip("/"))
+    return Provider(
+        files=runtime + baseline,
+        info={"spec": spec, "task_dir": task_dir, "baseline_dir": baseline_dir,
+              "runtime": runtime, "baseline": baseline, "editable": editable},
+    )
+
+
+TASK = Rule(
+    name="task",
+    doc="An optimisation task: runtime sources (workloads.py, oracle.py), the baseline folder "
+        "(exactly the editable files), documentation that never invalidates results, the call "
+        "contract and the correctness policy.",
+    attrs={
+        "runtime": attr("string_list", "runtime sources: workloads.py, oracle.py (+ helpers)",
+                        nonempty=True),
+        "baseline": attr("string", "folder holding the baseline's editable files", nonempty=True),
+        "docs": attr("string_list", "documentation files (TASK.md, LICENSE); never inputs",
+                     default=[]),
+        "framework": attr("string", "numpy or torch", choices=("numpy", "torch")),
+        "device": attr("string", "cpu or cuda", default="cpu", choices=("cpu", "cuda")),
+        "entry": attr("string_dict", "call contract: {module = ..., function = ...}"),
+        "signature": attr("string", "the entry function's signature, for people", default=""),
+        "editable": attr("string_list", "file names a candidate may replace", nonempty=True),
+        "tolerances": attr("table", "per-dtype {atol, rtol}"),
+        "cases": attr("table_list", "correctness cases: name, shape, dtype, kind, ..."),
+        "doc": attr("string", "free text", default=""),
+        "tags": attr("string_list", "", default=[]),
+    },
+    impl=_task,
+)
+
+
+# ---------------------------------------------------------------------------------- binding
+
+
+def _binding(ctx: RuleContext) -> Provider:
+    a = ctx.attrs
+    task = ctx.dep(a["task"])
+    spec = dict(task.info["spec"])
+    spec.update(threads=a["threads"], call_timeout_s=a["call_timeout_s"], seed=a["seed"],
+                params=a["params"])
+    check_spec = json.dumps(spec, sort_keys=True, indent=1)
+    full = dict(spec, measure=a["measure"], assess=a["assess"])
+    full_spec = json.dumps(full, sort_keys=True, indent=1)
+    n = ctx.label.name
+    check_spec_file = ctx.write(f"{n}/check_spec.json", check_spec)
+    spec_file = ctx.write(f"{n}/spec.json", full_spec)
+    platform = toolchain_platform(a["toolchain"])
+    task_dir, baseline_dir = task.info["task_dir"], task.info["baseline_dir"]
+    runtime = task.info["runtime"]
+    baseline_check = ctx.action(
+        argv=[*PY, f"{HARNESS_EXEC}/check.py", "--task", task_dir, "--impl", baseline_dir,
+              "--spec", check_spec_file.path, "--out", ctx.exec_path(f"{n}/baseline_check.json")],
+        inputs=[*harness_files("check"), *runtime, *task.info["baseline"], check_spec_file],
+        outputs=[f"{n}/baseline_check.json"], mnemonic="BaselineCheck", env=ENV, platform=platform,
+        timeout_s=a["timeout_s"],
+    )[0]
+    calibration = ctx.action(
+        argv=[*PY, f"{HARNESS_EXEC}/measure.py", "--task", task_dir, "--baseline", baseline_dir,
+              "--candidate", baseline_dir, "--spec", spec_file.path,
+              "--out", ctx.exec_path(f"{n}/calibration.json")],
+        inputs=[*harness_files("measure"), *runtime, *task.info["baseline"], spec_file],
+        outputs=[f"{n}/calibration.json"], mnemonic="Calibrate", env=ENV, platform=platform,
+        timeout_s=a["timeout_s"], tags=["exclusive"],
+    )[0]
+    return Provider(
+        files=(baseline_check, calibration),
+        info={**task.info, "spec_file": spec_file, "check_spec_file": check_spec_file,
+              "platform": platform, "baseline_check": baseline_check,
+              "calibration": calibration, "timeout_s": a["timeout_s"]},
+    )
+
+
+BINDING = Rule(
+    name="binding",
+    doc="Task + toolchain + parameters + measurement policy, fixed before any candidate is "
+        "measured. Changing any field is a new binding (new keys), never a silent change. "
+        "Builds the baseline's own check and the A/A calibration (noise floor).",
+    attrs={
+        "task": attr("label", "the task target"),
+        "toolchain": attr("string", "'host-python' or a toolchain id name@digest",
+                          default="host-python"),
+        "threads": attr("int", "threads the implementation may use (pinned)", default=1),
+        "call_timeout_s": attr("float", "per-call limit; past it the candidate fails (timeout)",
+                               default=20.0),
+        "seed": attr("int", "seed of the correctness inputs", default=0),
+        "params": attr("table", "free parameters recorded in the spec", default={}),
+        "measure": attr("table", "workload, warmups, samples, pairs, metric, direction, seed"),
+        "assess": attr("table", "min_improvement, confidence, bootstrap_resamples"),
+        "timeout_s": attr("float", "limit of each action", default=900.0),
+        "doc": attr("string", "free text", default=""),
+        "tags": attr("string_list", "", default=[]),
+    },
+    impl=_binding,
+)
+
+
+# -------------------------------------------------------------------------------- candidate
+
+
+def _candidate(ctx: RuleContext) -> Provider:
+    a = ctx.attrs
+    task = ctx.dep(a["task"])
+    files = ctx.source_tree(a["src"], "src")
+    if not files:
+        raise ctx.error(f"candidate folder {a['src']!r} is empty", "src")
+    editable = set(task.info["editable"])
+    for f in files:
+        name = f.path[len(ctx.exec_path(a["src"].rstrip("/"))) + 1:]
+        if f.symlink is not None:
+            raise ctx.error(f"{a['src']}/{name} is a symlink; candidates are plain files", "src")
+        if name not in editable:
+            raise ctx.error(f"{a['src']}/{name} is outside the editable scope "
+                            f"({', '.join(sorted(editable))})", "src")
+    return Provider(files=files, info={"dir": ctx.exec_path(a["src"].rstrip("/")),
+                                       "files": files, "task": str(a["task"])})
+
+
+CANDIDATE = Rule(
+    name="candidate",
+    doc="A snapshot of the editable files from a folder; its digest is the whole snapshot.",
+    attrs={
+        "task": attr("label", "the task whose editable scope applies"),
+        "src": attr("string", "folder holding the candidate's files", nonempty=True),
+        "hypothesis": attr("string", "why this should be faster", default=""),
+        "doc": attr("string", "free text", default=""),
+        "tags": attr("string_list", "", default=[]),
+    },
+    impl=_candidate,
+)
+
+
+# ---------------------------------------------------------------------------------- verdict
+
+
+def verdict_actions(ctx: RuleContext, binding: Provider, cand_files, cand_dir: str,
+                    prefix: str = "") -> dict[str, Artifact]:
+    """Check, paired measure and assess for one candidate; usable by other rule families."""
+    info = binding.info
+    runtime = info["runtime"]
+    platform, timeout = info["platform"], info["timeout_s"]
+    out = {}
+    out["check"] = ctx.action(
+        argv=[*PY, f"{HARNESS_EXEC}/check.py", "--task", info["task_dir"], "--impl", cand_dir,
+              "--spec", info["check_spec_file"].path,
+              "--out", ctx.exec_path(f"{prefix}check.json")],
+        inputs=[*harness_files("check"), *runtime, *cand_files, info["check_spec_file"]],
+        outputs=[f"{prefix}check.json"], mnemonic="Check", env=ENV, platform=platform,
+        timeout_s=timeout,
+    )[0]
+    out["samples"] = ctx.action(
+        argv=[*PY, f"{HARNESS_EXEC}/measure.py", "--task", info["task_dir"],
+              "--baseline", info["baseline_dir"], "--candidate", cand_dir,
+              "--spec", info["spec_file"].path, "--out", ctx.exec_path(f"{prefix}samples.json")],
+        inputs=[*harness_files("measure"), *runtime, *info["baseline"], *cand_files,
+                info["spec_file"]],
+        outputs=[f"{prefix}samples.json"], mnemonic="Measure", env=ENV,
+        platform=platform, timeout_s=timeout, tags=["exclusive"],
+    )[0]
+    out["verdict"] = ctx.action(
+        argv=[*PY, f"{HARNESS_EXEC}/assess.py", "--spec", info["spec_file"].path,
+              "--samples", out["samples"].path, "--check", out["check"].path,
+              "--baseline-check", info["baseline_check"].path,
+              "--calibration", info["calibration"].path,
+              "--out", ctx.exec_path(f"{prefix}verdict.json")],
+        inputs=[*harness_files("assess"), info["spec_file"], out["samples"], out["check"],
+                info["baseline_check"], info["calibration"]],
+        outputs=[f"{prefix}verdict.json"], mnemonic="Assess", env=ENV,
+        platform=platform, timeout_s=120,
+    )[0]
+    out["table"] = ctx.action(
+        argv=[*PY, f"{HARNESS_EXEC}/render.py", "--verdict", out["verdict"].path,
+              "--check", out["check"].path, "--out", ctx.exec_path(f"{prefix}verdict.txt")],
+        inputs=[*harness_files("render"), out["verdict"], out["check"]],
+        outputs=[f"{prefix}verdict.txt"], mnemonic="Render", env=ENV,
+        platform=platform, timeout_s=60,
+    )[0]
+    return out
+
+
+def _verdict(ctx: RuleContext) -> Provider:
+    a = ctx.attrs
+    binding = ctx.dep(a["binding"])
+    cand = ctx.dep(a["candidate"])
+    out = verdict_actions(ctx, binding, cand.info["files"], cand.info["dir"],
+                          prefix=f"{ctx.label.name}/")
+    return Provider(files=(out["verdict"], out["table"], out["check"], out["samples"]),
+                    info={"show": out["table"].path, "verdict": out["verdict"].path})
+
+
+VERDICT = Rule(
+    name="verdict",
+    doc="Correctness check, paired measurement and assessment of one candidate under one "
+        "binding: PASS / FAIL / INCONCLUSIVE with reasons, speedup interval and noise floor.",
+    attrs={
+        "binding": attr("label", "the binding target"),
+        "candidate": attr("label", "the candidate target"),
+        "doc": attr("string", "free text", default=""),
+        "tags": attr("string_list", "", default=[]),
+    },
+    impl=_verdict,
+)
+
+RULES = [TASK, BINDING, CANDIDATE, VERDICT]

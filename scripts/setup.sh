@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Idempotent set-up of a fresh machine for rsi: system packages, the virtual environment with
+# rsi installed (editable) and, with --test, what the test suite needs. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want_test=0
+[ "${1:-}" = "--test" ] && want_test=1
+
+need_apt=()
+command -v bwrap >/dev/null || need_apt+=(bubblewrap)
+if [ "$want_test" = 1 ]; then
+  command -v dockerd >/dev/null || need_apt+=(docker.io)
+  command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)
+fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "setup: installing ${need_apt[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q >/dev/null
+    apt-get install -y -q "${need_apt[@]}" >/dev/null
+  else
+    echo "setup: please install ${need_apt[*]} (not root, cannot apt-get)" >&2
+  fi
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+fi
+extras="torch"
+[ "$want_test" = 1 ] && extras="test"
+stamp=".venv/.rsi-installed-$extras-$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  # NB: torch is pinned to 2.13.0 in pyproject.toml; an unpinned torch pulls a multi-GB CUDA build
+  .venv/bin/pip install -q -e ".[$extras]"
+  touch "$stamp"
+fi
