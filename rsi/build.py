@@ -74,9 +74,13 @@ def _remote_cache(ws: Workspace):
     return make_remote_cache(ws)
 
 
+def make_loader(ws: Workspace) -> Loader:
+    return Loader(ws.root, load_rules(ws.rules),
+                  {"store": str(ws.store_dir.resolve()), "workspace": str(ws.root)})
+
+
 def load_graph(ws: Workspace, patterns: list[str], store: LocalStore) -> tuple[list[Label], BuildGraph]:
-    rules = load_rules(ws.rules)
-    loader = Loader(ws.root, rules)
+    loader = make_loader(ws)
     cwd = Path.cwd().resolve()
     try:
         rel = cwd.relative_to(ws.root)

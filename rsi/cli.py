@@ -141,12 +141,11 @@ def query(ctx: click.Context, expr: str, as_json: bool) -> None:
       rsi query 'deps(//tasks/softmax:verdict)'
       rsi query 'kind(check, rdeps(//tasks/softmax:task))'
     """
-    from rsi.loader import Loader
+    from rsi.build import make_loader
     from rsi.query import evaluate
-    from rsi.registry import load_rules
 
     ws = _workspace(ctx)
-    loader = Loader(ws.root, load_rules(ws.rules))
+    loader = make_loader(ws)
     labels = evaluate(loader, expr, _current_package(ws))
     rows = [{"label": str(lb), "rule": loader.target(lb).rule.name} for lb in labels]
     _emit(rows, as_json, "\n".join(str(lb) for lb in labels))
@@ -207,6 +206,29 @@ def why(ctx: click.Context, target: str, as_json: bool) -> None:
         click.echo(f"  {doc['cached']} other action(s) were cached")
 
 
+@main.command("rules", epilog=EPILOG)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--markdown", is_flag=True, help="Print the declaration reference as Markdown.")
+@click.pass_context
+def rules_cmd(ctx: click.Context, as_json: bool, markdown: bool) -> None:
+    """List every rule and its attributes (the declaration reference)."""
+    from rsi.registry import describe_rules, load_rules
+
+    extra = ()
+    try:
+        extra = _workspace(ctx).rules
+    except RsiError:
+        pass
+    doc = describe_rules(load_rules(extra))
+    if markdown:
+        from rsi.registry import rules_markdown
+
+        click.echo(rules_markdown(doc), nl=False)
+        return
+    human = "\n".join(f"{r['name']}: {r['doc']}" for r in doc)
+    _emit(doc, as_json, human)
+
+
 @main.group(epilog=EPILOG)
 def cache() -> None:
     """Inspect and maintain the local store (ls, show, verify, gc, stats)."""
@@ -265,13 +287,11 @@ def cache_verify_cmd(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def cache_gc_cmd(ctx: click.Context, roots: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
     """Remove everything not reachable from the workspace's targets (or the ROOTS patterns)."""
-    from rsi.build import open_store
+    from rsi.build import make_loader, open_store
     from rsi.cacheops import cache_gc
-    from rsi.loader import Loader
-    from rsi.registry import load_rules
 
     ws = _workspace(ctx)
-    loader = Loader(ws.root, load_rules(ws.rules))
+    loader = make_loader(ws)
     keep = {str(lb) for lb in loader.expand(list(roots) or ["//..."])}
     store = open_store(ws)
     with store.lock(exclusive=True):
@@ -297,7 +317,24 @@ def cache_stats_cmd(ctx: click.Context, as_json: bool) -> None:
     _emit(doc, as_json, "\n".join(f"{k}: {v}" for k, v in doc.items()))
 
 
+def _add_plugin_commands() -> None:
+    """Rule families may add commands through the `rsi.commands` entry point group."""
+    from importlib import metadata
+
+    for ep in metadata.entry_points(group="rsi.commands"):
+        if ep.name in main.commands:
+            continue
+        try:
+            command = ep.load()
+        except ImportError as exc:
+            click.echo(f"rsi: warning: command {ep.name!r} unavailable: {exc}", err=True)
+            continue
+        main.add_command(command, ep.name)
+
+
 def run() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] not in main.commands:
+        _add_plugin_commands()  # NB: only when needed; `rsi build` never pays for plugins
     try:
         main(standalone_mode=True)
     except RsiError as exc:

@@ -66,11 +66,23 @@ class ActionSpec:
 
 
 @dataclass(frozen=True)
+class GeneratedTarget:
+    """A target a rule's `generate` hook adds to its package (like a Bazel macro's output)."""
+
+    name: str
+    rule: str
+    attrs: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class Rule:
     name: str
     attrs: Mapping[str, Attr]
     impl: Callable[["RuleContext"], Provider]
     doc: str = ""
+    # NB: `generate(label, attrs, settings)` may read mutable state the rule owns (a campaign's
+    # append-only log) and returns more targets; it runs while the package loads.
+    generate: Callable[[Label, dict, Mapping[str, Any]], list[GeneratedTarget]] | None = None
 
     @property
     def schema(self) -> Schema:
@@ -121,7 +133,12 @@ class RuleContext:
         if rel.startswith("/") or norm.startswith(".."):
             raise self.error(f"{rel!r} is outside the package", field_name)
         full = self.package_dir / norm
-        if not full.is_file():
+        try:
+            is_file = full.is_file()
+        except OSError as exc:  # NB: e.g. a name too long; is_file only swallows ENOENT & co
+            raise self.error(f"source file {rel!r} cannot be read: {exc.strerror or exc}",
+                             field_name) from None
+        if not is_file:
             hint = None
             if full.is_dir():
                 hint = "name files, not folders (use a tree attribute for folders)"
