@@ -1,21 +1,24 @@
 """Analysis: targets become actions. The target graph and the action graph are networkx DAGs.
 
 Rules run here, in dependency order, each seeing only its attributes and its dependencies'
-providers. Nothing is executed and no file content is read except through digests.
+providers. Nothing is executed and no file content is read except through digests. The result
+keeps plain adjacency lists as well, so a build served from the analysis cache (analysis_cache.py)
+schedules without importing networkx.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from rsi.digest import Digest, digest_value
 from rsi.errors import DeclarationError
 from rsi.label import Label
 from rsi.loader import Loader, Target
 from rsi.rule import ActionSpec, Provider, RuleContext
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 @dataclass
@@ -24,25 +27,55 @@ class BuildGraph:
     providers: dict[Label, Provider] = field(default_factory=dict)
     target_actions: dict[Label, list[str]] = field(default_factory=dict)
     actions: dict[str, ActionSpec] = field(default_factory=dict)
-    target_graph: nx.DiGraph = field(default_factory=nx.DiGraph)  # edge: dep -> dependent
-    action_graph: nx.DiGraph = field(default_factory=nx.DiGraph)  # edge: producer -> consumer
+    preds: dict[str, list[str]] = field(default_factory=dict)  # consumer -> producers
+    succs: dict[str, list[str]] = field(default_factory=dict)  # producer -> consumers
+    target_graph: "nx.DiGraph | None" = None  # edge: dep -> dependent (None when from cache)
+    action_graph: "nx.DiGraph | None" = None  # edge: producer -> consumer
 
     def actions_for(self, labels: Iterable[Label]) -> set[str]:
         """Every action needed to produce these targets' files (their producers, transitively)."""
-        wanted: set[str] = set()
+        stack: list[str] = []
         for label in labels:
-            ids = self.target_actions.get(label, [])
-            for a in ids:
+            stack.extend(self.target_actions.get(label, []))
+            stack.extend(a.producer for a in self.providers[label].all_files if a.producer)
+        wanted: set[str] = set()
+        while stack:
+            a = stack.pop()
+            if a not in wanted:
                 wanted.add(a)
-                wanted |= nx.ancestors(self.action_graph, a)
-            for art in self.providers[label].all_files:
-                if art.producer:
-                    wanted.add(art.producer)
-                    wanted |= nx.ancestors(self.action_graph, art.producer)
+                stack.extend(self.preds.get(a, ()))
         return wanted
 
+    def descendants(self, action_id: str, within: set[str]) -> set[str]:
+        found: set[str] = set()
+        stack = list(self.succs.get(action_id, ()))
+        while stack:
+            a = stack.pop()
+            if a in within and a not in found:
+                found.add(a)
+                stack.extend(self.succs.get(a, ()))
+        return found
 
-def _find_cycle(loader: Loader, roots: list[Label]) -> tuple[dict[Label, Target], nx.DiGraph]:
+    def nx_action_graph(self) -> "nx.DiGraph":
+        import networkx as nx
+
+        if self.action_graph is None:
+            g = nx.DiGraph()
+            g.add_nodes_from(self.actions)
+            g.add_edges_from((p, c) for c, ps in self.preds.items() for p in ps)
+            self.action_graph = g
+        return self.action_graph
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["target_graph"] = state["action_graph"] = None  # NB: keeps networkx out of loads
+        return state
+
+
+def find_targets(loader: Loader, roots: list[Label]) -> tuple[dict[Label, Target], "nx.DiGraph"]:
+    """Load the transitive targets of `roots` into a networkx DAG; a cycle is an error."""
+    import networkx as nx
+
     graph = nx.DiGraph()
     targets: dict[Label, Target] = {}
     stack: list[Label] = list(roots)
@@ -64,11 +97,11 @@ def _find_cycle(loader: Loader, roots: list[Label]) -> tuple[dict[Label, Target]
                 graph.add_edge(dep, label, field=name)
     if not nx.is_directed_acyclic_graph(graph):
         cycle = nx.find_cycle(graph)
-        chain = [str(cycle[0][1])] + [str(v) for _, v in cycle[1:]] + [str(cycle[0][1])]
+        chain = [str(cycle[0][0])] + [str(v) for _, v in cycle]
         first = targets[cycle[0][1]]
         raise DeclarationError(
             "dependency cycle: " + " -> ".join(chain), file=first.file, target=str(first.label),
-            field=graph.edges[cycle[0]]["field"] if "field" in graph.edges[cycle[0]] else None,
+            field=graph.edges[cycle[0]].get("field"),
             hint="break the cycle by removing one of these dependencies",
         )
     return targets, graph
@@ -80,8 +113,11 @@ def analyze(
     *,
     store_put: Callable[[bytes], Digest],
     settings: Mapping[str, Any],
+    tracker: Any = None,
 ) -> BuildGraph:
-    targets, target_graph = _find_cycle(loader, roots)
+    import networkx as nx
+
+    targets, target_graph = find_targets(loader, roots)
     bg = BuildGraph(targets=targets, target_graph=target_graph)
     for label in nx.lexicographical_topological_sort(target_graph, key=str):
         target = targets[label]
@@ -89,6 +125,7 @@ def analyze(
         ctx = RuleContext(
             label=label, rule=target.rule, attrs=target.attrs, workspace_root=loader.root,
             build_file=target.file, deps=deps, store_put=store_put, settings=settings,
+            tracker=tracker,
         )
         provider = target.rule.impl(ctx)
         if not isinstance(provider, Provider):
@@ -99,7 +136,6 @@ def analyze(
         for spec in ctx.actions:
             object.__setattr__(spec, "attrs_digest", attrs_digest)
             bg.actions[spec.id] = spec
-            bg.action_graph.add_node(spec.id)
             ids.append(spec.id)
         bg.target_actions[label] = ids
         bg.providers[label] = provider
@@ -113,12 +149,20 @@ def analyze(
                     f"output {path} is also declared by {other}", file=t.file, target=spec.label,
                     field="outs", hint="every output path must belong to one target",
                 )
+    action_graph = nx.DiGraph()
+    action_graph.add_nodes_from(bg.actions)
     for spec in bg.actions.values():
         for art in spec.inputs:
             if art.producer:
                 if art.producer not in bg.actions:
                     raise DeclarationError(f"{spec.label}: input {art.path} has unknown producer")
-                bg.action_graph.add_edge(art.producer, spec.id)
+                action_graph.add_edge(art.producer, spec.id)
+    if not nx.is_directed_acyclic_graph(action_graph):
+        cycle = " -> ".join(a for a, _ in nx.find_cycle(action_graph))
+        raise DeclarationError(f"action cycle: {cycle}")
+    bg.action_graph = action_graph
+    bg.preds = {a: sorted(action_graph.predecessors(a)) for a in action_graph}
+    bg.succs = {a: sorted(action_graph.successors(a)) for a in action_graph}
     return bg
 
 

@@ -49,6 +49,17 @@ def _type_name(value: Any) -> str:
     return _TYPE_NAMES.get(type(value), type(value).__name__)
 
 
+class _LazyBad(Exception):
+    """Raised in place of the DeclarationError it stands for; built only when it is thrown."""
+
+    def __init__(self, where: "Where", name: str, want: str, value: Any) -> None:
+        self.args_ = (where, name, want, value)
+
+    def real(self) -> DeclarationError:
+        where, name, want, value = self.args_
+        return _err(where, name, f"expected {want}, got {_type_name(value)} {value!r:.60}")
+
+
 @dataclass
 class Where:
     file: str
@@ -61,6 +72,14 @@ def _err(where: Where, field_name: str, msg: str, hint: str | None = None) -> De
 
 
 def coerce(a: Attr, name: str, value: Any, where: Where) -> Any:
+    """Check and convert one attribute value; errors name the file, target and field."""
+    try:
+        return _coerce(a, name, value, where)
+    except _LazyBad as bad:
+        raise bad.real() from None
+
+
+def _coerce(a: Attr, name: str, value: Any, where: Where) -> Any:
     k = a.kind
     want = {
         "string": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
@@ -68,7 +87,7 @@ def coerce(a: Attr, name: str, value: Any, where: Where) -> Any:
         "label_list": "a list of label strings", "string_dict": "a table of strings",
         "table": "a table", "table_list": "a list of tables",
     }[k]
-    bad = _err(where, name, f"expected {want}, got {_type_name(value)} {value!r:.60}")
+    bad = _LazyBad(where, name, want, value)
     if k == "string":
         if not isinstance(value, str):
             raise bad
@@ -133,11 +152,17 @@ class Schema:
     attrs: dict[str, Attr] = field(default_factory=dict)
 
     def validate(self, raw: dict, where: Where) -> dict:
-        import difflib
+        try:
+            return self._validate(raw, where)
+        except _LazyBad as bad:
+            raise bad.real() from None
 
+    def _validate(self, raw: dict, where: Where) -> dict:
         out: dict[str, Any] = {}
         for key in raw:
             if key not in self.attrs:
+                import difflib
+
                 close = difflib.get_close_matches(key, list(self.attrs), n=1)
                 raise _err(
                     where, key, "unknown attribute",
@@ -146,7 +171,7 @@ class Schema:
                 )
         for name, a in self.attrs.items():
             if name in raw:
-                out[name] = coerce(a, name, raw[name], where)
+                out[name] = _coerce(a, name, raw[name], where)
             elif a.required:
                 raise _err(where, name, "required attribute is missing")
             else:

@@ -79,16 +79,34 @@ def make_loader(ws: Workspace) -> Loader:
                   {"store": str(ws.store_dir.resolve()), "workspace": str(ws.root)})
 
 
-def load_graph(ws: Workspace, patterns: list[str], store: LocalStore) -> tuple[list[Label], BuildGraph]:
-    loader = make_loader(ws)
+def load_graph(
+    ws: Workspace, patterns: list[str], store: LocalStore, *, use_cache: bool = True
+) -> tuple[list[Label], BuildGraph]:
+    from rsi import analysis_cache
+
     cwd = Path.cwd().resolve()
     try:
         rel = cwd.relative_to(ws.root)
         current = "" if str(rel) == "." else rel.as_posix()
     except ValueError:
         current = ""
+    loader = make_loader(ws)
+    key = analysis_cache.cache_key(store.file_memo, {
+        "patterns": patterns, "current": current, "root": str(ws.root), "salt": ws.salt,
+        "rules": list(ws.rules), "store": str(store.root), "function": store.function,
+    })
+    if use_cache:
+        cached = analysis_cache.load(store, key, loader.packages_under)
+        if cached is not None:
+            return cached
+    tracker = analysis_cache.Tracker(store.file_memo)
+    tracker.file(ws.root / "rsi.toml")
+    loader.tracker = tracker
+    loader.settings["track_file"] = tracker.file
     labels = loader.expand(patterns, current)
-    graph = analyze(loader, labels, store_put=store.put_bytes, settings={"salt": ws.salt})
+    graph = analyze(loader, labels, store_put=store.put_bytes, settings={"salt": ws.salt},
+                    tracker=tracker)
+    analysis_cache.save(store, key, labels, graph, tracker)
     return labels, graph
 
 

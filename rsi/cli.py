@@ -162,7 +162,13 @@ def graph(ctx: click.Context, targets: tuple[str, ...], fmt: str, actions: bool)
 
     ws = _workspace(ctx)
     labels, bg = load_graph(ws, list(targets), open_store(ws))
-    g = bg.action_graph.subgraph(bg.actions_for(labels)) if actions else bg.target_graph
+    if actions:
+        g = bg.nx_action_graph().subgraph(bg.actions_for(labels))
+    else:
+        from rsi.analysis import find_targets
+        from rsi.build import make_loader
+
+        g = find_targets(make_loader(ws), labels)[1]
     nodes = sorted(str(n) for n in g.nodes)
     edges = sorted((str(a), str(b)) for a, b in g.edges)
     if fmt == "json":

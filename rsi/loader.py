@@ -70,6 +70,7 @@ class Loader:
         self.root = root
         self.rules = dict(rules)
         self.settings = dict(settings or {})
+        self.tracker = None
         self._packages: dict[str, dict[str, Target]] = {}
 
     def build_file(self, package: str) -> Path:
@@ -80,6 +81,8 @@ class Loader:
         if cached is not None:
             return cached
         path = self.build_file(package)
+        if self.tracker is not None:
+            self.tracker.file(path)
         rel = os.path.relpath(path, Path.cwd()) if path.is_absolute() else str(path)
         try:
             text = path.read_text(encoding="utf-8")
@@ -180,8 +183,10 @@ class Loader:
             if pattern.name is not None:
                 found = [self.target(Label(pattern.package, pattern.name)).label]
             elif pattern.recursive:
-                found = [t.label for pkg in self.packages_under(pattern.package)
-                         for t in self.package(pkg).values()]
+                pkgs = list(self.packages_under(pattern.package))
+                if self.tracker is not None:
+                    self.tracker.walk(pattern.package, pkgs)
+                found = [t.label for pkg in pkgs for t in self.package(pkg).values()]
                 if not found:
                     raise LabelError(f"pattern {text!r} matches no targets")
             else:

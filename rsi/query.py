@@ -12,7 +12,7 @@ import re
 
 import networkx as nx
 
-from rsi.analysis import _find_cycle
+from rsi.analysis import find_targets
 from rsi.errors import UsageError
 from rsi.label import Label
 from rsi.loader import Loader
@@ -52,13 +52,13 @@ def evaluate(loader: Loader, expr: str, current: str = "") -> list[Label]:
         raise UsageError(f"{fn} takes one argument")
     inner = evaluate(loader, args[0], current)
     if fn == "deps":
-        _, graph = _find_cycle(loader, inner)
+        _, graph = find_targets(loader, inner)
         found = set(inner)
         for lb in inner:
             found |= nx.ancestors(graph, lb)
         return sorted(found, key=str)
     universe = loader.expand(["//..."])
-    _, graph = _find_cycle(loader, universe)
+    _, graph = find_targets(loader, universe)
     found = set(inner)
     for lb in inner:
         if lb in graph:

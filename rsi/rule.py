@@ -101,7 +101,9 @@ class RuleContext:
         deps: Mapping[Label, Provider],
         store_put: Callable[[bytes], Digest],
         settings: Mapping[str, Any],
+        tracker: Any = None,
     ) -> None:
+        self.tracker = tracker
         self.label = label
         self.rule = rule
         self.attrs = attrs
@@ -155,6 +157,11 @@ class RuleContext:
     ) -> tuple[Artifact, ...]:
         """Every file under a package folder; the file set itself is part of the digest."""
         full = self.package_dir / rel
+        exclude = tuple(exclude)
+        if self.tracker is not None:
+            self.tracker.stat(full)
+            if full.is_dir():
+                self.tracker.tree(full, exclude)
         if not full.is_dir():
             raise self.error(f"folder {rel!r} does not exist ({full})", field_name)
         try:
@@ -174,7 +181,16 @@ class RuleContext:
     def write(self, rel: str, content: bytes | str) -> Artifact:
         """A file whose content the rule computes at analysis time (e.g. a spec JSON)."""
         data = content.encode() if isinstance(content, str) else content
-        return Artifact(self.exec_path(rel), digest=self._store_put(data))
+        digest = self._store_put(data)
+        if self.tracker is not None:
+            self.tracker.blob(digest)
+        return Artifact(self.exec_path(rel), digest=digest)
+
+    def read_file(self, path: str | os.PathLike) -> bytes:
+        """Read a file during analysis; tracked, so the analysis cache sees a change to it."""
+        if self.tracker is not None:
+            self.tracker.file(path)
+        return Path(path).read_bytes()
 
     # -------------------------------------------------------------------------- actions
     def action(

@@ -144,8 +144,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------- run
     def run(self, graph: BuildGraph, wanted: set[str], build_event: int) -> dict[str, Outcome]:
-        g = graph.action_graph.subgraph(wanted)
-        waiting = {a: g.in_degree(a) for a in g.nodes}
+        preds, succs = graph.preds, graph.succs
+        waiting = {a: sum(1 for p in preds.get(a, ()) if p in wanted) for a in wanted}
         ready = deque(sorted(a for a, n in waiting.items() if n == 0))
         outcomes: dict[str, Outcome] = {}
         to_execute: deque[tuple[ActionSpec, Action, list[str], int]] = deque()
@@ -159,12 +159,14 @@ class Scheduler:
             outcomes[action_id] = outcome
             counts["done"] += 1
             if outcome.ok:
-                for nxt in g.successors(action_id):
+                for nxt in succs.get(action_id, ()):
+                    if nxt not in waiting:
+                        continue
                     waiting[nxt] -= 1
                     if waiting[nxt] == 0:
                         ready.append(nxt)
             else:
-                for nxt in _descendants(g, action_id):
+                for nxt in sorted(graph.descendants(action_id, wanted)):
                     if nxt not in outcomes:
                         outcomes[nxt] = Outcome(nxt, "skipped",
                                                 message=f"not built: depends on {action_id}")
@@ -325,12 +327,6 @@ class Scheduler:
                          status="error", message=str(exc), retryable=retryable)
         finish(action_id, Outcome(action_id, "error", action.key() if action else None,
                                   message=str(exc), retryable=retryable))
-
-
-def _descendants(g, node) -> list[str]:
-    import networkx as nx
-
-    return sorted(nx.descendants(g, node))
 
 
 def diff_descriptions(before: dict, after: dict) -> list[str]:

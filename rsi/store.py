@@ -26,8 +26,8 @@ from rsi.fsutil import atomic_write_bytes, store_write_error
 STORE_SCHEMA = "rsi.store/1"
 
 
-def _shard(root: Path, hash_hex: str) -> Path:
-    return root / hash_hex[:2] / hash_hex
+def _shard(root: str, hash_hex: str) -> str:
+    return f"{root}/{hash_hex[:2]}/{hash_hex}"
 
 
 class LocalStore:
@@ -41,6 +41,7 @@ class LocalStore:
         self.events_dir = self.root / "events"
         self.corrupt_seen: list[str] = []
         self._empty: Digest | None = None
+        self._cas_s, self._ac_s = str(self.cas), str(self.ac)
         self._init()
         self.blob_memo = FileDigestMemo(self.root / "blob-memo.json", self.function)
         self.file_memo = FileDigestMemo(self.root / "file-memo.json", self.function)
@@ -89,17 +90,17 @@ class LocalStore:
 
     # ------------------------------------------------------------------------------- blobs
     def blob_path(self, digest: Digest) -> Path:
-        return _shard(self.cas, digest.hash)
+        return Path(_shard(self._cas_s, digest.hash))
 
     def has(self, digest: Digest) -> bool:
         try:
-            return os.stat(self.blob_path(digest)).st_size == digest.size
+            return os.stat(_shard(self._cas_s, digest.hash)).st_size == digest.size
         except OSError:
             return False
 
     def has_verified(self, digest: Digest) -> bool:
         """Present and its content still hashes to its name (memoised on the blob's stat)."""
-        path = self.blob_path(digest)
+        path = _shard(self._cas_s, digest.hash)
         try:
             st = os.stat(path)
         except OSError:
@@ -196,7 +197,7 @@ class LocalStore:
         except OSError as exc:
             raise StoreError(f"cannot write {dest}: {exc.strerror or exc}") from exc
 
-    def _quarantine(self, path: Path) -> None:
+    def _quarantine(self, path: str | Path) -> None:
         try:
             os.chmod(path, 0o644)
             os.unlink(path)
@@ -205,13 +206,14 @@ class LocalStore:
 
     # ------------------------------------------------------------------------ action cache
     def _ac_path(self, key: Digest) -> Path:
-        return _shard(self.ac, key.hash)
+        return Path(_shard(self._ac_s, key.hash))
 
     def get_action_result(self, key: Digest, *, check_blobs: bool = True) -> ActionResult | None:
         """The cached result for `key`, or None. A corrupt entry is deleted and reported as None."""
-        path = self._ac_path(key)
+        path = _shard(self._ac_s, key.hash)
         try:
-            raw = path.read_bytes()
+            with open(path, "rb") as f:
+                raw = f.read()
         except FileNotFoundError:
             return None
         except OSError as exc:

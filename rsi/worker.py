@@ -165,9 +165,24 @@ class Worker:
         self.on_event({"event": "worker.started", "bot": self.bot_id, "session": session.name,
                        "properties": [f"{k}={v}" for k, v in self.properties]})
         backoff = 0.5
+        served: set[str] = set()
         while not stop.is_set():
             if max_leases is not None and self.stats.leases >= max_leases:
                 break
+            # NB: a lease can arrive PENDING or, after a retried call, already ACTIVE; the
+            # first reply (CreateBotSession's) may carry one too.
+            todo = [
+                lease for lease in session.leases
+                if lease.id not in served
+                and lease.state in (bots_pb2.LeaseState.PENDING, bots_pb2.LeaseState.ACTIVE)
+            ]
+            if todo:
+                lease = todo[0]
+                served.add(lease.id)
+                lease.state = bots_pb2.LeaseState.ACTIVE
+                session = self._serve(session, lease, stop)
+                self.session = session
+                continue
             try:
                 session = self._update(session, self.poll_timeout_s)
                 backoff = 0.5
@@ -176,14 +191,6 @@ class Worker:
                 log.warning("%s; retrying in %.1fs", exc, backoff)
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
-                continue
-            pending = [lease for lease in session.leases if lease.state == bots_pb2.LeaseState.PENDING]
-            if not pending:
-                continue
-            lease = pending[0]
-            lease.state = bots_pb2.LeaseState.ACTIVE
-            session = self._serve(session, lease, stop)
-            self.session = session
         self._close(session)
         return self.stats
 

@@ -69,7 +69,7 @@ def collect_outputs(
         path = exec_dir / rel
         try:
             st = os.lstat(path)
-        except FileNotFoundError:
+        except OSError:  # NB: not only ENOENT: a file where a parent folder should be, ENOTDIR
             missing.append(rel)
             continue
         if not stat.S_ISREG(st.st_mode):

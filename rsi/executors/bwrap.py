@@ -8,6 +8,7 @@ an unprivileged user. A timeout kills bwrap, which takes the whole pid namespace
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -25,7 +26,7 @@ from rsi.executors.base import (
     readonly_units,
     remove_tree,
 )
-from rsi.executors.local import LocalExecutor
+from rsi.executors.local import HOST_PYTHON, LocalExecutor
 from rsi.store import LocalStore
 from rsi.toolchain.build import find_toolchain, rootfs_dir
 from rsi.toolchain.runtime import (
@@ -47,7 +48,7 @@ def bwrap_available() -> str | None:
     kwargs = _drop_privileges()
     probe = subprocess.run(
         [exe, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
-        capture_output=True, text=True, **kwargs,
+        check=False, capture_output=True, text=True, **kwargs,
     )
     if probe.returncode != 0:
         return f"bwrap cannot create namespaces here: {probe.stderr.strip()}"
@@ -96,6 +97,10 @@ class BwrapExecutor:
     def run(self, action: Action, store: LocalStore,
             cancel: threading.Event | None = None) -> ActionResult:
         toolchain = platform_map(action).get("toolchain")
+        if toolchain == "host" or (toolchain or "").startswith(HOST_PYTHON + "@"):
+            # NB: host toolchains have no rootfs; the local executor's bwrap mode is their sandbox
+            result = LocalExecutor(sandbox="bwrap").run(action, store, cancel)
+            return dataclasses.replace(result, executor=self.name)
         if not toolchain or "@" not in toolchain:
             raise ExecutionError(
                 f"{action.label or 'action'}: the bwrap executor needs a `toolchain` platform "

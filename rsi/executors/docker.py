@@ -8,6 +8,7 @@ SIGTERM of the build. It never pulls: the image is loaded from the toolchain's o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -15,6 +16,10 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import docker
+import docker.errors
+import requests
 
 from rsi.action import Action, ActionResult
 from rsi.errors import ExecutionError
@@ -35,6 +40,8 @@ from rsi.toolchain.runtime import (
 )
 
 LABEL = "rsi.executor"
+# NB: the SDK surfaces engine trouble as its own errors or as raw requests errors
+DOCKER_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
 _live: dict[str, Any] = {}
 _live_lock = threading.Lock()
 _sigterm_installed = False
@@ -43,15 +50,10 @@ _sigterm_installed = False
 def docker_client(timeout: int = 120):
     """A Docker SDK client for the local engine, or ExecutionError saying how to get one."""
     try:
-        import docker
-    except ImportError:
-        raise ExecutionError("the docker executor needs the `docker` package",
-                             hint="pip install docker") from None
-    try:
         client = docker.from_env(timeout=timeout)
         client.ping()
         return client
-    except Exception as exc:  # NB: the SDK raises several unrelated types when no engine runs
+    except DOCKER_ERRORS as exc:
         raise ExecutionError(
             f"no Docker engine reachable: {exc}",
             hint="start one (scripts/ci-docker.sh does it) or set DOCKER_HOST",
@@ -63,10 +65,8 @@ def _remove_live() -> None:
         containers = list(_live.values())
         _live.clear()
     for container in containers:
-        try:
+        with contextlib.suppress(*DOCKER_ERRORS):
             container.remove(force=True)
-        except Exception:
-            pass
 
 
 def _on_sigterm(signum, frame) -> None:
@@ -116,18 +116,16 @@ class DockerExecutor:
                 pass
             except PermissionError:
                 continue
-            try:
+            with contextlib.suppress(*DOCKER_ERRORS):
                 c.remove(force=True)
                 removed += 1
-            except Exception:
-                pass
         return removed
 
     def image_for(self, info: ToolchainInfo) -> str:
         if info.image_id not in self._loaded:
             try:
                 ensure_loaded(self.client, info.image_config, info.rootfs_tar, info.rootfs_sha256)
-            except Exception as exc:
+            except (*DOCKER_ERRORS, RuntimeError) as exc:
                 raise ExecutionError(f"cannot load image for {info.platform_value}: {exc}") \
                     from exc
             self._loaded.add(info.image_id)
@@ -153,7 +151,7 @@ class DockerExecutor:
                 mounts.append(Mount(f"{EXEC_ROOT}/{unit}", str(exec_dir / unit), type="bind",
                                     read_only=True))
         memory = memory_limit(action, self.memory)
-        kwargs: dict[str, Any] = dict(
+        kwargs: dict[str, Any] = dict(  # noqa: C408 - mirrors the SDK's keyword names
             command=list(action.argv),
             environment=action_environment(info, action),
             working_dir=EXEC_ROOT,
@@ -179,11 +177,11 @@ class DockerExecutor:
             kwargs["cpuset_cpus"] = cpuset(action)
         accelerator = platform_map(action).get("accelerator")
         if accelerator:
-            count = int(platform_map(action).get("gpus", "-1"))
-            kwargs["device_requests"] = [
-                DeviceRequest(driver="" if accelerator == "nvidia" else accelerator,
-                              count=count, capabilities=[["gpu"]])
-            ]
+            # NB: any accelerator value ("nvidia", "cuda", a model name) asks for GPUs; the
+            # count comes from `gpus` or `accelerator-count`, default all of them
+            props = platform_map(action)
+            count = int(props.get("gpus") or props.get("accelerator-count") or -1)
+            kwargs["device_requests"] = [DeviceRequest(count=count, capabilities=[["gpu"]])]
         return kwargs
 
     def run(self, action: Action, store: LocalStore,
@@ -209,14 +207,14 @@ class DockerExecutor:
             kwargs = self.container_kwargs(action, info, exec_dir, writable)
             try:
                 container = self.client.containers.create(image, **kwargs)
-            except Exception as exc:
+            except DOCKER_ERRORS as exc:
                 raise ExecutionError(f"cannot create container from {image}: {exc}") from exc
             with _live_lock:
                 _live[container.id] = container
             t0 = time.perf_counter()
             try:
                 container.start()
-            except Exception as exc:
+            except DOCKER_ERRORS as exc:
                 hint = ("this engine has no GPU runtime; install nvidia-container-toolkit"
                         if "device driver" in str(exc) else None)
                 raise ExecutionError(f"cannot start container: {exc}", hint=hint) from exc
@@ -248,10 +246,8 @@ class DockerExecutor:
             )
         finally:
             if container is not None:
-                try:
+                with contextlib.suppress(*DOCKER_ERRORS):
                     container.remove(force=True)
-                except Exception:
-                    pass
                 with _live_lock:
                     _live.pop(container.id, None)
             remove_tree(scratch)
@@ -263,7 +259,7 @@ class DockerExecutor:
         def waiter() -> None:
             try:
                 done["status"] = container.wait()
-            except Exception as exc:  # noqa: BLE001 - reported below
+            except DOCKER_ERRORS as exc:
                 done["error"] = exc
 
         thread = threading.Thread(target=waiter, daemon=True)
@@ -285,7 +281,5 @@ class DockerExecutor:
 
 
 def _kill(container) -> None:
-    try:
+    with contextlib.suppress(*DOCKER_ERRORS):
         container.kill()
-    except Exception:
-        pass

@@ -11,8 +11,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from google.protobuf import any_pb2, duration_pb2, struct_pb2, timestamp_pb2
-from google.protobuf.json_format import MessageToDict
+import json
+
+from google.protobuf import any_pb2, duration_pb2, timestamp_pb2, wrappers_pb2
 
 from rsi.action import Action, ActionResult, OutputFile
 from rsi.digest import Digest, FileNode, SymlinkNode, digest_bytes
@@ -200,20 +201,18 @@ def _timestamp(seconds: float | None) -> timestamp_pb2.Timestamp | None:
 
 def to_remote_result(result: ActionResult, worker: str | None = None) -> re_pb2.ActionResult:
     """An rsi result as a REAPI ActionResult; executor, host facts and timing ride along in
-    auxiliary_metadata as a Struct, so a workspace that reads it back keeps the evidence."""
-    meta = struct_pb2.Struct()
-    meta.update(
-        {
-            "schema": RESULT_META_SCHEMA,
-            "executor": result.executor,
-            "host": _jsonable(dict(result.host)),
-            "timing": _jsonable(dict(result.timing)),
-            "timed_out": result.timed_out,
-            "failure": result.failure or "",
-        }
-    )
+    auxiliary_metadata (a JSON StringValue: exact, unlike a Struct's doubles), so a workspace
+    that reads it back keeps the evidence."""
+    meta = {
+        "schema": RESULT_META_SCHEMA,
+        "executor": result.executor,
+        "host": _jsonable(dict(result.host)),
+        "timing": _jsonable(dict(result.timing)),
+        "timed_out": result.timed_out,
+        "failure": result.failure or "",
+    }
     packed = any_pb2.Any()
-    packed.Pack(meta)
+    packed.Pack(wrappers_pb2.StringValue(value=json.dumps(meta, sort_keys=True)))
     timing = dict(result.timing)
     started = timing.get("started")
     wall = timing.get("wall_s")
@@ -264,10 +263,13 @@ def from_remote_result(
 ) -> RemoteResultView:
     meta: dict[str, Any] = {}
     for packed in proto.execution_metadata.auxiliary_metadata:
-        struct = struct_pb2.Struct()
-        if packed.Unpack(struct):
-            candidate = MessageToDict(struct)
-            if candidate.get("schema") == RESULT_META_SCHEMA:
+        text = wrappers_pb2.StringValue()
+        if packed.Unpack(text):
+            try:
+                candidate = json.loads(text.value)
+            except ValueError:
+                continue
+            if isinstance(candidate, dict) and candidate.get("schema") == RESULT_META_SCHEMA:
                 meta = candidate
     inline: dict[str, bytes] = {}
     logs: dict[str, Digest | None] = {}

@@ -18,10 +18,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 from rsi.digest import Digest
 from rsi.errors import ExecutionError, RsiError
@@ -31,7 +32,6 @@ from rsi.toolchain.lock import (
     LockDiff,
     diff_locks,
     format_lock,
-    parse_lock,
     read_lock_file,
     read_tree_lock,
 )
@@ -96,7 +96,7 @@ class ToolchainInfo:
         }
 
     @classmethod
-    def from_json(cls, doc: dict, path: Path) -> "ToolchainInfo":
+    def from_json(cls, doc: dict, path: Path) -> ToolchainInfo:
         if doc.get("schema") != INFO_SCHEMA:
             raise ToolchainError(f"{path}: unknown toolchain info schema {doc.get('schema')!r}")
         return cls(
@@ -358,7 +358,7 @@ def _fetch_wheels(recipe: Recipe, cache: Path, say: Callable[[str], None]) -> li
                     [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                      "--disable-pip-version-check", "-d", tmp,
                      f"{wheel.name}=={wheel.version}"],
-                    capture_output=True, text=True,
+                    check=False, capture_output=True, text=True,
                 )
                 got = Path(tmp) / wheel.file
                 if proc.returncode != 0 or not got.exists():
@@ -381,7 +381,7 @@ def _fetch_wheels(recipe: Recipe, cache: Path, say: Callable[[str], None]) -> li
 
 
 def _run(cmd: list[str], what: str, **kw: Any) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, **kw)
     if proc.returncode != 0:
         tail = (proc.stderr + proc.stdout).strip()[-2000:]
         raise ToolchainError(f"{what} failed (exit {proc.returncode}):\n{tail}")

@@ -11,16 +11,16 @@ import hashlib
 import json
 import os
 import tarfile
-from datetime import datetime, timezone
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Iterator
 
 SANDBOX_USER = "65534:65534"
 
 
 def image_config(name: str, rootfs_sha256: str, rootfs_blake3: str, epoch: int,
                  env: dict[str, str]) -> bytes:
-    created = datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    created = datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     config = {
         "architecture": "amd64",
         "os": "linux",
@@ -91,4 +91,4 @@ def ensure_loaded(client, config: bytes, rootfs_tar: Path, rootfs_sha256: str) -
 
 
 
-__all__ = ["image_config", "image_id", "image_archive", "ensure_loaded", "SANDBOX_USER"]
+__all__ = ["SANDBOX_USER", "ensure_loaded", "image_archive", "image_config", "image_id"]
