@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from rsi.digest import Digest, digest_value
+from rsi.digest import Digest
 from rsi.errors import DeclarationError
 from rsi.label import Label
 from rsi.loader import Loader, Target
@@ -131,7 +131,9 @@ def analyze(
         if not isinstance(provider, Provider):
             raise DeclarationError(f"rule {target.rule.name} returned {type(provider).__name__}, "
                                    "not a Provider", file=target.file, target=str(label))
-        attrs_digest = digest_value(_jsonable(target.attrs)).hash
+        from rsi.canonical import canonical_bytes
+
+        attrs_digest = str(store_put(canonical_bytes(_jsonable(target.attrs))))
         ids = []
         for spec in ctx.actions:
             object.__setattr__(spec, "attrs_digest", attrs_digest)

@@ -128,8 +128,18 @@ class Scheduler:
             return ["the action changed (its earlier description is no longer in the store)"]
         reasons = diff_descriptions(before, action.describe())
         if last.get("attrs") and last["attrs"] != spec.attrs_digest:
-            reasons.insert(0, "target attributes changed")
+            reasons[:0] = self._attr_reasons(last["attrs"], spec.attrs_digest)
         return reasons or ["the action changed"]
+
+    def _attr_reasons(self, old: str, new: str) -> list[str]:
+        import json
+
+        try:
+            a = json.loads(self.store.read_bytes(Digest.parse(old)))
+            b = json.loads(self.store.read_bytes(Digest.parse(new)))
+        except (RsiError, ValueError):
+            return ["target attributes changed"]
+        return [f"attribute {k} changed" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
     def _record(self, spec: ActionSpec, action: Action) -> None:
         key = str(action.key())

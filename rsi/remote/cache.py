@@ -47,6 +47,7 @@ class RemoteSession:
             digest_function=store.function,
         )
         self.down: str | None = None
+        self.pending_warning: dict[str, Any] | None = None
         self._lock = threading.Lock()
 
     def check(self) -> str:

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 import grpc
 
 from rsi.digest import Digest, digest_bytes
-from rsi.errors import RemoteError
+from rsi.errors import RemoteError, UsageError
 from rsi.remote._proto.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as re_pb2,
 )
@@ -51,6 +51,10 @@ STAGE_NAMES = {
 
 class BlobMismatch(RemoteError):
     """A blob the server sent does not hash to its digest; it was not stored."""
+
+
+class DigestFunctionMismatch(UsageError):
+    """The workspace hashes with a function the remote does not offer; never mixed."""
 
 
 class QueueTimeout(RemoteError):
@@ -246,7 +250,7 @@ class RemoteClient:
         if self._requested_function is None:
             return caps.choose_digest_function()
         if self._requested_function not in caps.digest_functions:
-            raise RemoteError(
+            raise DigestFunctionMismatch(
                 f"this workspace hashes with {self._requested_function} but remote {self.url} "
                 f"offers only {', '.join(caps.digest_functions) or '(none)'}; rsi never mixes "
                 "digest functions",
