@@ -104,8 +104,8 @@ def load_graph(
     loader.tracker = tracker
     loader.settings["track_file"] = tracker.file
     labels = loader.expand(patterns, current)
-    graph = analyze(loader, labels, store_put=store.put_bytes, settings={"salt": ws.salt},
-                    tracker=tracker)
+    graph = analyze(loader, labels, store_put=store.put_bytes,
+                    settings={"salt": ws.salt, "store": str(store.root)}, tracker=tracker)
     analysis_cache.save(store, key, labels, graph, tracker)
     return labels, graph
 
@@ -179,13 +179,13 @@ def build(
         report = BuildReport(build_id, ok=all(o.ok for o in outcomes.values()),
                              events_path=str(events_path), outcomes=outcomes, graph=graph)
         for label in labels:
-            ids = _target_action_ids(graph, label)
+            ids = sorted(graph.actions_for([label]))
             statuses = [outcomes[i].status for i in ids if i in outcomes]
             ok = all(outcomes[i].ok for i in ids if i in outcomes)
             outputs: list[str] = []
             if ok and materialise:
                 outputs = _materialise(ws, store, graph, label, outcomes)
-            cache = "hit" if statuses and all(s in ("hit", "remote_hit") for s in statuses) else "miss"
+            cache = "hit" if all(s in ("hit", "remote_hit") for s in statuses) else "miss"
             failed = [{"action": i, "status": outcomes[i].status, "message": outcomes[i].message}
                       for i in ids if i in outcomes and not outcomes[i].ok]
             show = graph.providers[label].info.get("show")

@@ -236,6 +236,43 @@ def rules_cmd(ctx: click.Context, as_json: bool, markdown: bool) -> None:
 
 
 @main.group(epilog=EPILOG)
+def toolchain() -> None:
+    """Pinned toolchains: list what is built; build one with `rsi build //toolchains:NAME`."""
+
+
+@toolchain.command("ls")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def toolchain_ls(ctx: click.Context, as_json: bool) -> None:
+    """List toolchains declared in the workspace and whether each is built in the store."""
+    from rsi.build import make_loader
+    from rsi.toolchain import load_recipe
+    from rsi.toolchain.build import toolchains_root
+
+    ws = _workspace(ctx)
+    loader = make_loader(ws)
+    root = toolchains_root(ws.store_dir)
+    rows = []
+    for label in loader.expand(["//..."]):
+        target = loader.target(label)
+        if target.rule.name != "toolchain":
+            continue
+        attrs = {k: (list(v) if isinstance(v, tuple) else v) for k, v in target.attrs.items()
+                 if k not in ("doc", "tags") and v is not None}
+        recipe = load_recipe(attrs, label.name)
+        digest = recipe.digest().hash
+        info_path = root / digest / "info.json"
+        info = json.loads(info_path.read_text()) if info_path.exists() else None
+        rows.append({"label": str(label), "recipe_digest": digest, "built": info is not None,
+                     "toolchain": info["platform"] if info else None,
+                     "image_id": info["image_id"] if info else None,
+                     "packages": len(info["lock"]) if info else None})
+    human = "\n".join(f"{r['label']:28} {'built ' + r['toolchain'][:40] if r['built'] else 'not built'}"
+                      for r in rows)
+    _emit(rows, as_json, human or "(no toolchain targets)")
+
+
+@main.group(epilog=EPILOG)
 def cache() -> None:
     """Inspect and maintain the local store (ls, show, verify, gc, stats)."""
 

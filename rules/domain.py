@@ -37,10 +37,14 @@ def harness_files(step: str) -> tuple[Artifact, ...]:
     )
 
 
-def toolchain_platform(name: str) -> dict[str, str]:
-    if name == "host-python":
+def toolchain_platform(ctx: RuleContext, label) -> dict[str, str]:
+    """The interpreter actions run on: this one (`host-python@…`) or a built toolchain."""
+    if label is None:
         return {"toolchain": host_python_identity()}
-    return {"toolchain": name}
+    value = ctx.dep(label).info.get("toolchain")
+    if not value:
+        raise ctx.error(f"{label} is not a toolchain target", "toolchain")
+    return {"toolchain": value}
 
 
 # ------------------------------------------------------------------------------------- task
@@ -121,7 +125,7 @@ def _binding(ctx: RuleContext) -> Provider:
     n = ctx.label.name
     check_spec_file = ctx.write(f"{n}/check_spec.json", check_spec)
     spec_file = ctx.write(f"{n}/spec.json", full_spec)
-    platform = toolchain_platform(a["toolchain"])
+    platform = toolchain_platform(ctx, a["toolchain"])
     task_dir, baseline_dir = task.info["task_dir"], task.info["baseline_dir"]
     runtime = task.info["runtime"]
     baseline_check = ctx.action(
@@ -154,8 +158,8 @@ BINDING = Rule(
         "Builds the baseline's own check and the A/A calibration (noise floor).",
     attrs={
         "task": attr("label", "the task target"),
-        "toolchain": attr("string", "'host-python' or a toolchain id name@digest",
-                          default="host-python"),
+        "toolchain": attr("label", "a toolchain target (//toolchains:numpy); default: the "
+                          "interpreter rsi runs on", default=None),
         "threads": attr("int", "threads the implementation may use (pinned)", default=1),
         "call_timeout_s": attr("float", "per-call limit; past it the candidate fails (timeout)",
                                default=20.0),

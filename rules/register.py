@@ -6,6 +6,6 @@ from rsi.rule import Rule
 
 
 def rules() -> list[Rule]:
-    from rules import command, domain
+    from rules import command, domain, toolchain
 
-    return [*command.RULES, *domain.RULES]
+    return [*command.RULES, *domain.RULES, *toolchain.RULES]

@@ -9,6 +9,8 @@ for extra in scripts/ci-docker.sh scripts/buildgrid/setup.sh; do
     "$extra" || { echo "test.sh: $extra failed" >&2; exit 1; }
   fi
 done
+# NB: CI must exercise the real sandboxes; an unavailable one fails instead of skipping
+export RSI_REQUIRE_SANDBOXES="${RSI_REQUIRE_SANDBOXES:-1}"
 .venv/bin/python -m pytest "$@"
 rc=$?
 if [ "$rc" = 5 ]; then

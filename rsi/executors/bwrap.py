@@ -20,15 +20,15 @@ from pathlib import Path
 from rsi.action import Action, ActionResult
 from rsi.errors import ExecutionError
 from rsi.executors.base import (
+    TRASH,
     collect_outputs,
     host_facts,
     materialise_inputs,
     readonly_units,
-    remove_tree,
 )
 from rsi.executors.local import HOST_PYTHON, LocalExecutor
 from rsi.store import LocalStore
-from rsi.toolchain.build import find_toolchain, rootfs_dir
+from rsi.toolchain.build import ToolchainInfo, find_toolchain, rootfs_dir
 from rsi.toolchain.runtime import (
     EXEC_ROOT,
     SANDBOX_GID,
@@ -94,6 +94,13 @@ class BwrapExecutor:
             cmd = ["taskset", "-c", cpuset(action), *cmd]
         return cmd
 
+    def _toolchain(self, store: LocalStore, value: str) -> ToolchainInfo:
+        key = (str(store.root), value)
+        cache = self.__dict__.setdefault("_toolchains", {})
+        if key not in cache:
+            cache[key] = find_toolchain(store.root, value)
+        return cache[key]
+
     def run(self, action: Action, store: LocalStore,
             cancel: threading.Event | None = None) -> ActionResult:
         toolchain = platform_map(action).get("toolchain")
@@ -109,7 +116,7 @@ class BwrapExecutor:
         if platform_map(action).get("accelerator"):
             raise ExecutionError("the bwrap executor does not provide accelerators",
                                  hint="run accelerator actions with the docker executor")
-        info = find_toolchain(store.root, toolchain)
+        info = self._toolchain(store, toolchain)
         root = rootfs_dir(info)
         scratch = store.scratch_dir()
         exec_dir = scratch / "exec"
@@ -145,8 +152,8 @@ class BwrapExecutor:
             return ActionResult(
                 exit_code=-signal.SIGKILL if timed_out else proc.returncode,
                 outputs=outputs if not failure or outputs else (),
-                stdout=store.put_file(stdout_path, move=True),
-                stderr=store.put_file(stderr_path, move=True),
+                stdout=store.put_log(stdout_path),
+                stderr=store.put_log(stderr_path),
                 timed_out=timed_out,
                 failure=failure if (failure or proc.returncode == 0) else None,
                 executor=self.name,
@@ -154,4 +161,4 @@ class BwrapExecutor:
                 timing={"started": started, "wall_s": round(wall, 6)},
             )
         finally:
-            remove_tree(scratch)
+            TRASH.put(scratch)

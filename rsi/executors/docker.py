@@ -23,7 +23,7 @@ import requests
 
 from rsi.action import Action, ActionResult
 from rsi.errors import ExecutionError
-from rsi.executors.base import collect_outputs, host_facts, materialise_inputs, remove_tree
+from rsi.executors.base import TRASH, collect_outputs, host_facts, materialise_inputs
 from rsi.store import LocalStore
 from rsi.toolchain.build import ToolchainInfo, find_toolchain
 from rsi.toolchain.image import ensure_loaded
@@ -184,6 +184,13 @@ class DockerExecutor:
             kwargs["device_requests"] = [DeviceRequest(count=count, capabilities=[["gpu"]])]
         return kwargs
 
+    def _toolchain(self, store: LocalStore, value: str) -> ToolchainInfo:
+        key = (str(store.root), value)
+        cache = self.__dict__.setdefault("_toolchains", {})
+        if key not in cache:
+            cache[key] = find_toolchain(store.root, value)
+        return cache[key]
+
     def run(self, action: Action, store: LocalStore,
             cancel: threading.Event | None = None) -> ActionResult:
         toolchain = platform_map(action).get("toolchain")
@@ -192,7 +199,7 @@ class DockerExecutor:
                 f"{action.label or 'action'}: the docker executor needs a `toolchain` platform "
                 "property <name>@<rootfs digest>",
                 hint="declare the action's toolchain, or run it with the local executor")
-        info = find_toolchain(store.root, toolchain)
+        info = self._toolchain(store, toolchain)
         image = self.image_for(info)
         scratch = store.scratch_dir()
         exec_dir = scratch / "exec"
@@ -235,8 +242,8 @@ class DockerExecutor:
             return ActionResult(
                 exit_code=-signal.SIGKILL if timed_out else exit_code,
                 outputs=outputs if not failure or outputs else (),
-                stdout=store.put_file(stdout_path, move=True),
-                stderr=store.put_file(stderr_path, move=True),
+                stdout=store.put_log(stdout_path),
+                stderr=store.put_log(stderr_path),
                 timed_out=timed_out,
                 failure=failure if (failure or exit_code == 0) else None,
                 executor=self.name,
@@ -250,7 +257,7 @@ class DockerExecutor:
                     container.remove(force=True)
                 with _live_lock:
                     _live.pop(container.id, None)
-            remove_tree(scratch)
+            TRASH.put(scratch)
 
     def _wait(self, container, timeout_s: float,
               cancel: threading.Event | None) -> tuple[int, bool]:

@@ -133,6 +133,12 @@ class LocalExecutor:
     def run(
         self, action: Action, store: LocalStore, cancel: threading.Event | None = None
     ) -> ActionResult:
+        toolchain = dict(action.platform).get("toolchain", "host")
+        if toolchain != "host" and not toolchain.startswith(HOST_PYTHON + "@"):
+            # NB: a container toolchain runs in its own rootfs; bwrap is the cheap way there
+            from rsi.executors.bwrap import BwrapExecutor
+
+            return BwrapExecutor().run(action, store, cancel)
         scratch = store.scratch_dir()
         exec_dir = scratch / "exec"
         exec_dir.mkdir()

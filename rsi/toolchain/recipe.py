@@ -146,17 +146,19 @@ def recipe_from_dict(
 
 
 def load_declarations(path: str | os.PathLike) -> dict[str, Recipe]:
-    """Every `[toolchain.<name>]` table of a declaration file, by name."""
+    """Every `rule = "toolchain"` target of a declaration file, by name."""
     path = Path(path)
     try:
         doc = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise DeclarationError(f"cannot read toolchain declarations: {exc}", file=str(path)) \
             from exc
-    tables = doc.get("toolchain", {})
-    if not isinstance(tables, Mapping) or not tables:
-        raise DeclarationError("no [toolchain.<name>] tables", file=str(path),
-                               hint="declare one, e.g. [toolchain.numpy]")
+    tables = {n: {k: v for k, v in t.items() if k not in ("rule", "doc", "tags")}
+              for n, t in doc.items()
+              if isinstance(t, Mapping) and t.get("rule") == "toolchain"}
+    if not tables:
+        raise DeclarationError("no toolchain targets", file=str(path),
+                               hint='declare one, e.g. [numpy] with rule = "toolchain"')
     return {n: recipe_from_dict(t, name=n, file=str(path)) for n, t in tables.items()}
 
 

@@ -43,14 +43,14 @@ def prepare_case(spec: dict, case: dict, workloads, oracle, io_dir: Path) -> dic
     seed = int(case.get("seed", C.derive_seed(spec["seed"], "check", case["name"])))
     try:
         inputs = workloads.make_inputs(dict(case), seed)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  any task error is a harness fault
         raise C.HarnessError(f"workloads.make_inputs failed on case {case['name']!r}: {exc!r}")
     manifest = C.write_inputs(inputs, io_dir)
     digest = C.inputs_digest(inputs)
     sent = {n: np.load(io_dir / f"in_{n}.npy") for n, m in manifest.items() if m["kind"] == "array"}
     try:
         ref = oracle.reference(**inputs)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  any task error is a harness fault
         raise C.HarnessError(f"oracle.reference failed on case {case['name']!r}: {exc!r}")
     if type(ref) is not np.ndarray or ref.dtype != np.float64:
         raise C.HarnessError(f"oracle.reference must return a float64 numpy array ({case['name']})")
@@ -135,6 +135,16 @@ def judge_case(spec: dict, case: dict, prep: dict, io_dir: Path) -> dict:
 
 def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path) -> dict:
     started = time.monotonic()
+    zygote = C.Zygote(Path(__file__).resolve().parent / "runner.py", spec["framework"],
+                      work_dir / "job.json", work_dir, spec["threads"])
+    try:
+        return _run_check(task_dir, impl_dir, spec, work_dir, zygote, started)
+    finally:
+        zygote.kill()
+
+
+def _run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path, zygote,
+               started: float) -> dict:
     workloads = C.load_task_module(task_dir, "workloads")
     oracle = C.load_task_module(task_dir, "oracle")
     impl_digest, impl_files = C.tree_digest(impl_dir)
@@ -147,12 +157,9 @@ def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path) -> dic
     job = {"framework": spec["framework"], "impl_dir": str(impl_dir.resolve()),
            "entry": spec["entry"], "threads": spec["threads"],
            "call_timeout_s": spec["call_timeout_s"], "work_dir": str(work_dir), "items": items}
-    job_path = work_dir / "job.json"
-    C.write_json(job_path, job)
-    n = len(items)
-    deadline = spec["startup_timeout_s"] + n * (float(spec["call_timeout_s"]) + 10.0)
-    zyg = C.run_zygote(Path(__file__).resolve().parent / "runner.py", job_path, work_dir,
-                       spec["threads"], deadline)
+    zygote.submit(job)
+    zyg = zygote.finish(spec["startup_timeout_s"]
+                        + len(items) * (float(spec["call_timeout_s"]) + 10.0))
     if not (Path(items[0]["io_dir"]) / "started.json").exists():
         raise C.HarnessError(f"check runner failed before the first case (exit "
                              f"{zyg['returncode']}): {zyg['stderr_tail']}")
@@ -196,7 +203,7 @@ def main() -> int:
     args = parser.parse_args()
     out_path = args.out.resolve()
     C.become_subreaper()
-    work_dir = Path(tempfile.mkdtemp(prefix=".rsi-check-", dir=Path.cwd()))
+    work_dir = Path(tempfile.mkdtemp(prefix="rsi-check-"))
     try:
         spec = C.load_spec(args.spec)
         doc = run_check(args.task.resolve(), args.impl.resolve(), spec, work_dir)
