@@ -148,6 +148,11 @@ def build(
     materialise: bool = True,
 ) -> BuildReport:
     t0 = time.perf_counter()
+    if ws.remote and not ws.digest_function_explicit:
+        # NB: keys must use the remote's digest function; ask it rather than fail on mismatch
+        from rsi.remote import negotiate_digest_function  # type: ignore[import-not-found]
+
+        ws = ws.with_overrides(digest_function=negotiate_digest_function(ws.remote))
     store = open_store(ws)
     build_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     events_path = store.events_dir / f"{build_id}.jsonl"
@@ -165,10 +170,17 @@ def build(
                 events.emit("target_started", root_event, label=str(label),
                             rule=graph.targets[label].rule.name,
                             actions=len(graph.target_actions.get(label, [])))
+            executor = make_executor(ws.executor, ws)
+            remote_cache = _remote_cache(ws)
+            if remote_cache is not None or ws.executor == "remote":
+                from rsi.remote import bind_events  # type: ignore[import-not-found]
+
+                for adapter in (remote_cache, executor if ws.executor == "remote" else None):
+                    if adapter is not None:
+                        bind_events(adapter, events, root_event)
             scheduler = Scheduler(
-                store, make_executor(ws.executor, ws), events, jobs=ws.jobs,
-                keep_going=ws.keep_going, salt=ws.salt, remote=_remote_cache(ws),
-                remote_fallback=ws.remote_fallback,
+                store, executor, events, jobs=ws.jobs, keep_going=ws.keep_going, salt=ws.salt,
+                remote=remote_cache, remote_fallback=ws.remote_fallback,
             )
             outcomes = scheduler.run(graph, wanted, root_event)
         except RsiError as exc:

@@ -90,13 +90,18 @@ def main(ctx: click.Context, workspace: str | None, store: str | None) -> None:
 @click.option("--salt", help="Mix this string into every action key (invalidates the cache).")
 @click.option("--executor", type=click.Choice(["local", "bwrap", "docker", "remote"]),
               help="Where actions run (default: local sandbox).")
-@click.option("--remote", help="REAPI endpoint grpc://HOST:PORT for the remote cache.")
+@click.option("--remote", help="REAPI endpoint grpc://HOST:PORT (docs/remote.md).")
+@click.option("--remote-mode", type=click.Choice(["cache", "execute"]),
+              help="Use the remote as a cache only, or also to execute actions.")
+@click.option("--remote-fallback/--no-remote-fallback", default=None,
+              help="When the remote fails, build locally with a warning event.")
 @click.option("--events", type=click.File("w"), help="Also write the event stream (JSON lines) "
               "to this file ('-' for stdout).")
 @click.option("--json", "as_json", is_flag=True, help="Print a build report as JSON.")
 @click.pass_context
 def build(ctx: click.Context, targets: tuple[str, ...], jobs: int | None, keep_going: bool | None,
-          salt: str | None, executor: str | None, remote: str | None, events, as_json: bool) -> None:
+          salt: str | None, executor: str | None, remote: str | None, remote_mode: str | None,
+          remote_fallback: bool | None, events, as_json: bool) -> None:
     """Build TARGETS (labels or patterns: //pkg:name, :name, //pkg/..., //pkg:all).
 
     Only actions whose key is not in the cache run. Outputs of the named targets are copied
@@ -104,8 +109,10 @@ def build(ctx: click.Context, targets: tuple[str, ...], jobs: int | None, keep_g
     """
     from rsi.build import build as run_build
 
+    if remote_mode == "execute" and executor is None:
+        executor = "remote"
     ws = _workspace(ctx, jobs=jobs, keep_going=keep_going, salt=salt, executor=executor,
-                    remote=remote)
+                    remote=remote, remote_mode=remote_mode, remote_fallback=remote_fallback)
     report = run_build(ws, list(targets), events_to=events)
     if as_json:
         _emit(report.to_json(), True)
@@ -189,9 +196,8 @@ def why(ctx: click.Context, target: str, as_json: bool) -> None:
     """Explain TARGET's last build: which actions ran and the exact field that changed for
     each, or that it was fully cached."""
     from rsi.build import open_store
-    from rsi.why import explain
-
     from rsi.label import Label
+    from rsi.why import explain
 
     ws = _workspace(ctx)
     doc = explain(open_store(ws), str(Label.parse(target, _current_package(ws))), ws)
@@ -233,6 +239,32 @@ def rules_cmd(ctx: click.Context, as_json: bool, markdown: bool) -> None:
         return
     human = "\n".join(f"{r['name']}: {r['doc']}" for r in doc)
     _emit(doc, as_json, human)
+
+
+@main.command(epilog=EPILOG)
+@click.option("--remote", required=True, help="The REAPI server (Bots API) grpc://HOST:PORT.")
+@click.option("--executor", type=click.Choice(["local", "bwrap", "docker"]), default="local",
+              help="How this worker runs the actions it leases.")
+@click.option("--property", "properties", multiple=True, metavar="KEY=VALUE",
+              help="Extra platform property to advertise (repeatable), e.g. accelerator=nvidia.")
+@click.option("--no-default-properties", is_flag=True,
+              help="Advertise only --property values (not OSFamily/toolchain/accelerator).")
+@click.option("--max-leases", type=click.IntRange(1), help="Exit after this many leases.")
+@click.pass_context
+def worker(ctx: click.Context, remote: str, executor: str, properties: tuple[str, ...],
+           no_default_properties: bool, max_leases: int | None) -> None:
+    """Join a remote-execution pool: lease actions from an REAPI server's Bots API and run them
+    with this machine's executors (docs/remote.md)."""
+    from rsi.worker import main as worker_main
+
+    store = ctx.obj.get("store")
+    if store is None:
+        try:
+            store = str(_workspace(ctx).store_dir)
+        except RsiError:
+            store = str(Path.home() / ".cache" / "rsi-worker")
+    sys.exit(worker_main(remote, store, executor_name=executor, properties=list(properties),
+                         no_default_properties=no_default_properties, max_leases=max_leases))
 
 
 @main.group(epilog=EPILOG)

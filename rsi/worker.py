@@ -18,9 +18,10 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 
@@ -52,7 +53,7 @@ def detect_accelerators() -> list[tuple[str, str]]:
     try:
         out = subprocess.run(
             [smi, "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20,
+            capture_output=True, text=True, timeout=20, check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return []

@@ -44,6 +44,7 @@ class Workspace:
     remote_fallback: bool = False
     executor: str = "local"
     rules: tuple[str, ...] = ()
+    digest_function_explicit: bool = field(default=False, compare=False)
 
     @property
     def store_dir(self) -> Path:
@@ -55,6 +56,8 @@ class Workspace:
 
     def with_overrides(self, **kw: object) -> "Workspace":
         clean = {k: v for k, v in kw.items() if v is not None}
+        if "digest_function" in clean:
+            clean["digest_function_explicit"] = True
         if "store" in clean:
             clean["store"] = Path(str(clean["store"])).absolute()
         ws = replace(self, **clean)
@@ -104,7 +107,7 @@ class Workspace:
             kw["store"] = Path(kw["store"])
         if "rules" in kw:
             kw["rules"] = tuple(kw["rules"])
-        ws = cls(root=root, **kw)
+        ws = cls(root=root, digest_function_explicit="digest_function" in kw, **kw)
         ws._check(str(path))
         return ws
 

@@ -11,6 +11,7 @@ for extra in scripts/ci-docker.sh scripts/buildgrid/setup.sh; do
 done
 # NB: CI must exercise the real sandboxes; an unavailable one fails instead of skipping
 export RSI_REQUIRE_SANDBOXES="${RSI_REQUIRE_SANDBOXES:-1}"
+export RSI_REQUIRE_BUILDGRID="${RSI_REQUIRE_BUILDGRID:-1}"
 .venv/bin/python -m pytest "$@"
 rc=$?
 if [ "$rc" = 5 ]; then

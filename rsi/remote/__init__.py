@@ -51,13 +51,9 @@ def _session(ws: Any, *, fallback: str) -> RemoteSession:
     except RemoteError as exc:
         if not ws.remote_fallback:
             raise
-        # NB: remembered, and reported as a warning once events are bound.
-        session.down = str(exc)
-        session.pending_warning = {
-            "event": "remote.warning", "severity": "warning", "remote": ws.remote,
-            "while": "connecting",
-            "message": f"{exc}; building locally (remote_fallback = true)",
-        }
+        # NB: raised again from the first call, where the scheduler (or the executor's own
+        # fallback) turns it into a warning event and goes on locally.
+        session.startup_error = exc
     return session
 
 
@@ -89,7 +85,3 @@ def bind_events(adapter: RemoteCache | RemoteExecutor, events: Any, parent: int 
         events.emit(kind, parent, **fields)
 
     adapter.session.emit = emit
-    pending = getattr(adapter.session, "pending_warning", None)
-    if pending:
-        adapter.session.pending_warning = None
-        emit(pending)

@@ -9,14 +9,20 @@ remote.upload, remote.upload_skipped, remote.blob_rejected, remote.warning (fall
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rsi.action import Action, ActionResult
 from rsi.digest import Digest
 from rsi.errors import RemoteError, StoreError
 from rsi.remote.client import BlobMismatch, RemoteClient
 from rsi.remote.config import RemoteConfig
-from rsi.remote.mapping import RemoteResultView, from_remote_result, to_remote_action, to_remote_result
+from rsi.remote.mapping import (
+    RemoteResultView,
+    from_remote_result,
+    to_remote_action,
+    to_remote_result,
+)
 from rsi.store import LocalStore
 
 Emit = Callable[[dict[str, Any]], None]
@@ -47,7 +53,7 @@ class RemoteSession:
             digest_function=store.function,
         )
         self.down: str | None = None
-        self.pending_warning: dict[str, Any] | None = None
+        self.startup_error: RemoteError | None = None
         self._lock = threading.Lock()
 
     def check(self) -> str:
@@ -62,6 +68,12 @@ class RemoteSession:
                     hint="use --remote-mode cache with this server, or one with execution on",
                 )
         return function
+
+    def raise_startup_error(self) -> None:
+        """A server found down when the build started fails (or falls back) on first use."""
+        exc, self.startup_error = self.startup_error, None
+        if exc is not None:
+            raise exc
 
     def failed(self, exc: RemoteError, doing: str) -> None:
         """A remote call failed: raise it (fallback = fail) or warn once and latch."""
@@ -102,6 +114,7 @@ class RemoteCache:
         store = store or session.store
         if session.down is not None:
             return None
+        session.raise_startup_error()
         remote = to_remote_action(action)
         try:
             proto = self.client.get_action_result(remote.digest)
@@ -164,6 +177,7 @@ class RemoteCache:
         store = store or session.store
         if session.down is not None or not session.config.upload:
             return False
+        session.raise_startup_error()
         remote = to_remote_action(action)
         if not result.ok:
             session.emit(

@@ -13,9 +13,10 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import Self
 from urllib.parse import urlparse
 
 import grpc
@@ -39,6 +40,8 @@ _BYTESTREAM_CHUNK = 1 << 20
 # Room left in a batch for the request's own framing.
 _BATCH_OVERHEAD = 64 * 1024
 _MAX_MESSAGE = 64 * 1024 * 1024
+# A batch entry's digest, status and field tags, counted against the server's limit.
+_PER_BLOB_OVERHEAD = 160
 
 STAGE_NAMES = {
     re_pb2.ExecutionStage.UNKNOWN: "UNKNOWN",
@@ -79,7 +82,7 @@ class RemoteEndpoint:
     tls: bool
 
     @classmethod
-    def parse(cls, url: str) -> "RemoteEndpoint":
+    def parse(cls, url: str) -> RemoteEndpoint:
         parsed = urlparse(url)
         if parsed.scheme not in ("grpc", "grpcs") or not parsed.hostname or not parsed.port:
             raise RemoteError(
@@ -169,7 +172,7 @@ class RemoteClient:
     def close(self) -> None:
         self.channel.close()
 
-    def __enter__(self) -> "RemoteClient":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -330,12 +333,12 @@ class RemoteClient:
                 sent += digest.size
                 continue
             data = _read_source(source)
-            if batch_size + len(data) > limit:
+            if batch_size + len(data) + _PER_BLOB_OVERHEAD > limit:
                 flush()
             batch.append(
                 re_pb2.BatchUpdateBlobsRequest.Request(digest=to_proto_digest(digest), data=data)
             )
-            batch_size += len(data)
+            batch_size += len(data) + _PER_BLOB_OVERHEAD
             sent += len(data)
         flush()
         return sent
@@ -420,10 +423,10 @@ class RemoteClient:
                 if data is not None:
                     found[digest] = data
                 continue
-            if batch_size + digest.size > limit:
+            if batch_size + digest.size + _PER_BLOB_OVERHEAD > limit:
                 flush()
             batch.append(digest)
-            batch_size += digest.size
+            batch_size += digest.size + _PER_BLOB_OVERHEAD
         flush()
         return found
 

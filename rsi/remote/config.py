@@ -3,8 +3,9 @@ when it fails. Read from `--remote …` flags or the workspace config's `[remote
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 from rsi.errors import UsageError
 from rsi.remote.client import RemoteEndpoint
@@ -42,7 +43,7 @@ class RemoteConfig:
                 raise UsageError(f"remote {name.removesuffix('_s')} must be positive")
 
     @classmethod
-    def from_mapping(cls, doc: Mapping[str, Any], **overrides: Any) -> "RemoteConfig":
+    def from_mapping(cls, doc: Mapping[str, Any], **overrides: Any) -> RemoteConfig:
         """From the workspace config's `[remote]` table (keys as below, `-` or `_`), with
         command-line values in `overrides` winning."""
         known = {
@@ -63,5 +64,5 @@ class RemoteConfig:
             raise UsageError("the [remote] table needs url = \"grpc://HOST:PORT\"")
         return cls(**values)
 
-    def with_(self, **changes: Any) -> "RemoteConfig":
+    def with_(self, **changes: Any) -> RemoteConfig:
         return replace(self, **changes)

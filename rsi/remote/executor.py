@@ -39,6 +39,7 @@ class RemoteExecutor:
         if session.down is not None and self.fallback is not None:
             return self.fallback.run(action, store, cancel)
         try:
+            session.raise_startup_error()
             return self._run_remote(action, store, cancel)
         except (QueueTimeout, UnmetPlatform):
             raise
@@ -95,7 +96,7 @@ class RemoteExecutor:
             response.result, store.function,
             source="remote-cache" if response.cached_result else "remote-execution",
         )
-        for name, data in view.inline.items():
+        for data in view.inline.values():
             store.put_bytes(data)
         absent = client.download_to_store(view.result.blobs(), store)
         if absent:

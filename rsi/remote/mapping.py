@@ -7,11 +7,11 @@ rebuild the exact rsi `Action` from what it is sent. No I/O happens here.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
-
 import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf import any_pb2, duration_pb2, timestamp_pb2, wrappers_pb2
 
@@ -67,7 +67,7 @@ def local_platform(platform: re_pb2.Platform) -> tuple[tuple[str, str], ...]:
 
 def _duration(seconds: float) -> duration_pb2.Duration:
     frac, whole = math.modf(seconds)
-    return duration_pb2.Duration(seconds=int(whole), nanos=int(round(frac * 1e9)))
+    return duration_pb2.Duration(seconds=int(whole), nanos=round(frac * 1e9))
 
 
 @dataclass(frozen=True)
