@@ -29,8 +29,8 @@ EPOCH = 1735689600
 
 
 def _numpy_doc() -> dict:
-    tables = __import__("tomllib").loads(DECLARATIONS.read_text())["toolchain"]
-    return dict(tables["numpy"])
+    tables = __import__("tomllib").loads(DECLARATIONS.read_text())
+    return {k: v for k, v in tables["numpy"].items() if k != "rule"}
 
 
 # ------------------------------------------------------------------------------ declarations
