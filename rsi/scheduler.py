@@ -185,6 +185,8 @@ class Scheduler:
                                          label=graph.actions[nxt].label, because=action_id)
 
         pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="rsi-exec")
+        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rsi-commit")
+        self._commits: list[tuple[str, Future]] = []
         try:
             while ready or to_execute or running:
                 while ready and not stopped:
@@ -282,11 +284,23 @@ class Scheduler:
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+            self._committer.shutdown(wait=True)
             TRASH.drain()
             try:
                 self.store.save_target_index(self.index_updates)
             finally:
                 self.store.save_memos()
+        for action_id, fut in self._commits:
+            exc = fut.exception()
+            if exc is not None:
+                message = str(exc) if isinstance(exc, RsiError) else f"{type(exc).__name__}: {exc}"
+                outcomes[action_id] = Outcome(action_id, "error", outcomes[action_id].key,
+                                              message=f"result not stored: {message}",
+                                              retryable=True)
+                self.events.counts["failed"] += 1
+                self.events.emit("action_finished", build_event, action=action_id,
+                                 label=graph.actions[action_id].label, status="error",
+                                 message=f"result not stored: {message}", retryable=True)
         for action_id in wanted:
             if action_id not in outcomes:
                 outcomes[action_id] = Outcome(action_id, "not_started",
@@ -319,15 +333,20 @@ class Scheduler:
         self._upload_sources(spec, action)
         result = self.executor.run(action, self.store, self.cancel)
         if result.ok:
-            self.store.put_action_result(action.key(), result)
-            if self.remote is not None:
-                try:
-                    self.remote.put(action, result, self.store)
-                except RsiError as exc:
-                    if not self.remote_fallback:
-                        raise
-                    self.events.emit("warning", None, message=f"remote upload failed: {exc.message}")
+            # NB: the action-cache entry (temp, fsync, rename) is written by one committer
+            # thread, off the critical path; dependents use the in-memory result meanwhile.
+            self._commits.append((spec.id, self._committer.submit(self._commit, action, result)))
         return result
+
+    def _commit(self, action: Action, result: ActionResult) -> None:
+        self.store.put_action_result(action.key(), result)
+        if self.remote is not None:
+            try:
+                self.remote.put(action, result, self.store)
+            except RsiError as exc:
+                if not self.remote_fallback:
+                    raise
+                self.events.emit("warning", None, message=f"remote upload failed: {exc.message}")
 
     def _fail(self, action_id, spec, action, exc: RsiError, parent, finish) -> None:
         self.events.counts["failed"] += 1

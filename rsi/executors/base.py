@@ -27,14 +27,25 @@ class Executor(Protocol):
     ) -> ActionResult: ...
 
 
-def materialise_inputs(action: Action, store: LocalStore, exec_dir: Path) -> None:
-    """Write every input file under `exec_dir`, verified, read-only (files 0444)."""
+def materialise_inputs(action: Action, store: LocalStore, exec_dir: Path, *,
+                       link: bool = False) -> None:
+    """Write every input file under `exec_dir`, verified, read-only.
+
+    With `link` (only when the sandbox binds inputs read-only, so nothing inside can write
+    through the link), a non-executable input is a hard link to its 0444 blob: no copy.
+    """
     for rel, node in action.inputs:
         dest = exec_dir / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(node, SymlinkNode):
             os.symlink(node.target, dest)
             continue
+        if link and not node.executable and store.has_verified(node.digest):
+            try:
+                os.link(store.blob_path(node.digest), dest)
+                continue
+            except OSError:
+                pass  # NB: another file system, or a link limit: fall back to a copy
         store.export_file(node.digest, dest, node.executable)
         os.chmod(dest, 0o555 if node.executable else 0o444)
     for out in action.outputs:

@@ -144,7 +144,7 @@ class LocalExecutor:
         exec_dir.mkdir()
         started = time.time()
         try:
-            materialise_inputs(action, store, exec_dir)
+            materialise_inputs(action, store, exec_dir, link=self.sandbox == "bwrap")
             argv, extra_binds = self._argv(action)
             cmd, cwd = self._wrap(action, argv, extra_binds, exec_dir)
             stdout_path, stderr_path = scratch / "stdout", scratch / "stderr"
