@@ -10,7 +10,7 @@ from pathlib import Path
 from rsi.action import ActionResult
 from rsi.canonical import canonical_bytes
 from rsi.digest import Digest, digest_bytes, digest_file
-from rsi.errors import RsiError
+from rsi.errors import RsiError, UsageError
 from rsi.store import LocalStore
 
 
@@ -44,8 +44,8 @@ def cache_show(store: LocalStore, what: str) -> dict:
             entry = {"id": action_id, **e}
             break
     if entry is None:
-        raise RsiError(f"nothing in the cache matches {what!r}",
-                       hint="give an action key prefix, a label or an action id (rsi cache ls)")
+        raise UsageError(f"nothing in the cache matches {what!r}",
+                         hint="give an action key prefix, a label or an action id (rsi cache ls)")
     key = Digest.parse(entry["key"])
     result = store.get_action_result(key, check_blobs=False)
     desc = None

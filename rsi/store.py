@@ -137,8 +137,9 @@ class LocalStore:
                 self.cas.mkdir(parents=True, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(dir=self.cas, prefix=".tmp-")
                 os.close(fd)
-                shutil.copyfile(src, tmp)
             try:
+                if not move:  # NB: inside the try, so a copy cut short (disk full) is removed
+                    shutil.copyfile(src, tmp)
                 digest = digest_file(tmp, self.function)
                 if self.has(digest):
                     os.unlink(tmp)

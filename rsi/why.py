@@ -8,8 +8,24 @@ from rsi.label import Label
 from rsi.store import LocalStore
 
 
+def _needed_actions(store: LocalStore, label: str, ws) -> set[str] | None:
+    """The actions `label` needs (itself and its dependencies), or None when unknown."""
+    if ws is None:
+        return None
+    from rsi.build import load_graph
+    from rsi.errors import RsiError
+
+    try:
+        labels, graph = load_graph(ws, [label], store)
+    except RsiError:
+        return None
+    return graph.actions_for(labels)
+
+
 def explain(store: LocalStore, target: str, ws=None) -> dict:
     label = str(Label.parse(target, ""))
+    # NB: a build of several targets logs them all; only this target's actions are its story
+    needed = _needed_actions(store, label, ws)
     logs = sorted(store.events_dir.glob("*.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True)
     for log in logs:
         ran, cached, found, build_id = [], 0, False, None
@@ -29,6 +45,8 @@ def explain(store: LocalStore, target: str, ws=None) -> dict:
             elif kind == "target_started" and ev.get("label") == label:
                 requested = True
             elif kind == "action_finished":
+                if needed is not None and ev.get("action") not in needed:
+                    continue
                 found = True
                 if ev.get("cache") in ("hit", "remote_hit"):
                     cached += 1

@@ -1,0 +1,281 @@
+"""The local store: sharded blobs, atomic writes, verification on read, corrupt entries rebuilt."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rsi.action import ActionResult, OutputFile
+from rsi.digest import digest_bytes
+from rsi.errors import CorruptEntry, StoreError
+from rsi.store import LocalStore
+
+
+@pytest.fixture
+def store(tmp_path) -> LocalStore:
+    return LocalStore(tmp_path / "store")
+
+
+def _files_under(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def _tamper(path: Path, data: bytes | None = None, *, truncate: bool = False) -> None:
+    os.chmod(path, 0o644)
+    if truncate:
+        with open(path, "r+b") as f:
+            f.truncate(max(0, os.path.getsize(path) - 1))
+    else:
+        path.write_bytes(data)
+
+
+# ------------------------------------------------------------------------------------ blobs
+
+
+def test_blobs_are_sharded_by_the_first_two_hex_digits(store):
+    digest = store.put_bytes(b"hello")
+    path = store.blob_path(digest)
+    assert path == store.root / "cas" / digest.hash[:2] / digest.hash
+    assert path.read_bytes() == b"hello"
+
+
+def test_put_is_idempotent_and_content_addressed(store):
+    assert store.put_bytes(b"x") == store.put_bytes(b"x") == digest_bytes(b"x")
+    assert len(list(store.iter_blobs())) == 1
+
+
+def test_put_file_stores_the_content_and_leaves_no_temp_files(store, tmp_path):
+    src = tmp_path / "src"
+    src.write_bytes(b"payload" * 1000)
+    digest = store.put_file(src)
+    assert digest == digest_bytes(b"payload" * 1000)
+    assert store.read_bytes(digest) == b"payload" * 1000
+    assert src.exists()
+    assert not [p for p in store.root.rglob(".tmp-*")]
+
+
+def test_file_blobs_are_read_only(store):
+    file_digest = store.put_file(_write(store.root.parent / "f", b"frozen2"))
+    assert os.stat(store.blob_path(file_digest)).st_mode & 0o222 == 0
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_failed_write_leaves_no_entry_and_no_temp_file(store, monkeypatch):
+    def no_space(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(StoreError, match="No space left on device"):
+        store.put_bytes(b"never stored")
+    assert not store.has(digest_bytes(b"never stored"))
+    assert not [p for p in store.root.rglob(".tmp-*")]
+
+
+def test_failed_file_write_leaves_no_entry_and_no_temp_file(store, tmp_path, monkeypatch):
+    src = _write(tmp_path / "src", b"never stored either")
+
+    def no_space(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(StoreError, match="No space left on device"):
+        store.put_file(src)
+    assert not store.has(digest_bytes(b"never stored either"))
+    assert not [p for p in store.root.rglob(".tmp-*")]
+    assert src.read_bytes() == b"never stored either"
+
+
+def test_copy_cut_short_by_a_full_disk_leaves_no_temp_file(store, tmp_path, monkeypatch):
+    src = _write(tmp_path / "src", b"a big file")
+
+    def partial_copy(source, dest, **kw):
+        Path(dest).write_bytes(b"a bi")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copyfile", partial_copy)
+    with pytest.raises(StoreError, match="No space left on device"):
+        store.put_file(src)
+    assert not [p for p in store.root.rglob(".tmp-*")]
+    assert list(store.iter_blobs()) == []
+
+
+def test_truncated_blob_is_detected_on_read_and_removed(store):
+    digest = store.put_bytes(b"some content")
+    _tamper(store.blob_path(digest), truncate=True)
+    with pytest.raises(CorruptEntry):
+        store.read_bytes(digest)
+    assert not store.blob_path(digest).exists()
+
+
+def test_altered_blob_of_the_same_size_is_never_served(store, tmp_path):
+    digest = store.put_file(_write(tmp_path / "src", b"original"))
+    assert store.has_verified(digest)
+    _tamper(store.blob_path(digest), b"ORIGINAL")
+    with pytest.raises(CorruptEntry):
+        store.export_file(digest, tmp_path / "dest")
+    assert not (tmp_path / "dest").exists()
+    assert not store.blob_path(digest).exists()
+
+
+def test_missing_blob_is_a_corrupt_entry_error(store):
+    with pytest.raises(CorruptEntry, match="missing"):
+        store.read_bytes(digest_bytes(b"never put"))
+
+
+def test_store_refuses_a_different_digest_function(tmp_path):
+    LocalStore(tmp_path / "s", "blake3")
+    with pytest.raises(StoreError, match="sha256"):
+        LocalStore(tmp_path / "s", "sha256")
+
+
+# ---------------------------------------------------------------------------- action cache
+
+
+def _result(store: LocalStore, data: bytes = b"out") -> ActionResult:
+    return ActionResult(exit_code=0, outputs=(OutputFile("out", store.put_bytes(data)),),
+                        stdout=store.put_bytes(b""), stderr=store.put_bytes(b""))
+
+
+def test_action_result_round_trips(store):
+    key = digest_bytes(b"key")
+    result = _result(store)
+    store.put_action_result(key, result)
+    assert store._ac_path(key) == store.root / "ac" / key.hash[:2] / key.hash
+    got = store.get_action_result(key)
+    assert got is not None and got.to_json() == result.to_json()
+
+
+def test_unknown_action_key_is_a_miss(store):
+    assert store.get_action_result(digest_bytes(b"nothing")) is None
+
+
+def test_altered_action_result_is_detected_removed_and_a_miss(store):
+    key = digest_bytes(b"key")
+    store.put_action_result(key, _result(store))
+    path = store._ac_path(key)
+    doc = json.loads(path.read_bytes())
+    doc["result"]["outputs"][0][1] = str(store.put_bytes(b"forged"))  # present, so servable
+    path.write_text(json.dumps(doc))
+    assert store.get_action_result(key) is None
+    assert not path.exists()
+    assert str(key) in store.corrupt_seen
+
+
+def test_truncated_action_result_is_a_miss(store):
+    key = digest_bytes(b"key")
+    store.put_action_result(key, _result(store))
+    _tamper(store._ac_path(key), truncate=True)
+    assert store.get_action_result(key) is None
+
+
+def test_action_result_whose_output_blob_is_corrupt_is_a_miss(store):
+    key = digest_bytes(b"key")
+    result = _result(store, b"output bytes")
+    store.put_action_result(key, result)
+    _tamper(store.blob_path(result.outputs[0].digest), b"OUTPUT BYTES")
+    assert store.get_action_result(key) is None
+    assert not store.blob_path(result.outputs[0].digest).exists()
+
+
+# --------------------------------------------------------------------------- through builds
+
+
+@pytest.fixture
+def chain_ws(command, make_workspace, tmp_path):
+    """gen (upper-cases in.txt) -> use (gen twice)."""
+    return make_workspace(tmp_path, {
+        "in.txt": "input\n",
+        "BUILD.toml": command("gen", cmd="tr a-z A-Z < $(SRCS) > $(OUT)", srcs=["in.txt"],
+                              outs=["gen.txt"])
+        + command("use", cmd="cat $(location :gen) $(location :gen) > $(OUT)", deps=[":gen"],
+                  outs=["use.txt"]),
+    })
+
+
+def _output_blob(store_root: Path, content: bytes) -> Path:
+    digest = digest_bytes(content)
+    return store_root / "cas" / digest.hash[:2] / digest.hash
+
+
+@pytest.mark.parametrize("how", ["truncate", "alter"])
+def test_corrupt_output_blob_is_never_served_and_is_rebuilt(
+    build, chain_ws, run_rsi, bwrap, how,
+):
+    ws = chain_ws
+    build(ws, "//:use")
+    blob = _output_blob(ws / "cache", b"INPUT\n")
+    assert blob.exists()
+    _tamper(blob, truncate=True) if how == "truncate" else _tamper(blob, b"EVIL!\n")
+    (ws / "out").joinpath("use.txt").unlink()
+    again = build(ws, "//:use")
+    assert "//:gen" in again.executed
+    assert again.why("//:gen") == ["its cached result is missing or failed verification"]
+    assert (ws / "out" / "use.txt").read_text() == "INPUT\nINPUT\n"
+    assert blob.read_bytes() == b"INPUT\n"
+    assert run_rsi(ws, "cache", "verify").returncode == 0
+
+
+def test_altered_action_result_is_rebuilt(build, chain_ws, bwrap):
+    ws = chain_ws
+    first = build(ws, "//:use")
+    key = next(e["key"] for e in first.finished() if e["label"] == "//:use").split("/")[0]
+    path = ws / "cache" / "ac" / key[:2] / key
+    doc = json.loads(path.read_text())
+    # a forged result that would be servable: it names a blob that is really in the store
+    doc["result"]["outputs"][0][1] = str(digest_bytes(b"INPUT\n"))
+    os.chmod(path, 0o644)
+    path.write_text(json.dumps(doc))
+    again = build(ws, "//:use")
+    assert again.executed == {"//:use"}
+    assert again.cached == {"//:gen"}
+    assert (ws / "out" / "use.txt").read_text() == "INPUT\nINPUT\n"
+
+
+def test_cache_verify_reports_corruption_then_clean(build, chain_ws, run_rsi, bwrap):
+    ws = chain_ws
+    first = build(ws, "//:use")
+    _tamper(_output_blob(ws / "cache", b"INPUT\n"), truncate=True)
+    key = next(e["key"] for e in first.finished() if e["label"] == "//:use").split("/")[0]
+    _tamper(ws / "cache" / "ac" / key[:2] / key, b'{"result": {}, "integrity": "0"}')
+    verify = run_rsi(ws, "cache", "verify", "--json")
+    assert verify.returncode == 1, verify
+    doc = verify.json()
+    assert doc["clean"] is False
+    assert digest_bytes(b"INPUT\n").hash in doc["corrupt_blobs"]
+    assert key in doc["corrupt_actions"]
+    again = run_rsi(ws, "cache", "verify", "--json")
+    assert again.returncode == 0, again
+    assert again.json()["clean"] is True
+    rebuilt = build(ws, "//:use")
+    assert rebuilt.executed == {"//:gen", "//:use"}
+
+
+def test_concurrent_builds_on_one_store_corrupt_nothing(
+    build, command, make_workspace, rsi_argv, run_rsi, tmp_path, bwrap,
+):
+    files = {"BUILD.toml": "".join(
+        command(f"t{i}", cmd=f"sleep 0.1; seq {i} 400 > $(OUT)", outs=[f"t{i}.txt"])
+        for i in range(6)
+    ) + command("all", cmd="cat $(SRCS) " + " ".join(f"$(location :t{i})" for i in range(6))
+                + " > $(OUT)", deps=[f":t{i}" for i in range(6)], outs=["all.txt"])}
+    ws = make_workspace(tmp_path, files)
+    procs = [subprocess.Popen([*rsi_argv, "build", "--jobs", "2", "//:all"], cwd=ws,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    verify = run_rsi(ws, "cache", "verify")
+    assert verify.returncode == 0, verify
+    again = build(ws, "//:all")
+    assert again.executed == set()
+    expected = "".join("".join(f"{n}\n" for n in range(i, 401)) for i in range(6))
+    assert (ws / "out" / "all.txt").read_text() == expected
