@@ -97,7 +97,8 @@ def find_targets(loader: Loader, roots: list[Label]) -> tuple[dict[Label, Target
                 graph.add_edge(dep, label, field=name)
     if not nx.is_directed_acyclic_graph(graph):
         cycle = nx.find_cycle(graph)
-        chain = [str(cycle[0][0])] + [str(v) for _, v in cycle]
+        # NB: edges run dependency -> dependent; people read "a -> b" as "a depends on b"
+        chain = [str(u) for u, _ in reversed(cycle)] + [str(cycle[-1][0])]
         first = targets[cycle[0][1]]
         raise DeclarationError(
             "dependency cycle: " + " -> ".join(chain), file=first.file, target=str(first.label),

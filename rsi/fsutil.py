@@ -9,11 +9,14 @@ from pathlib import Path
 from rsi.errors import StoreError
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, fsync: bool = True) -> None:
+def atomic_write_bytes(path: Path, data: bytes, *, fsync: bool = True,
+                       mode: int | None = None) -> None:
     """Write `data` so that readers see either the old file or the whole new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             if fsync:

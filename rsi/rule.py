@@ -212,13 +212,18 @@ class RuleContext:
         out_paths = []
         for rel in outputs:
             norm = os.path.normpath(rel)
-            if rel.startswith("/") or norm.startswith(".."):
-                raise self.error(f"output {rel!r} must stay inside the package", "outs")
+            if rel.startswith("/") or norm.startswith("..") or norm == "." or not rel:
+                raise self.error(f"output {rel!r} must name a file inside the package", "outs")
             path = self.exec_path(norm)
             if path in self._declared_outputs:
                 raise self.error(f"output {rel!r} is declared twice", "outs")
             self._declared_outputs[path] = action_id
             out_paths.append(path)
+        for p in out_paths:
+            for q in out_paths:
+                if q.startswith(p + "/"):
+                    raise self.error(f"output {q!r} lies inside output {p!r}", "outs",
+                                     hint="outputs are files; a file cannot hold another")
         input_list = tuple(inputs)
         in_paths = {a.path for a in input_list}
         for p in out_paths:
@@ -240,13 +245,16 @@ class RuleContext:
         return tuple(Artifact(p, producer=action_id) for p in out_paths)
 
 
-_MAKE_VAR = re.compile(r"\$\((\w+)(?:\s+([^)]*))?\)")
+_MAKE_VAR = re.compile(r"\$\$|\$\((\w+)(?:\s+([^)]*))?\)")
 
 
 def expand_make_vars(cmd: str, variables: Mapping[str, list[str]], locate: Callable[[str], list[str]]) -> str:
-    """Expand `$(SRCS)`, `$(OUTS)`, `$(OUT)`, `$(location x)` like a Bazel genrule."""
+    """Expand `$(SRCS)`, `$(OUTS)`, `$(OUT)`, `$(location x)` like a Bazel genrule; `$$` is a
+    literal `$` (so `$$(date)` reaches the shell as `$(date)`)."""
 
     def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
         name, arg = m.group(1), m.group(2)
         if name in ("location", "locations"):
             return " ".join(shlex.quote(p) for p in locate((arg or "").strip()))

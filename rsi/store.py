@@ -119,7 +119,7 @@ class LocalStore:
         if not self.has(digest):
             path = self.blob_path(digest)
             try:
-                atomic_write_bytes(path, data)
+                atomic_write_bytes(path, data, mode=0o444)
             except OSError as exc:
                 raise store_write_error(self.root, exc) from exc
         return digest

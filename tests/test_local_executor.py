@@ -215,12 +215,7 @@ def _gone(pid: int, within_s: float = 5) -> bool:
     return False
 
 
-@pytest.mark.parametrize("sandbox", [
-    "bwrap", "unshare",
-    pytest.param("none", marks=pytest.mark.xfail(
-        strict=True, reason="engine bug: without a pid namespace a setsid grandchild leaves "
-                            "the process group and survives the timeout kill")),
-])
+@pytest.mark.parametrize("sandbox", ["bwrap", "unshare", "none"])
 def test_timeout_kills_the_whole_tree_including_a_detached_grandchild(store, sandbox):
     from rsi.executors.local import sandbox_mode
 

@@ -253,8 +253,7 @@ class DockerExecutor:
             )
         finally:
             if container is not None:
-                with contextlib.suppress(*DOCKER_ERRORS):
-                    container.remove(force=True)
+                _remove(container)
                 with _live_lock:
                     _live.pop(container.id, None)
             TRASH.put(scratch)
@@ -285,6 +284,27 @@ class DockerExecutor:
         if "error" in done:
             raise ExecutionError(f"lost the container while waiting: {done['error']}")
         return int(done["status"].get("StatusCode", -1)), False
+
+
+def _remove(container, attempts: int = 5) -> None:
+    """Remove a container for sure: a busy engine may refuse once ("removal in progress")."""
+    import docker
+
+    for attempt in range(attempts):
+        try:
+            container.remove(force=True)
+        except docker.errors.NotFound:
+            return
+        except DOCKER_ERRORS:
+            time.sleep(0.2 * (attempt + 1))
+            continue
+        try:
+            container.reload()
+        except docker.errors.NotFound:
+            return
+        except DOCKER_ERRORS:
+            pass
+        time.sleep(0.2 * (attempt + 1))
 
 
 def _kill(container) -> None:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from functools import lru_cache
 from pathlib import Path
 
@@ -148,22 +149,35 @@ class LocalExecutor:
             argv, extra_binds = self._argv(action)
             cmd, cwd = self._wrap(action, argv, extra_binds, exec_dir)
             stdout_path, stderr_path = scratch / "stdout", scratch / "stderr"
+            env = dict(action.env)
+            token = None
+            if self.sandbox == "none":
+                # NB: with no pid namespace, a grandchild that calls setsid leaves the process
+                # group; this token in its environment is how the sweep below finds it
+                token = uuid.uuid4().hex
+                env[SWEEP_VAR] = token
             with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
                 t0 = time.perf_counter()
                 try:
                     proc = subprocess.Popen(
-                        cmd, cwd=cwd, env=dict(action.env), stdin=subprocess.DEVNULL,
+                        cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                         stdout=out, stderr=err, start_new_session=True,
                     )
                 except OSError as exc:
                     raise ExecutionError(f"cannot start {cmd[0]}: {exc}") from exc
-                timed_out = self._wait(proc, action.timeout_s, cancel)
+                try:
+                    timed_out = self._wait(proc, action.timeout_s, cancel)
+                finally:
+                    if token is not None:
+                        sweep_processes(token, exec_dir)
                 wall = time.perf_counter() - t0
             if self.sandbox == "bwrap" and proc.returncode == 1 and not timed_out:
                 head = stderr_path.read_bytes()[:200]
                 if head.startswith(b"bwrap:"):
                     raise ExecutionError(f"sandbox failed to start: {head.decode(errors='replace')}")
             outputs, failure = collect_outputs(action, store, exec_dir)
+            if failure and proc.returncode != 0 and not timed_out:
+                failure = f"exited with code {proc.returncode}; {failure}"
             if timed_out:
                 failure = f"timed out after {action.timeout_s:g}s; process tree killed"
             stdout = store.put_log(stdout_path)
@@ -243,6 +257,39 @@ class LocalExecutor:
             # NB: an action's detached grandchildren share its process group or namespace;
             # killing the group after a normal exit sweeps up what bwrap/unshare did not.
             _kill_group(proc, reap=False)
+
+
+SWEEP_VAR = "RSI_ACTION_TOKEN"
+
+
+def sweep_processes(token: str, exec_dir: Path) -> int:
+    """Kill every process that carries this action's token or works inside its folder.
+
+    The fallback for `sandbox: none`, where no namespace ends with the action.
+    """
+    needle = f"{SWEEP_VAR}={token}".encode()
+    prefix = str(exec_dir)
+    killed = 0
+    for _ in range(3):  # NB: a killed parent may have forked meanwhile; sweep until quiet
+        found = 0
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    hit = needle in f.read()
+                if not hit:
+                    cwd = os.readlink(f"/proc/{entry}/cwd")
+                    hit = cwd == prefix or cwd.startswith(prefix + "/")
+                if hit:
+                    os.kill(int(entry), signal.SIGKILL)
+                    found += 1
+            except (OSError, ValueError):
+                continue
+        killed += found
+        if not found:
+            break
+    return killed
 
 
 def _kill_group(proc: subprocess.Popen, reap: bool = True) -> None:

@@ -8,6 +8,12 @@ Entry points for the engine: `make_remote_cache(ws)`, `make_remote_executor(ws)`
 
 from __future__ import annotations
 
+import os
+
+# NB: gRPC's fork handlers print noise into, and can break, the sandboxes rsi forks after a
+# remote call; rsi never uses gRPC in a forked child.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 from typing import Any
 
 from rsi.errors import RemoteError

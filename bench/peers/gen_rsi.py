@@ -1,0 +1,59 @@
+"""rsi adapter for ../shared/peers (the peer build-tool benchmark): the same fan-in graph, timed
+by the peers' own harness so rsi's numbers sit beside Nix, Bazel, Snakemake, redun and DVC.
+Run through bench/peers/run.sh, which copies the harness and adds this file to it."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+from common import Tool, mids_of, rm
+
+RSI = [sys.executable, "-m", "rsi.cli"]
+
+
+class Rsi(Tool):
+    name = "rsi"
+
+    def setup(self):
+        self.fresh_ws()
+        (self.ws / "rsi.toml").write_text("[workspace]\njobs = %d\n" % (os.cpu_count() or 1))
+        parts = []
+        for i in range(self.n):
+            parts.append(f'[leaf_{i}]\nrule = "command"\nsrcs = ["in/leaf_{i}.txt"]\n'
+                         f'outs = ["leaf_{i}.out"]\n'
+                         f'cmd = "cat $(SRCS) > $(OUT) && echo leaf {i} >> $(OUT)"\n')
+        for j, leaves in mids_of(self.n):
+            deps = json.dumps([f":leaf_{i}" for i in leaves])
+            parts.append(f'[mid_{j}]\nrule = "command"\ndeps = {deps}\nouts = ["mid_{j}.out"]\n'
+                         f'cmd = "cat {" ".join(f"leaf_{i}.out" for i in leaves)} > $(OUT)"\n')
+        mids = [f":mid_{j}" for j, _ in mids_of(self.n)]
+        files = " ".join(f"mid_{j}.out" for j, _ in mids_of(self.n))
+        parts.append(f'[root]\nrule = "command"\ndeps = {json.dumps(mids)}\nouts = ["root.out"]\n'
+                     f'cmd = "cat {files} > $(OUT)"\n')
+        (self.ws / "BUILD.toml").write_text("\n".join(parts))
+
+    def clean(self):
+        rm(self.ws / "out")
+        rm(self.ws / "cache")
+
+    def build_cmd(self):
+        return [*RSI, "build", "//:root"]
+
+    def executed(self, log):
+        m = re.search(r"(\d+) actions: (\d+) cached, (\d+) executed", log)
+        return int(m.group(3)) if m else None
+
+    def root_text(self):
+        return (self.ws / "out" / "root.out").read_text()
+
+    def version(self):
+        return subprocess.run([*RSI, "--version"], capture_output=True, text=True).stdout.strip()
+
+    def startup_cmd(self):
+        return [*RSI, "--version"]
+
+
+TOOLS = {"rsi": Rsi}
