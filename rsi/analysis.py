@@ -29,15 +29,21 @@ class BuildGraph:
     actions: dict[str, ActionSpec] = field(default_factory=dict)
     preds: dict[str, list[str]] = field(default_factory=dict)  # consumer -> producers
     succs: dict[str, list[str]] = field(default_factory=dict)  # producer -> consumers
+    alias: dict[str, str] = field(default_factory=dict)  # shared action id -> the one kept
     target_graph: "nx.DiGraph | None" = None  # edge: dep -> dependent (None when from cache)
     action_graph: "nx.DiGraph | None" = None  # edge: producer -> consumer
+
+    def producer(self, action_id: str) -> str:
+        """The action that really runs for `action_id` (shared actions collapse into one)."""
+        return self.alias.get(action_id, action_id)
 
     def actions_for(self, labels: Iterable[Label]) -> set[str]:
         """Every action needed to produce these targets' files (their producers, transitively)."""
         stack: list[str] = []
         for label in labels:
             stack.extend(self.target_actions.get(label, []))
-            stack.extend(a.producer for a in self.providers[label].all_files if a.producer)
+            stack.extend(self.producer(a.producer) for a in self.providers[label].all_files
+                         if a.producer)
         wanted: set[str] = set()
         while stack:
             a = stack.pop()
@@ -120,6 +126,7 @@ def analyze(
 
     targets, target_graph = find_targets(loader, roots)
     bg = BuildGraph(targets=targets, target_graph=target_graph)
+    producers: dict[str, ActionSpec] = {}
     for label in nx.lexicographical_topological_sort(target_graph, key=str):
         target = targets[label]
         deps = {d: bg.providers[d] for d in target_graph.predecessors(label)}
@@ -138,28 +145,20 @@ def analyze(
         ids = []
         for spec in ctx.actions:
             object.__setattr__(spec, "attrs_digest", attrs_digest)
-            bg.actions[spec.id] = spec
-            ids.append(spec.id)
+            kept = _share_or_add(bg, spec, producers, targets)
+            if kept not in ids:
+                ids.append(kept)
         bg.target_actions[label] = ids
         bg.providers[label] = provider
-    producers: dict[str, str] = {}
-    for spec in bg.actions.values():
-        for path in spec.outputs:
-            other = producers.setdefault(path, spec.label)
-            if other != spec.label:
-                t = targets[Label.parse(spec.label)]
-                raise DeclarationError(
-                    f"output {path} is also declared by {other}", file=t.file, target=spec.label,
-                    field="outs", hint="every output path must belong to one target",
-                )
     action_graph = nx.DiGraph()
     action_graph.add_nodes_from(bg.actions)
     for spec in bg.actions.values():
         for art in spec.inputs:
             if art.producer:
-                if art.producer not in bg.actions:
+                producer = bg.producer(art.producer)
+                if producer not in bg.actions:
                     raise DeclarationError(f"{spec.label}: input {art.path} has unknown producer")
-                action_graph.add_edge(art.producer, spec.id)
+                action_graph.add_edge(producer, spec.id)
     if not nx.is_directed_acyclic_graph(action_graph):
         cycle = " -> ".join(a for a, _ in nx.find_cycle(action_graph))
         raise DeclarationError(f"action cycle: {cycle}")
@@ -167,6 +166,35 @@ def analyze(
     bg.preds = {a: sorted(action_graph.predecessors(a)) for a in action_graph}
     bg.succs = {a: sorted(action_graph.successors(a)) for a in action_graph}
     return bg
+
+
+def _shape(bg: BuildGraph, spec: ActionSpec) -> tuple:
+    inputs = tuple((a.path, a.source, bg.producer(a.producer) if a.producer else None, a.digest,
+                    a.executable, a.symlink) for a in spec.inputs)
+    return (spec.argv, inputs, spec.outputs, spec.env, spec.platform, spec.timeout_s)
+
+
+def _share_or_add(bg: BuildGraph, spec: ActionSpec, producers: dict[str, ActionSpec],
+                  targets: dict[Label, Target]) -> str:
+    """Add `spec`, or, when another target declared the very same action (same outputs, same
+    everything), share that one: like Bazel's shared actions, it runs once. A different action
+    writing the same path is a declaration error."""
+    for path in spec.outputs:
+        other = producers.get(path)
+        if other is None:
+            continue
+        if _shape(bg, other) == _shape(bg, spec):
+            bg.alias[spec.id] = other.id
+            return other.id
+        t = targets[Label.parse(spec.label)]
+        raise DeclarationError(
+            f"output {path} is also declared by {other.label}", file=t.file, target=spec.label,
+            field="outs", hint="every output path must belong to one action",
+        )
+    for path in spec.outputs:
+        producers[path] = spec
+    bg.actions[spec.id] = spec
+    return spec.id
 
 
 def _jsonable(value: Any) -> Any:

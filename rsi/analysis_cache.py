@@ -142,7 +142,10 @@ def load(store, key: str, walker) -> Any | None:
 
 
 def save(store, key: str, labels, graph, tracker: Tracker) -> None:
-    payload = pickle.dumps((labels, graph, tracker), protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        payload = pickle.dumps((labels, graph, tracker), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # NB: a rule holding something unpicklable just goes uncached
+        return
     head = digest_bytes(payload, store.function).hash.encode()
     try:
         atomic_write_bytes(store.root / "analysis" / key, head + b"\n" + payload, fsync=False)

@@ -218,14 +218,6 @@ def build(
     return report
 
 
-def _target_action_ids(graph: BuildGraph, label: Label) -> list[str]:
-    ids = list(graph.target_actions.get(label, []))
-    for art in graph.providers[label].all_files:
-        if art.producer and art.producer not in ids:
-            ids.append(art.producer)
-    return ids
-
-
 def _materialise(ws: Workspace, store: LocalStore, graph: BuildGraph, label: Label,
                  outcomes: dict[str, Outcome]) -> list[str]:
     """Copy a target's files under `out/` for people; skipped when already identical."""
@@ -233,7 +225,7 @@ def _materialise(ws: Workspace, store: LocalStore, graph: BuildGraph, label: Lab
     for art in graph.providers[label].files:
         if art.producer is None:
             continue
-        result = outcomes[art.producer].result
+        result = outcomes[graph.producer(art.producer)].result
         out = result.output_map.get(art.path) if result else None
         if out is None:
             continue

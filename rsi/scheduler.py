@@ -78,7 +78,7 @@ class Scheduler:
         memo = self.store.file_memo
         for art in spec.inputs:
             if art.producer is not None:
-                produced = outcomes[art.producer].result
+                produced = outcomes[self._graph.producer(art.producer)].result
                 out = produced.output_map.get(art.path) if produced else None
                 if out is None:
                     raise ExecutionError(f"{spec.label}: input {art.path} was not produced by "
@@ -154,6 +154,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------- run
     def run(self, graph: BuildGraph, wanted: set[str], build_event: int) -> dict[str, Outcome]:
+        self._graph = graph
         preds, succs = graph.preds, graph.succs
         waiting = {a: sum(1 for p in preds.get(a, ()) if p in wanted) for a in wanted}
         ready = deque(sorted(a for a, n in waiting.items() if n == 0))

@@ -213,30 +213,52 @@ CANDIDATE = Rule(
 # ---------------------------------------------------------------------------------- verdict
 
 
-def verdict_actions(ctx: RuleContext, binding: Provider, cand_files, cand_dir: str,
-                    prefix: str = "") -> dict[str, Artifact]:
-    """Check, paired measure and assess for one candidate; usable by other rule families."""
+def check_action(ctx: RuleContext, binding: Provider, cand_files, cand_dir: str,
+                 prefix: str) -> Artifact:
     info = binding.info
-    runtime = info["runtime"]
-    platform, timeout = info["platform"], info["timeout_s"]
-    out = {}
-    out["check"] = ctx.action(
+    return ctx.action(
         argv=[*PY, f"{HARNESS_EXEC}/check.py", "--task", info["task_dir"], "--impl", cand_dir,
               "--spec", info["check_spec_file"].path,
               "--out", ctx.exec_path(f"{prefix}check.json")],
-        inputs=[*harness_files("check"), *runtime, *cand_files, info["check_spec_file"]],
-        outputs=[f"{prefix}check.json"], mnemonic="Check", env=ENV, platform=platform,
-        timeout_s=timeout,
+        inputs=[*harness_files("check"), *info["runtime"], *cand_files, info["check_spec_file"]],
+        outputs=[f"{prefix}check.json"], mnemonic="Check", env=ENV, platform=info["platform"],
+        timeout_s=info["timeout_s"],
     )[0]
-    out["samples"] = ctx.action(
+
+
+def measure_action(ctx: RuleContext, binding: Provider, cand_files, cand_dir: str,
+                   prefix: str) -> Artifact:
+    info = binding.info
+    return ctx.action(
         argv=[*PY, f"{HARNESS_EXEC}/measure.py", "--task", info["task_dir"],
               "--baseline", info["baseline_dir"], "--candidate", cand_dir,
               "--spec", info["spec_file"].path, "--out", ctx.exec_path(f"{prefix}samples.json")],
-        inputs=[*harness_files("measure"), *runtime, *info["baseline"], *cand_files,
+        inputs=[*harness_files("measure"), *info["runtime"], *info["baseline"], *cand_files,
                 info["spec_file"]],
         outputs=[f"{prefix}samples.json"], mnemonic="Measure", env=ENV,
-        platform=platform, timeout_s=timeout, tags=["exclusive"],
+        platform=info["platform"], timeout_s=info["timeout_s"], tags=["exclusive"],
     )[0]
+
+
+def evidence_prefix(binding_label, candidate_label) -> str:
+    """Where a (binding, candidate) pair's check and samples live: the same path whichever
+    target asks, so a `check`, a `measure` and a `verdict` target share one action each."""
+    return f"_evidence/{binding_label.name}/{candidate_label.name}/"
+
+
+def verdict_actions(ctx: RuleContext, binding: Provider, cand_files, cand_dir: str,
+                    prefix: str = "", evidence: str | None = None) -> dict[str, Artifact]:
+    """Check, paired measure and assess for one candidate; usable by other rule families.
+
+    `evidence` is the folder of the check and samples (default `prefix`); `prefix` that of the
+    verdict and its table.
+    """
+    info = binding.info
+    evidence = prefix if evidence is None else evidence
+    out = {
+        "check": check_action(ctx, binding, cand_files, cand_dir, evidence),
+        "samples": measure_action(ctx, binding, cand_files, cand_dir, evidence),
+    }
     out["verdict"] = ctx.action(
         argv=[*PY, f"{HARNESS_EXEC}/assess.py", "--spec", info["spec_file"].path,
               "--samples", out["samples"].path, "--check", out["check"].path,
@@ -246,14 +268,14 @@ def verdict_actions(ctx: RuleContext, binding: Provider, cand_files, cand_dir: s
         inputs=[*harness_files("assess"), info["spec_file"], out["samples"], out["check"],
                 info["baseline_check"], info["calibration"]],
         outputs=[f"{prefix}verdict.json"], mnemonic="Assess", env=ENV,
-        platform=platform, timeout_s=120,
+        platform=info["platform"], timeout_s=120,
     )[0]
     out["table"] = ctx.action(
         argv=[*PY, f"{HARNESS_EXEC}/render.py", "--verdict", out["verdict"].path,
               "--check", out["check"].path, "--out", ctx.exec_path(f"{prefix}verdict.txt")],
         inputs=[*harness_files("render"), out["verdict"], out["check"]],
         outputs=[f"{prefix}verdict.txt"], mnemonic="Render", env=ENV,
-        platform=platform, timeout_s=60,
+        platform=info["platform"], timeout_s=60,
     )[0]
     return out
 
@@ -263,7 +285,8 @@ def _verdict(ctx: RuleContext) -> Provider:
     binding = ctx.dep(a["binding"])
     cand = ctx.dep(a["candidate"])
     out = verdict_actions(ctx, binding, cand.info["files"], cand.info["dir"],
-                          prefix=f"{ctx.label.name}/")
+                          prefix=f"{ctx.label.name}/",
+                          evidence=evidence_prefix(a["binding"], a["candidate"]))
     return Provider(files=(out["verdict"], out["table"], out["check"], out["samples"]),
                     info={"show": out["table"].path, "verdict": out["verdict"].path})
 
@@ -281,4 +304,53 @@ VERDICT = Rule(
     impl=_verdict,
 )
 
-RULES = [TASK, BINDING, CANDIDATE, VERDICT]
+def _pair(ctx: RuleContext, make) -> Provider:
+    a = ctx.attrs
+    cand = ctx.dep(a["candidate"])
+    out = make(ctx, ctx.dep(a["binding"]), cand.info["files"], cand.info["dir"],
+               evidence_prefix(a["binding"], a["candidate"]))
+    return Provider(files=(out,))
+
+
+def _check(ctx: RuleContext) -> Provider:
+    return _pair(ctx, check_action)
+
+
+def _measure(ctx: RuleContext) -> Provider:
+    return _pair(ctx, measure_action)
+
+
+def _pair_rule(name: str, doc: str, impl) -> Rule:
+    return Rule(name=name, doc=doc, impl=impl, attrs={
+        "binding": attr("label", "the binding target"),
+        "candidate": attr("label", "the candidate target"),
+        "doc": attr("string", "free text", default=""),
+        "tags": attr("string_list", "", default=[]),
+    })
+
+
+CHECK = _pair_rule(
+    "check", "The correctness check of one candidate under one binding (shared with the "
+    "verdict of the same pair): per-case errors, pass/fail and failure kind.", _check)
+MEASURE = _pair_rule(
+    "measure", "The paired, exclusive timing of one candidate against the baseline under one "
+    "binding (shared with the verdict of the same pair): raw samples with input digests.",
+    _measure)
+
+
+def _calibration(ctx: RuleContext) -> Provider:
+    binding = ctx.dep(ctx.attrs["binding"])
+    return Provider(files=(binding.info["calibration"],))
+
+
+CALIBRATION = Rule(
+    name="calibration",
+    doc="The binding's A/A calibration (baseline against itself): the noise floor every "
+        "verdict of the binding uses. The action is the binding's own, built once.",
+    attrs={"binding": attr("label", "the binding target"),
+           "doc": attr("string", "free text", default=""),
+           "tags": attr("string_list", "", default=[])},
+    impl=_calibration,
+)
+
+RULES = [TASK, BINDING, CANDIDATE, VERDICT, CHECK, MEASURE, CALIBRATION]

@@ -272,3 +272,36 @@ def test_miss_says_the_target_attributes_changed(build, diamond):
 def test_first_build_of_an_action_says_so(build, diamond):
     run = build(diamond, "//:leaf_a")
     assert run.why("//:leaf_a") == ["no earlier build of this action is recorded"]
+
+
+def test_identical_actions_of_two_targets_are_shared_and_run_once(tmp_path, make_workspace):
+    """Like Bazel's shared actions: the same action (same outputs, same everything) declared by
+    two targets is one node in the action graph; a different action on that path is an error."""
+    ws = make_workspace(tmp_path, {})
+    from rsi.analysis import analyze
+    from rsi.loader import Loader
+    from rsi.registry import load_rules
+    from rsi.label import Label
+    from rsi.store import LocalStore
+    from rsi.rule import Rule, Provider
+    from rsi.attrs import attr
+    from rsi.errors import DeclarationError
+
+    def impl(ctx):
+        out = ctx.action(argv=["sh", "-c", f"echo {ctx.attrs['text']} > shared.txt"],
+                         inputs=[], outputs=["shared.txt"], mnemonic="Write")
+        return Provider(files=out)
+
+    writer = Rule("writer", {"text": attr("string", "")}, impl, doc="test")
+    (ws / "BUILD.toml").write_text('[a]\nrule = "writer"\ntext = "same"\n'
+                                   '[b]\nrule = "writer"\ntext = "same"\n'
+                                   '[c]\nrule = "writer"\ntext = "other"\n')
+    store = LocalStore(tmp_path / "store")
+    loader = Loader(ws, {**load_rules(), "writer": writer})
+    graph = analyze(loader, [Label("", "a"), Label("", "b")], store_put=store.put_bytes,
+                    settings={})
+    assert len(graph.actions) == 1
+    assert graph.actions_for([Label("", "a")]) == graph.actions_for([Label("", "b")])
+    with pytest.raises(DeclarationError, match="also declared by //:a"):
+        analyze(Loader(ws, {**load_rules(), "writer": writer}),
+                [Label("", "a"), Label("", "c")], store_put=store.put_bytes, settings={})
