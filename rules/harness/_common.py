@@ -25,6 +25,11 @@ SPEC_SCHEMA = "rsi.harness.spec/1"
 FRAMEWORKS = ("numpy", "torch")
 PR_SET_CHILD_SUBREAPER = 36
 INFRA_EXIT = 2
+# NB: glibc's adaptive mmap/trim thresholds make the cost of a large temporary depend on what
+# the previous call freed; pinning them keeps freed memory in the heap, so timings reflect the
+# code, not the allocator's history. Both arms run under the same setting.
+MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
+                   ":glibc.malloc.top_pad=67108864")
 
 
 class HarnessError(Exception):
@@ -66,7 +71,9 @@ def tree_digest(root: Path) -> tuple[str, list[str]]:
     if not root.is_dir():
         raise HarnessError(f"implementation folder {root} does not exist")
     files = sorted(
-        p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and not p.is_symlink()
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if p.is_file() and not p.is_symlink()
     )
     h = hashlib.sha256(b"rsi-tree-v1\0")
     for rel in files:
@@ -89,7 +96,8 @@ def load_spec(path: Path) -> dict:
     spec = read_json(path)
     if not isinstance(spec, dict):
         raise HarnessError("spec must be a JSON object")
-    missing = [k for k in ("entry", "editable", "framework", "cases", "tolerances") if k not in spec]
+    required = ("entry", "editable", "framework", "cases", "tolerances")
+    missing = [k for k in required if k not in spec]
     if missing:
         raise HarnessError(f"spec {path} lacks required keys {missing}; see rules/harness/SPEC.md")
     if spec["framework"] not in FRAMEWORKS:
@@ -118,11 +126,13 @@ def load_spec(path: Path) -> dict:
     measure.setdefault("direction", "minimize" if measure["metric"] == "latency" else "maximize")
     measure.setdefault("seed", 0)
     measure.setdefault("probes", 32)
+    measure.setdefault("value_checks", 3)
     measure.setdefault("units_per_call", None)
     measure.setdefault("arm_timeout_s", None)
     if (measure["metric"], measure["direction"]) not in (("latency", "minimize"),
                                                          ("throughput", "maximize")):
-        raise HarnessError("measure metric/direction must be latency/minimize or throughput/maximize")
+        raise HarnessError(
+            "measure metric/direction must be latency/minimize or throughput/maximize")
     if measure["metric"] == "throughput" and not measure["units_per_call"]:
         raise HarnessError("measure metric 'throughput' needs measure.units_per_call")
     assess = spec.setdefault("assess", {})
@@ -188,7 +198,8 @@ def load_impl_entry(impl_dir: Path, entry: dict) -> Any:
     spec.loader.exec_module(module)
     fn = getattr(module, entry["function"], None)
     if not callable(fn):
-        raise LookupError(f"{entry['module']}.py defines no callable {entry['function']!r}")
+        raise LookupError(  # noqa: TRY004  LookupError is how the child tells "missing entry"
+            f"{entry['module']}.py defines no callable {entry['function']!r}")
     return fn
 
 
@@ -197,7 +208,7 @@ def load_impl_entry(impl_dir: Path, entry: dict) -> Any:
 
 
 def import_torch():
-    import torch  # noqa: PLC0415  (only tasks that need it pay for it)
+    import torch
 
     return torch
 
@@ -222,7 +233,7 @@ def _geometry(value: Any) -> tuple[int, list[int], list[int], int, int]:
         itemsize = value.element_size()
         addr, shape = value.data_ptr(), list(value.shape)
         strides = [s * itemsize for s in value.stride()]
-    lo = sum(min(0, s * (n - 1)) for s, n in zip(strides, shape) if n > 0)
+    lo = sum(min(0, s * (n - 1)) for s, n in zip(strides, shape, strict=True) if n > 0)
     return addr, shape, strides, itemsize, -lo
 
 
@@ -231,7 +242,7 @@ def extent_bytes(value: Any) -> bytes:
     addr, shape, strides, itemsize, neg_lo = _geometry(value)
     if any(n == 0 for n in shape):
         return b""
-    hi = sum(max(0, s * (n - 1)) for s, n in zip(strides, shape)) + itemsize
+    hi = sum(max(0, s * (n - 1)) for s, n in zip(strides, shape, strict=True)) + itemsize
     size = neg_lo + hi
     return bytes((ctypes.c_char * size).from_address(addr - neg_lo))
 
@@ -241,7 +252,7 @@ def describe_input(value: Any) -> dict:
         return {"kind": "scalar", "type": type(value).__name__, "value": value}
     if type(value) is np.ndarray:
         framework = "numpy"
-    elif is_torch_tensor(value) and type(value).__name__ == "Tensor":
+    elif is_torch_tensor(value) and type(value) is sys.modules["torch"].Tensor:
         framework = "torch"
         if value.device.type != "cpu":
             raise HarnessError("only CPU tensors can be transported to the child")
@@ -375,8 +386,7 @@ def compare(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) 
         "passed": bad == 0,
         "mismatched": bad,
         "nonfinite": nonfinite,
-        "max_abs_err": finite_or_none(finite_err.max()) if finite_err.size else (
-            None if err.size else 0.0),
+        "max_abs_err": finite_or_none(finite_err.max()) if finite_err.size else None,
         "max_rel_err": finite_or_none(rel.max()) if rel.size else None,
     }
 
@@ -462,36 +472,83 @@ def child_env(threads: int, tmpdir: Path) -> dict[str, str]:
     t = str(int(threads))
     env.update(OMP_NUM_THREADS=t, MKL_NUM_THREADS=t, OPENBLAS_NUM_THREADS=t,
                NUMEXPR_NUM_THREADS=t, VECLIB_MAXIMUM_THREADS=t, PYTHONHASHSEED="0",
-               TMPDIR=str(tmpdir), HOME=str(tmpdir), LC_ALL="C")
+               TMPDIR=str(tmpdir), HOME=str(tmpdir), LC_ALL="C",
+               GLIBC_TUNABLES=MALLOC_TUNABLES)
     return env
 
 
-def run_zygote(script: Path, job_path: Path, work_dir: Path, threads: int,
-               deadline_s: float) -> dict:
-    """Run a zygote child (runner.py / timer.py) in its own session; kill all it left behind."""
-    import subprocess  # noqa: PLC0415
+class Zygote:
+    """A zygote child (runner.py / timer.py) in its own session.
 
-    log_out = open(work_dir / "zygote.stdout", "wb")  # noqa: SIM115
-    log_err = open(work_dir / "zygote.stderr", "wb")  # noqa: SIM115
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, "-I", "-B", str(script), "--job", str(job_path)],
-        cwd=work_dir, env=child_env(threads, work_dir), stdin=subprocess.DEVNULL,
-        stdout=log_out, stderr=log_err, start_new_session=True)
-    timed_out = False
-    try:
-        proc.wait(timeout=deadline_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    finally:
-        kill_group(proc.pid)
-        proc.wait()
+    Started before the parent prepares its job, so both import the framework at the same time;
+    the zygote waits for the job file to appear. `finish` kills everything it left behind.
+    """
+
+    def __init__(self, script: Path, framework: str, job_path: Path, work_dir: Path,
+                 threads: int):
+        import subprocess
+
+        self.job_path, self.work_dir = job_path, work_dir
+        self._out = open(work_dir / "zygote.stdout", "wb")  # noqa: SIM115
+        self._err = open(work_dir / "zygote.stderr", "wb")  # noqa: SIM115
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-B", str(script), "--framework", framework,
+             "--job", str(job_path)],
+            cwd=work_dir, env=child_env(threads, work_dir), stdin=subprocess.DEVNULL,
+            stdout=self._out, stderr=self._err, start_new_session=True)
+
+    def submit(self, job: dict) -> None:
+        write_json(self.job_path, job)
+
+    def finish(self, deadline_s: float) -> dict:
+        import subprocess
+
+        timed_out = False
+        try:
+            self.proc.wait(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            self.kill()
+        return {"returncode": self.proc.returncode, "timed_out": timed_out,
+                "wall_s": round(time.monotonic() - self.started, 3),
+                "stderr_tail": tail(self.work_dir / "zygote.stderr", 4000)}
+
+    def kill(self) -> None:
+        kill_group(self.proc.pid)
+        self.proc.wait()
         kill_descendants()
-        log_out.close()
-        log_err.close()
-    return {"returncode": proc.returncode, "timed_out": timed_out,
-            "wall_s": round(time.monotonic() - started, 3),
-            "stderr_tail": (work_dir / "zygote.stderr").read_text(errors="replace")[-4000:]}
+        for f in (self._out, self._err):
+            if not f.closed:
+                f.close()
+
+
+def zygote_main(description: str, run_job) -> int:
+    """Shared zygote entry: import the framework, wait for the job, then `run_job(job)`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--job", required=True, type=Path)
+    parser.add_argument("--framework", required=True, choices=FRAMEWORKS)
+    args = parser.parse_args()
+    sys.dont_write_bytecode = True
+    become_subreaper()
+    if args.framework == "torch":
+        torch = import_torch()
+        # NB: one tiny op initialises torch's dispatcher here, once, instead of in every forked
+        # item; it is far below any parallel grain size, so no thread pool exists at fork time.
+        torch.ones(4).mul(2).sum()
+    import gc  # noqa: PLC0415
+
+    # NB: frozen objects are skipped by every later collection, so the gc.collect() an arm runs
+    # before its timed loop stays cheap, and forked children share these pages untouched.
+    gc.collect()
+    gc.freeze()
+    while not args.job.exists():  # NB: the parent kills us if it never writes the job
+        time.sleep(0.002)
+    run_job(read_json(args.job))
+    return 0
 
 
 def tail(path: Path, limit: int = 2000) -> str | None:
@@ -508,8 +565,8 @@ def fork_item(item_fn, timeout_s: float, work_root: Path, log_path: Path) -> dic
     Used by the zygotes: the zygote imported only the framework, never candidate code, so every
     item starts from the same pristine state. Whatever the item left running is killed after.
     """
-    import shutil  # noqa: PLC0415
-    import tempfile  # noqa: PLC0415
+    import shutil
+    import tempfile
 
     cwd = tempfile.mkdtemp(prefix="item-", dir=work_root)
     sys.stdout.flush()
@@ -530,7 +587,7 @@ def fork_item(item_fn, timeout_s: float, work_root: Path, log_path: Path) -> dic
             item_fn()
             code = 0
         except BaseException:  # noqa: BLE001  the child must never fall back into the zygote
-            import traceback  # noqa: PLC0415
+            import traceback
 
             try:
                 traceback.print_exc()
@@ -579,14 +636,6 @@ def _alive(pid: int) -> bool:
         return True
     except ProcessLookupError:
         return False
-
-
-def zygote_prelude(job: dict) -> None:
-    """Common zygote set-up: no bytecode, subreaper, pinned threads, framework imported once."""
-    sys.dont_write_bytecode = True
-    become_subreaper()
-    if job["framework"] == "torch":
-        import_torch()
 
 
 def set_threads(framework: str, threads: int) -> None:

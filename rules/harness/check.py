@@ -44,14 +44,16 @@ def prepare_case(spec: dict, case: dict, workloads, oracle, io_dir: Path) -> dic
     try:
         inputs = workloads.make_inputs(dict(case), seed)
     except Exception as exc:  # noqa: BLE001  any task error is a harness fault
-        raise C.HarnessError(f"workloads.make_inputs failed on case {case['name']!r}: {exc!r}")
+        raise C.HarnessError(
+            f"workloads.make_inputs failed on case {case['name']!r}: {exc!r}") from exc
     manifest = C.write_inputs(inputs, io_dir)
     digest = C.inputs_digest(inputs)
     sent = {n: np.load(io_dir / f"in_{n}.npy") for n, m in manifest.items() if m["kind"] == "array"}
     try:
         ref = oracle.reference(**inputs)
     except Exception as exc:  # noqa: BLE001  any task error is a harness fault
-        raise C.HarnessError(f"oracle.reference failed on case {case['name']!r}: {exc!r}")
+        raise C.HarnessError(
+            f"oracle.reference failed on case {case['name']!r}: {exc!r}") from exc
     if type(ref) is not np.ndarray or ref.dtype != np.float64:
         raise C.HarnessError(f"oracle.reference must return a float64 numpy array ({case['name']})")
     if not np.all(np.isfinite(ref)):
@@ -93,8 +95,9 @@ def judge_case(spec: dict, case: dict, prep: dict, io_dir: Path) -> dict:
     meta = result["output"]
     record["output"] = {k: meta.get(k) for k in ("type", "dtype", "shape", "device")}
     if meta["problem"] == "wrong_type":
+        wanted = "numpy.ndarray" if spec["framework"] == "numpy" else "torch.Tensor"
         record.update(reason="wrong_type", detail=f"returned {meta['type']}; the contract needs "
-                      f"exactly {'numpy.ndarray' if spec['framework'] == 'numpy' else 'torch.Tensor'}")
+                      f"exactly {wanted}")
         return record
     if meta.get("device") != spec["device"]:
         record.update(reason="wrong_device", detail=f"output on {meta.get('device')}, expected "

@@ -7,7 +7,6 @@ inputs. It never judges values; check.py does that in the parent.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
 import traceback
@@ -65,12 +64,7 @@ def run_case(job: dict, io_dir: Path) -> None:
     C.write_json(io_dir / "result.json", result)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--job", required=True, type=Path)
-    args = parser.parse_args()
-    job = C.read_json(args.job)
-    C.zygote_prelude(job)
+def run_job(job: dict) -> None:
     work_root = Path(job["work_dir"])
     for item in job["items"]:
         io_dir = Path(item["io_dir"])
@@ -83,8 +77,7 @@ def main() -> int:
         result = C.read_json(io_dir / "result.json") if (io_dir / "result.json").exists() else {}
         if not result or result.get("outcome") in ("syntax_error", "missing_entry", "import_error"):
             break
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(C.zygote_main(__doc__, run_job))

@@ -8,7 +8,6 @@ probes happen between calls, outside the timed region.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import hashlib
 import importlib.util
@@ -109,12 +108,7 @@ def run_arm(job: dict, item: dict, workloads, io_dir: Path) -> None:
     C.write_json(io_dir / "result.json", result)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--job", required=True, type=Path)
-    args = parser.parse_args()
-    job = C.read_json(args.job)
-    C.zygote_prelude(job)
+def run_job(job: dict) -> None:
     workloads = C.load_module_from_path(Path(job["workloads_path"]), "workloads")
     work_root = Path(job["work_dir"])
     for item in job["items"]:
@@ -129,8 +123,7 @@ def main() -> int:
             break
         if C.read_json(result_path)["outcome"] != "ok":
             break
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(C.zygote_main(__doc__, run_job))

@@ -1,0 +1,119 @@
+"""Measurement quality of the harness on this host: A/A false PASS rate, detection of a ~20 %
+gain, the noise floor, and the wall time of one full verdict, for each shipped task.
+
+Usage: python bench/measurement_quality.py [--tasks softmax rmsnorm] [--reps 20]
+Writes out/bench/measurement_quality.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HARNESS = ROOT / "rules" / "harness"
+TASKS = ROOT / "tasks"
+
+
+def run(script: str, *args: str, cwd: Path) -> None:
+    proc = subprocess.run([sys.executable, "-I", "-B", str(HARNESS / script), *args], cwd=cwd,
+                          check=False, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(f"{script} failed: {proc.stderr}")
+
+
+def write_spec(work: Path, task: str, seed: int) -> Path:
+    spec = json.loads((TASKS / task / "harness_spec.example.json").read_text())
+    spec["measure"]["seed"] = seed
+    path = work / f"spec-{seed}.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def bench_task(task: str, reps: int, work: Path) -> dict:
+    tdir = TASKS / task
+    base, gain = tdir / "baseline", tdir / "candidates" / "gain20"
+    spec0 = write_spec(work, task, 0)
+
+    def check(impl: Path, out: str) -> Path:
+        run("check.py", "--task", str(tdir), "--impl", str(impl), "--spec", str(spec0),
+            "--out", str(work / out), cwd=work)
+        return work / out
+
+    def measure(cand: Path, seed: int, out: str) -> Path:
+        run("measure.py", "--task", str(tdir), "--baseline", str(base), "--candidate", str(cand),
+            "--spec", str(write_spec(work, task, seed)), "--out", str(work / out), cwd=work)
+        return work / out
+
+    def assess(samples: Path, check_doc: Path, calib: Path, out: str) -> dict:
+        run("assess.py", "--spec", str(spec0), "--samples", str(samples), "--check",
+            str(check_doc), "--baseline-check", str(work / "check-base.json"), "--calibration",
+            str(calib), "--out", str(work / out), cwd=work)
+        return json.loads((work / out).read_text())
+
+    started = time.monotonic()
+    check(base, "check-base.json")
+    gain_check = check(gain, "check-gain.json")
+    calib = measure(base, 1000, "aa-0.json")
+    first_gain = measure(gain, 2000, "gain-0.json")
+    assess(first_gain, gain_check, calib, "verdict-gain-0.json")
+    full_verdict_s = time.monotonic() - started
+
+    aa_runs = [calib] + [measure(base, 1000 + k, f"aa-{k}.json") for k in range(1, reps + 1)]
+    gain_runs = [first_gain] + [measure(gain, 2000 + k, f"gain-{k}.json") for k in range(1, reps)]
+    aa_verdicts = [assess(aa_runs[k + 1], work / "check-base.json", aa_runs[k], f"v-aa-{k}.json")
+                   for k in range(reps)]
+    gain_verdicts = [assess(gain_runs[k], gain_check, aa_runs[k], f"v-gain-{k}.json")
+                     for k in range(reps)]
+    measure_walls = [json.loads(p.read_text())["wall_s"] for p in aa_runs + gain_runs]
+    floors = [v["noise_floor"]["delta"] for v in aa_verdicts if v["noise_floor"]]
+    spec = json.loads(spec0.read_text())
+    return {
+        "task": task,
+        "policy": {k: spec["measure"][k] for k in ("warmups", "samples", "pairs")}
+        | {"workload": spec["measure"]["workload"]} | spec["assess"],
+        "reps": reps,
+        "aa_false_pass": sum(v["verdict"] == "PASS" for v in aa_verdicts),
+        "aa_verdicts": [v["verdict"] for v in aa_verdicts],
+        "aa_speedups": [v["speedup"] for v in aa_verdicts],
+        "gain20_detected": sum(v["verdict"] == "PASS" for v in gain_verdicts),
+        "gain20_speedups": [v["speedup"] for v in gain_verdicts],
+        "noise_floor_median": sorted(floors)[len(floors) // 2] if floors else None,
+        "noise_floor_max": max(floors) if floors else None,
+        "full_verdict_wall_s": round(full_verdict_s, 2),
+        "measure_wall_s_median": sorted(measure_walls)[len(measure_walls) // 2],
+        "loadavg_end": os.getloadavg()[0],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tasks", nargs="+", default=["softmax", "rmsnorm"])
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=ROOT / "out" / "bench" /
+                        "measurement_quality.json")
+    args = parser.parse_args()
+    results = []
+    for task in args.tasks:
+        with tempfile.TemporaryDirectory(prefix=f"rsi-bench-{task}-") as tmp:
+            results.append(bench_task(task, args.reps, Path(tmp)))
+        r = results[-1]
+        print(f"{task:8s} A/A false PASS {r['aa_false_pass']:2d}/{r['reps']}  gain20 detected "
+              f"{r['gain20_detected']:2d}/{r['reps']}  noise floor median "
+              f"{r['noise_floor_median']:.3f} max {r['noise_floor_max']:.3f}  full verdict "
+              f"{r['full_verdict_wall_s']:.1f} s  measure {r['measure_wall_s_median']:.1f} s",
+              flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"host_cpus": os.cpu_count(), "results": results}, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

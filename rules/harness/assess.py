@@ -1,0 +1,183 @@
+"""Verdict from evidence: a deterministic function of the spec, the paired samples, both checks
+and the A/A calibration. Runs no implementation code; exits non-zero only on unreadable evidence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+
+def _load_sibling(stem: str):
+    path = Path(__file__).resolve().parent / f"{stem}.py"
+    spec = importlib.util.spec_from_file_location(f"_rsi_harness_{stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+C = _load_sibling("_common")
+S = _load_sibling("stats")
+
+SCHEMA = "rsi.assess/1"
+
+
+def pair_log_ratios(doc: dict, measure: dict) -> list[float]:
+    ratios = []
+    for pair in doc["pairs"]:
+        if not pair.get("complete"):
+            continue
+        values = {arm: S.arm_value(pair["arms"][arm]["samples_ns"], measure["metric"],
+                                   measure.get("units_per_call"))
+                  for arm in ("baseline", "candidate")}
+        ratios.append(S.log_ratio(values["baseline"], values["candidate"], measure["direction"]))
+    return ratios
+
+
+def _policy(measure: dict) -> dict:
+    """The measurement policy an A/A run must share with the samples: all but the seed."""
+    return {k: v for k, v in measure.items() if k != "seed"}
+
+
+def _codes(reasons: list[dict]) -> str:
+    return ", ".join(sorted({f"{r['code']}" + (f"@pair{r['pair']}" if "pair" in r else "")
+                             for r in reasons}))
+
+
+def assess(spec: dict, samples: dict, check: dict, baseline_check: dict, calibration: dict,
+           seed: int) -> dict:
+    m, a = spec["measure"], spec["assess"]
+    reasons: list[dict] = []
+    fail, inconclusive = False, False
+
+    def add(code: str, detail: str) -> None:
+        reasons.append({"code": code, "detail": detail})
+
+    for name, doc, schema in (("samples", samples, "rsi.measure/1"),
+                              ("check", check, "rsi.check/1"),
+                              ("baseline_check", baseline_check, "rsi.check/1"),
+                              ("calibration", calibration, "rsi.measure/1")):
+        if not isinstance(doc, dict) or doc.get("schema") != schema:
+            raise C.HarnessError(f"{name} evidence is not a {schema} document")
+
+    if baseline_check["status"] != "ok":
+        inconclusive = True
+        add("baseline_check_failed", f"the baseline fails its own check "
+            f"({baseline_check['failure_kind']}); the task or oracle needs fixing")
+    if check["status"] != "ok":
+        fail = True
+        first = check["reasons"][0] if check["reasons"] else {}
+        add("candidate_check_failed", f"{check['failure_kind']}: case {first.get('case')}: "
+            f"{first.get('detail')}")
+    if samples["invalid"]["candidate"]:
+        fail = True
+        add("candidate_arm_invalid", _codes(samples["invalid"]["candidate"]))
+    if samples["invalid"]["baseline"]:
+        inconclusive = True
+        add("baseline_arm_invalid", _codes(samples["invalid"]["baseline"]))
+    if check["impl"]["digest"] != samples["candidate"]["digest"]:
+        inconclusive = True
+        add("evidence_mismatch", "the check and the samples judge different candidate trees")
+    if baseline_check["impl"]["digest"] != samples["baseline"]["digest"]:
+        inconclusive = True
+        add("evidence_mismatch", "the baseline check and the samples use different baselines")
+
+    noise = None
+    if not calibration.get("calibration"):
+        inconclusive = True
+        add("calibration_invalid", "the calibration document is not an A/A run")
+    elif calibration["invalid"]["baseline"] or calibration["invalid"]["candidate"]:
+        inconclusive = True
+        add("calibration_invalid", "A/A arms invalid: " + _codes(
+            calibration["invalid"]["baseline"] + calibration["invalid"]["candidate"]))
+    elif (calibration["baseline"]["digest"] != samples["baseline"]["digest"]
+          or _policy(calibration["measure"]) != _policy(samples["measure"])
+          or calibration["threads"] != samples["threads"]):
+        inconclusive = True
+        add("calibration_mismatch", "the A/A run used another baseline, workload or policy")
+    else:
+        aa = pair_log_ratios(calibration, m)
+        if len(aa) < int(a["min_pairs"]):
+            inconclusive = True
+            add("calibration_invalid", f"only {len(aa)} complete A/A pairs (< {a['min_pairs']})")
+        else:
+            noise = S.noise_floor(aa, a["confidence"], a["bootstrap_resamples"], seed ^ 0xA5A5)
+
+    ratios = pair_log_ratios(samples, m) if not samples["invalid"]["candidate"] else []
+    speed = None
+    if samples["invalid"]["candidate"] or samples["invalid"]["baseline"]:
+        pass
+    elif len(ratios) < int(a["min_pairs"]):
+        inconclusive = True
+        add("too_few_pairs", f"{len(ratios)} complete pairs (< {a['min_pairs']})")
+    else:
+        speed = S.speedup(ratios, a["confidence"], a["bootstrap_resamples"], seed)
+
+    threshold = S.pass_threshold(noise["delta"], a["min_improvement"]) if noise else None
+    # NB: a baseline failing its own check means the judge is broken; no candidate is failed by it.
+    if baseline_check["status"] != "ok":
+        verdict = "INCONCLUSIVE"
+    elif fail:
+        verdict = "FAIL"
+    elif inconclusive or speed is None or threshold is None:
+        verdict = "INCONCLUSIVE"
+    elif speed["lo"] > threshold:
+        verdict = "PASS"
+        add("cleared_threshold", f"interval lower bound {speed['lo']:.4f} > {threshold:.4f}")
+    else:
+        verdict = "INCONCLUSIVE"
+        add("below_threshold", f"interval lower bound {speed['lo']:.4f} <= {threshold:.4f} "
+            f"(1 + max(noise floor, min_improvement))")
+        if speed["hi"] < 1.0:
+            add("slower", f"the whole interval lies below 1 (hi {speed['hi']:.4f})")
+    return {
+        "schema": SCHEMA,
+        "verdict": verdict,
+        "reasons": reasons,
+        "speedup": speed,
+        "noise_floor": noise,
+        "threshold": threshold,
+        "min_improvement": float(a["min_improvement"]),
+        "n_pairs": len(ratios) if speed else (len(ratios) or None),
+        "metric": m["metric"],
+        "direction": m["direction"],
+        "baseline_digest": samples["baseline"]["digest"],
+        "candidate_digest": samples["candidate"]["digest"],
+        "candidate_failure_kind": check.get("failure_kind"),
+        "bootstrap_seed": seed,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    for flag in ("--spec", "--samples", "--check", "--baseline-check", "--calibration", "--out"):
+        parser.add_argument(flag, required=True, type=Path)
+    args = parser.parse_args()
+    try:
+        blobs = {}
+        for name in ("spec", "samples", "check", "baseline_check", "calibration"):
+            try:
+                blobs[name] = getattr(args, name).read_bytes()
+            except OSError as exc:
+                raise C.HarnessError(f"cannot read {name} evidence: {exc}") from exc
+        spec = C.load_spec(args.spec)
+        docs = {name: C.read_json(getattr(args, name)) for name in blobs if name != "spec"}
+        seed = S.seed_from(*blobs.values())
+        try:
+            doc = assess(spec, docs["samples"], docs["check"], docs["baseline_check"],
+                         docs["calibration"], seed)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise C.HarnessError(f"malformed evidence: {type(exc).__name__}: {exc}") from exc
+        doc["evidence_sha256"] = {name: C.sha256_bytes(b) for name, b in blobs.items()}
+        C.write_json(args.out.resolve(), doc)
+    except C.HarnessError as exc:
+        print(f"rsi harness fault (assess): {exc}", file=sys.stderr)
+        return C.INFRA_EXIT
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

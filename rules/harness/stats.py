@@ -1,0 +1,81 @@
+"""Statistics for paired timing evidence: per-pair log ratios, bootstrap intervals, noise floor.
+
+Pure functions of their arguments (numpy only); randomness comes only from an explicit seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+
+METHOD = "percentile bootstrap over pairs of the median per-pair log ratio"
+
+
+def arm_value(samples_ns: Sequence[float], metric: str, units_per_call: float | None) -> float:
+    """One arm's summary: median latency in ns, or median throughput in units per second."""
+    ns = np.asarray(samples_ns, dtype=np.float64)
+    if ns.size == 0 or np.any(ns <= 0):
+        raise ValueError("an arm needs at least one positive sample")
+    if metric == "latency":
+        return float(np.median(ns))
+    return float(np.median(float(units_per_call) / (ns * 1e-9)))
+
+
+def log_ratio(baseline_value: float, candidate_value: float, direction: str) -> float:
+    """log of the improvement factor: > 0 means the candidate is better."""
+    if direction == "minimize":
+        return float(np.log(baseline_value) - np.log(candidate_value))
+    if direction == "maximize":
+        return float(np.log(candidate_value) - np.log(baseline_value))
+    raise ValueError(f"direction must be minimize or maximize, not {direction!r}")
+
+
+def seed_from(*blobs: bytes) -> int:
+    h = hashlib.sha256(b"rsi-assess-bootstrap-v1\0")
+    for blob in blobs:
+        h.update(hashlib.sha256(blob).digest())
+    return int.from_bytes(h.digest()[:8], "big")
+
+
+def bootstrap_interval(log_ratios: Sequence[float], confidence: float, resamples: int,
+                       seed: int) -> tuple[float, float]:
+    """Percentile bootstrap interval (log scale) of the median of `log_ratios` over pairs."""
+    x = np.asarray(log_ratios, dtype=np.float64)
+    if x.size == 0:
+        raise ValueError("no pairs to bootstrap")
+    if not 0 < confidence < 1:
+        raise ValueError("confidence must lie in (0, 1)")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, x.size, size=(int(resamples), x.size))
+    medians = np.median(x[idx], axis=1)
+    alpha = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(medians, [alpha, 1.0 - alpha])
+    return float(lo), float(hi)
+
+
+def speedup(log_ratios: Sequence[float], confidence: float, resamples: int, seed: int) -> dict:
+    """Point estimate exp(median log ratio) and its bootstrap interval, as factors (1.0 = same)."""
+    x = np.asarray(log_ratios, dtype=np.float64)
+    lo, hi = bootstrap_interval(x, confidence, resamples, seed)
+    return {"point": float(np.exp(np.median(x))), "lo": float(np.exp(lo)), "hi": float(np.exp(hi)),
+            "confidence": float(confidence), "method": METHOD, "resamples": int(resamples)}
+
+
+def noise_floor(calibration_log_ratios: Sequence[float], confidence: float, resamples: int,
+                seed: int) -> dict:
+    """delta = exp(max(|lo|, |hi|)) - 1 for the A/A interval (log scale) of the median ratio.
+
+    An A/A run compares the baseline with itself, so any departure of its interval from 1 is
+    noise or bias of this host and policy; a candidate must clear it to be called faster.
+    """
+    lo, hi = bootstrap_interval(calibration_log_ratios, confidence, resamples, seed)
+    x = np.asarray(calibration_log_ratios, dtype=np.float64)
+    return {"delta": float(np.expm1(max(abs(lo), abs(hi)))),
+            "aa_point": float(np.exp(np.median(x))), "aa_lo": float(np.exp(lo)),
+            "aa_hi": float(np.exp(hi)), "n_pairs": int(x.size)}
+
+
+def pass_threshold(delta: float, min_improvement: float) -> float:
+    return 1.0 + max(float(delta), float(min_improvement))

@@ -1,0 +1,354 @@
+"""Sandbox-side harness: check/measure/assess run as real subprocesses on the shipped tasks."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HARNESS = ROOT / "rules" / "harness"
+TASKS = ROOT / "tasks"
+HOSTILE = Path(__file__).resolve().parent / "fixtures" / "hostile"
+
+
+def _load_stats():
+    spec = importlib.util.spec_from_file_location("_rsi_test_stats", HARNESS / "stats.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+stats = _load_stats()
+
+
+def task_spec(task: str, **overrides) -> dict:
+    spec = json.loads((TASKS / task / "harness_spec.example.json").read_text())
+    spec = copy.deepcopy(spec)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+            spec[key].update(value)
+        else:
+            spec[key] = value
+    return spec
+
+
+def run_harness(script: str, args: list[str], cwd: Path, timeout: float = 120):
+    return subprocess.run([sys.executable, "-I", "-B", str(HARNESS / script), *args], cwd=cwd,
+                          check=False, capture_output=True, text=True, timeout=timeout)
+
+
+def check(tmp_path: Path, task: str, impl: Path, spec: dict, name: str = "check") -> dict:
+    spec_path = tmp_path / f"{name}.spec.json"
+    spec_path.write_text(json.dumps(spec))
+    out = tmp_path / f"{name}.json"
+    proc = run_harness("check.py", ["--task", str(TASKS / task), "--impl", str(impl),
+                                    "--spec", str(spec_path), "--out", str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text())
+
+
+def measure(tmp_path: Path, task: str, baseline: Path, candidate: Path, spec: dict,
+            name: str = "measure") -> dict:
+    spec_path = tmp_path / f"{name}.spec.json"
+    spec_path.write_text(json.dumps(spec))
+    out = tmp_path / f"{name}.json"
+    proc = run_harness("measure.py", ["--task", str(TASKS / task), "--baseline", str(baseline),
+                                      "--candidate", str(candidate), "--spec", str(spec_path),
+                                      "--out", str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text())
+
+
+def processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if text.encode() in cmdline:
+                found.append(int(entry))
+    return found
+
+
+TINY_MEASURE = {"workload": {"name": "tiny", "shape": [8, 64], "dtype": "float32",
+                             "kind": "normal"},
+                "warmups": 2, "samples": 4, "pairs": 2, "value_checks": 2}
+SOFTMAX_FAST_CASES = ["normal_f32", "large_f32", "transposed_f32"]
+
+
+def softmax_spec(cases: list[str] | None = None, **overrides) -> dict:
+    overrides = {"measure": dict(TINY_MEASURE), "call_timeout_s": 5, **overrides}
+    spec = task_spec("softmax", **overrides)
+    if cases is not None:
+        spec["cases"] = [c for c in spec["cases"] if c["name"] in cases]
+    return spec
+
+
+# --------------------------------------------------------------------------------- correctness
+
+
+@pytest.mark.parametrize("impl", ["baseline", "candidates/fast", "candidates/gain20",
+                                  "candidates/same"])
+def test_softmax_baseline_and_good_candidates_pass_every_case(tmp_path, impl):
+    doc = check(tmp_path, "softmax", TASKS / "softmax" / impl, softmax_spec())
+    assert doc["status"] == "ok" and doc["failure_kind"] is None, doc["reasons"]
+    assert doc["n_passed"] == doc["n_cases"] == len(softmax_spec()["cases"])
+    assert all(len(d) == 64 for d in doc["input_digests"].values())
+    assert all(c["max_abs_err"] is not None for c in doc["cases"])
+
+
+@pytest.mark.parametrize("impl, failing_case, reason", [
+    ("wrong_axis", "normal_f32", "out_of_tolerance"),
+    ("no_max_subtraction", "large_f32", "non_finite"),
+])
+def test_softmax_wrong_controls_fail_as_wrong_output(tmp_path, impl, failing_case, reason):
+    doc = check(tmp_path, "softmax", TASKS / "softmax" / "candidates" / impl, softmax_spec())
+    assert doc["status"] == "candidate_failure"
+    assert doc["failure_kind"] == "wrong_output"
+    case = next(c for c in doc["cases"] if c["name"] == failing_case)
+    assert not case["passed"] and case["reason"] == reason
+
+
+def test_no_max_subtraction_overflows_on_large_magnitudes_only(tmp_path):
+    doc = check(tmp_path, "softmax", TASKS / "softmax" / "candidates" / "no_max_subtraction",
+                softmax_spec())
+    by_name = {c["name"]: c for c in doc["cases"]}
+    assert by_name["normal_f32"]["passed"]
+    assert not by_name["large_f64"]["passed"] and not by_name["negative_large_f32"]["passed"]
+
+
+def test_rmsnorm_baseline_and_fast_pass_every_case(tmp_path):
+    spec = task_spec("rmsnorm")
+    for impl in ("baseline", "candidates/fast"):
+        doc = check(tmp_path, "rmsnorm", TASKS / "rmsnorm" / impl, spec,
+                    name=impl.replace("/", "_"))
+        assert doc["status"] == "ok", doc["reasons"]
+        assert doc["n_passed"] == len(spec["cases"])
+
+
+@pytest.mark.parametrize("impl, failing_case", [
+    ("no_eps", "zeros_f32"), ("ignore_weight", "normal_f32"), ("wrong_axis", "normal_f32"),
+    ("zeros", "normal_bf16"),
+])
+def test_rmsnorm_wrong_controls_fail_as_wrong_output(tmp_path, impl, failing_case):
+    spec = task_spec("rmsnorm")
+    spec["cases"] = [c for c in spec["cases"]
+                     if c["name"] in ("normal_f32", "normal_bf16", "zeros_f32", "tiny_f32")]
+    doc = check(tmp_path, "rmsnorm", TASKS / "rmsnorm" / "candidates" / impl, spec)
+    assert doc["status"] == "candidate_failure" and doc["failure_kind"] == "wrong_output"
+    assert not next(c for c in doc["cases"] if c["name"] == failing_case)["passed"]
+
+
+# ----------------------------------------------------------------------------- hostile checks
+
+
+@pytest.mark.parametrize("name, kind", [("rmsnorm_modifies_input", "input_modified"),
+                                        ("rmsnorm_parameter", "wrong_type")])
+def test_torch_hostile_candidate_fails_on_a_strided_input(tmp_path, name, kind):
+    spec = task_spec("rmsnorm")
+    spec["cases"] = [c for c in spec["cases"] if c["name"] == "transposed_f32"]
+    doc = check(tmp_path, "rmsnorm", HOSTILE / name, spec)
+    assert doc["failure_kind"] == kind
+
+
+@pytest.mark.parametrize("name, kind, reason", [
+    ("syntax_error", "syntax_error", "syntax_error"),
+    ("import_error", "import_error", "import_error"),
+    ("raises", "exception", "exception"),
+    ("crash", "crash", "crash"),
+    ("kills_runner", "crash", "crash"),
+    ("modifies_input", "input_modified", "input_modified"),
+    ("subclass", "wrong_type", "wrong_type"),
+    ("lazy", "wrong_type", "wrong_type"),
+    ("wrong_type", "wrong_type", "wrong_type"),
+    ("wrong_dtype", "wrong_dtype", "wrong_dtype"),
+    ("wrong_shape", "wrong_shape", "wrong_shape"),
+])
+def test_hostile_candidate_fails_check_with_its_kind(tmp_path, name, kind, reason):
+    doc = check(tmp_path, "softmax", HOSTILE / name, softmax_spec(SOFTMAX_FAST_CASES))
+    assert doc["status"] == "candidate_failure"
+    assert doc["failure_kind"] == kind
+    assert doc["reasons"][0]["code"] == reason
+    assert doc["reasons"][0]["case"] == "normal_f32"
+
+
+def test_sleeping_candidate_times_out_and_its_process_is_gone(tmp_path):
+    spec = softmax_spec(SOFTMAX_FAST_CASES, call_timeout_s=1)
+    doc = check(tmp_path, "softmax", HOSTILE / "sleeps", spec)
+    assert doc["failure_kind"] == "timeout"
+    assert [c["reason"] for c in doc["cases"]] == ["timeout", "not_run", "not_run"]
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_background_processes_are_killed_when_the_check_ends(tmp_path):
+    doc = check(tmp_path, "softmax", HOSTILE / "background", softmax_spec(["normal_f32"]))
+    assert doc["status"] == "ok"
+    assert processes_mentioning("rsi-hostile-background-marker") == []
+
+
+def test_planted_modules_in_cwd_change_nothing(tmp_path):
+    for name in ("numpy.py", "oracle.py", "workloads.py", "kernel.py", "_common.py", "stats.py"):
+        (tmp_path / name).write_text("raise SystemExit('planted module imported')\n")
+    (tmp_path / "kernel").mkdir()
+    (tmp_path / "kernel" / "__init__.py").write_text("raise SystemExit('planted')\n")
+    spec = softmax_spec(SOFTMAX_FAST_CASES)
+    writer = check(tmp_path, "softmax", HOSTILE / "writes_files", spec, name="writer")
+    assert writer["status"] == "ok"
+    after = check(tmp_path, "softmax", TASKS / "softmax" / "baseline", spec, name="after")
+    assert after["status"] == "ok"
+    assert not (TASKS / "softmax" / "numpy.py").exists()
+    assert not (HOSTILE / "writes_files" / "numpy.py").exists()
+
+
+def test_check_without_an_oracle_is_a_harness_fault(tmp_path):
+    task = tmp_path / "task"
+    task.mkdir()
+    (task / "workloads.py").write_text((TASKS / "softmax" / "workloads.py").read_text())
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(softmax_spec(["normal_f32"])))
+    proc = run_harness("check.py", ["--task", str(task), "--impl",
+                                    str(TASKS / "softmax" / "baseline"), "--spec", str(spec_path),
+                                    "--out", str(tmp_path / "out.json")], tmp_path)
+    assert proc.returncode != 0 and "oracle.py" in proc.stderr
+    assert not (tmp_path / "out.json").exists()
+
+
+# ----------------------------------------------------------------------------- hostile timing
+
+
+def test_measure_records_paired_raw_samples_with_alternating_order(tmp_path):
+    base = TASKS / "softmax" / "baseline"
+    doc = measure(tmp_path, "softmax", base, TASKS / "softmax" / "candidates" / "fast",
+                  softmax_spec(measure=dict(TINY_MEASURE, pairs=3)))
+    assert doc["status"] == "ok" and not doc["calibration"]
+    assert [p["order"][0] for p in doc["pairs"]] == ["baseline", "candidate", "baseline"]
+    for pair in doc["pairs"]:
+        b, c = pair["arms"]["baseline"], pair["arms"]["candidate"]
+        assert len(b["samples_ns"]) == len(c["samples_ns"]) == 4
+        assert b["input_digests"] == c["input_digests"]
+        assert len(set(b["input_digests"])) == 4
+    seeds = [s for p in doc["pairs"] for s in p["timed_seeds"] + p["warmup_seeds"]]
+    assert len(set(seeds)) == len(seeds)
+
+
+@pytest.mark.parametrize("name, code", [("replay", "stale_output"),
+                                        ("modifies_input", "input_modified"),
+                                        ("raises", "exception"),
+                                        ("wrong_type", "wrong_type")])
+def test_hostile_candidate_arm_is_invalid(tmp_path, name, code):
+    doc = measure(tmp_path, "softmax", TASKS / "softmax" / "baseline", HOSTILE / name,
+                  softmax_spec())
+    assert doc["status"] == "candidate_invalid"
+    assert doc["invalid"]["candidate"][0]["code"] == code
+    assert doc["invalid"]["baseline"] == []
+
+
+@pytest.mark.parametrize("name", ["memo_identity", "memo_content"])
+def test_memoising_candidate_gains_nothing(tmp_path, name):
+    spec = softmax_spec(measure=dict(TINY_MEASURE, pairs=4, samples=6,
+                                     workload={"name": "m", "shape": [64, 1024],
+                                               "dtype": "float32", "kind": "normal"}))
+    doc = measure(tmp_path, "softmax", TASKS / "softmax" / "baseline", HOSTILE / name, spec)
+    assert doc["status"] == "ok"
+    ratios = [np.median(p["arms"]["baseline"]["samples_ns"])
+              / np.median(p["arms"]["candidate"]["samples_ns"]) for p in doc["pairs"]]
+    assert np.median(ratios) < 1.5  # a memo hit would be many times faster
+
+
+# ----------------------------------------------------------------------------- assess end to end
+
+
+def _assess(tmp_path, spec, samples, cand_check, base_check, calib):
+    paths = {}
+    for name, doc in (("spec", spec), ("samples", samples), ("check", cand_check),
+                      ("baseline_check", base_check), ("calibration", calib)):
+        paths[name] = tmp_path / f"assess_{name}.json"
+        paths[name].write_text(json.dumps(doc))
+    out = tmp_path / "verdict.json"
+    proc = run_harness("assess.py", ["--spec", str(paths["spec"]), "--samples",
+                                     str(paths["samples"]), "--check", str(paths["check"]),
+                                     "--baseline-check", str(paths["baseline_check"]),
+                                     "--calibration", str(paths["calibration"]),
+                                     "--out", str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text()), out.read_bytes()
+
+
+def test_assess_gives_fail_inconclusive_and_is_deterministic(tmp_path):
+    spec = softmax_spec(["normal_f32", "large_f32"],
+                        measure=dict(TINY_MEASURE, pairs=5, samples=4),
+                        assess={"min_pairs": 3, "bootstrap_resamples": 500})
+    base_dir = TASKS / "softmax" / "baseline"
+    wrong_dir = TASKS / "softmax" / "candidates" / "no_max_subtraction"
+    base_check = check(tmp_path, "softmax", base_dir, spec, name="bc")
+    wrong_check = check(tmp_path, "softmax", wrong_dir, spec, name="wc")
+    calib = measure(tmp_path, "softmax", base_dir, base_dir, spec, name="cal")
+    assert calib["calibration"]
+    aa = measure(tmp_path, "softmax", base_dir, base_dir, spec, name="aa")
+    wrong = measure(tmp_path, "softmax", base_dir, wrong_dir, spec, name="wrong")
+
+    verdict, raw = _assess(tmp_path, spec, aa, base_check, base_check, calib)
+    assert verdict["verdict"] == "INCONCLUSIVE"
+    assert verdict["speedup"]["lo"] <= verdict["speedup"]["point"] <= verdict["speedup"]["hi"]
+    assert verdict["noise_floor"]["delta"] >= 0 and verdict["n_pairs"] == 5
+    assert _assess(tmp_path, spec, aa, base_check, base_check, calib)[1] == raw
+
+    verdict, _ = _assess(tmp_path, spec, wrong, wrong_check, base_check, calib)
+    assert verdict["verdict"] == "FAIL"
+    assert verdict["reasons"][0]["code"] == "candidate_check_failed"
+
+    verdict, _ = _assess(tmp_path, spec, aa, base_check, wrong_check, calib)
+    assert verdict["verdict"] == "INCONCLUSIVE"
+    assert "baseline_check_failed" in [r["code"] for r in verdict["reasons"]]
+
+    verdict, _ = _assess(tmp_path, spec, aa, base_check, base_check, wrong)
+    assert verdict["verdict"] == "INCONCLUSIVE"
+    assert verdict["noise_floor"] is None and verdict["threshold"] is None
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def test_identical_samples_give_speedup_one_and_an_interval_containing_one():
+    ratios = [0.0] * 12
+    result = stats.speedup(ratios, 0.95, 1000, seed=7)
+    assert result["point"] == 1.0 and result["lo"] <= 1.0 <= result["hi"]
+    assert stats.noise_floor(ratios, 0.95, 1000, seed=7)["delta"] == 0.0
+
+
+def test_synthetic_twenty_percent_gain_is_detected_and_aa_noise_is_not():
+    rng = np.random.default_rng(3)
+
+    def noise():
+        return rng.normal(0.0, 0.03, 15)
+
+    gain = [stats.log_ratio(stats.arm_value(1e5 * np.exp(noise()), "latency", None),
+                            stats.arm_value(1e5 / 1.2 * np.exp(noise()), "latency", None),
+                            "minimize") for _ in range(12)]
+    same = [stats.log_ratio(stats.arm_value(1e5 * np.exp(noise()), "latency", None),
+                            stats.arm_value(1e5 * np.exp(noise()), "latency", None),
+                            "minimize") for _ in range(12)]
+    floor = stats.noise_floor(same, 0.95, 2000, seed=1)
+    threshold = stats.pass_threshold(floor["delta"], 0.05)
+    assert stats.speedup(gain, 0.95, 2000, seed=2)["lo"] > threshold
+    assert stats.speedup(same, 0.95, 2000, seed=2)["lo"] <= threshold
+    assert abs(stats.speedup(gain, 0.95, 2000, seed=2)["point"] - 1.2) < 0.05
+
+
+def test_bootstrap_is_deterministic_for_a_seed_and_throughput_inverts():
+    x = list(np.random.default_rng(0).normal(0.1, 0.05, 10))
+    assert stats.bootstrap_interval(x, 0.9, 500, 11) == stats.bootstrap_interval(x, 0.9, 500, 11)
+    assert stats.seed_from(b"a", b"b") == stats.seed_from(b"a", b"b") != stats.seed_from(b"b", b"a")
+    assert stats.log_ratio(2.0, 1.0, "minimize") == pytest.approx(np.log(2))
+    assert stats.log_ratio(1.0, 2.0, "maximize") == pytest.approx(np.log(2))
+    assert stats.arm_value([1e9, 1e9], "throughput", 10) == pytest.approx(10.0)
