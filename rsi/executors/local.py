@@ -203,8 +203,10 @@ class LocalExecutor:
             # NB: explicit namespaces, not --unshare-all: a user namespace doubles start-up cost
             cmd = ["bwrap", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                    "--die-with-parent", "--new-session",
-                   "--hostname", "rsi", *_system_binds(), *extra_binds,
+                   "--hostname", "rsi", *_system_binds(),
                    "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                   # NB: after the tmpfs, so an interpreter living under /tmp stays visible
+                   *extra_binds,
                    "--dir", "/rsi", "--bind", str(exec_dir), EXEC_ROOT]
             for unit in readonly_units(action):
                 cmd += ["--ro-bind", str(exec_dir / unit), f"{EXEC_ROOT}/{unit}"]
