@@ -152,6 +152,32 @@ class Scheduler:
         self.index[spec.id] = entry
         self.index_updates[spec.id] = entry
 
+    # ---------------------------------------------------------------------------- lookup
+    def lookup(self, graph: BuildGraph, wanted: set[str]) -> dict[str, Outcome]:
+        """What a build of `wanted` would serve from the local cache, running nothing: a `hit`
+        outcome for every action whose key resolves (its producers were hits) and is cached."""
+        self._graph = graph
+        preds = graph.preds
+        waiting = {a: sum(1 for p in preds.get(a, ()) if p in wanted) for a in wanted}
+        ready = deque(sorted(a for a, n in waiting.items() if n == 0))
+        outcomes: dict[str, Outcome] = {}
+        while ready:
+            action_id = ready.popleft()
+            try:
+                action = self.resolve(graph.actions[action_id], outcomes)
+            except RsiError:
+                continue
+            cached = self.store.get_action_result(action.key())
+            if cached is None or not cached.ok:
+                continue
+            outcomes[action_id] = Outcome(action_id, "hit", action.key(), cached)
+            for nxt in graph.succs.get(action_id, ()):
+                if nxt in waiting:
+                    waiting[nxt] -= 1
+                    if waiting[nxt] == 0:
+                        ready.append(nxt)
+        return outcomes
+
     # ------------------------------------------------------------------------------- run
     def run(self, graph: BuildGraph, wanted: set[str], build_event: int) -> dict[str, Outcome]:
         self._graph = graph

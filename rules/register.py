@@ -6,6 +6,6 @@ from rsi.rule import Rule
 
 
 def rules() -> list[Rule]:
-    from rules import command, domain, toolchain
+    from rules import campaign, command, domain, toolchain
 
-    return [*command.RULES, *domain.RULES, *toolchain.RULES]
+    return [*command.RULES, *domain.RULES, *toolchain.RULES, *campaign.RULES]

@@ -1,0 +1,946 @@
+"""Campaign commands for agents and people: `rsi candidate add`, `rsi round`, `rsi campaign
+status|start|stop|final`. Registered through the `rsi.commands` entry point.
+
+These commands are the only writers of a campaign's log and the only place the clock is read:
+budget and deadline are checked here, under the log's lock. Everything they report about a
+round comes from the round's targets (built, or looked up in the cache), never from here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rsi.errors import DeclarationError, RsiError, UsageError
+from rsi.label import Label
+from rules.campaign import (DEFAULT_EXCLUDE, HARNESS_DIR, CampaignLog, Policy, State,
+                            ended_reason, in_scope, manifest_digest, policy_of, project_spec,
+                            state_of, walk_files)
+
+ROUND_SCHEMA = "rsi.round/1"
+ADD_SCHEMA = "rsi.candidate.add/1"
+STATUS_SCHEMA = "rsi.campaign.status/1"
+FINAL_SCHEMA = "rsi.campaign.final_result/1"
+STOP_SCHEMA = "rsi.campaign.stop/1"
+START_SCHEMA = "rsi.campaign.start/1"
+EXIT_REFUSED = 3
+USAGE_KEYS = {"tokens": ("input", "output", "cached"), "calls": None, "wall_s": None,
+              "device_s": None}
+
+
+class CampaignClosed(RsiError):
+    """The campaign refuses this request (budget used, deadline reached, stopped, still open)."""
+
+    exit_code = EXIT_REFUSED
+
+    def __init__(self, code: str, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.code = code
+
+
+# =============================================================================== the campaign
+
+
+@dataclass
+class Campaign:
+    ws: Any
+    label: Label
+    target: Any
+    policy: Policy
+    kind: str  # "task" | "project"
+    binding: Any  # the binding or external_project target
+    scope: list[str]
+    log: CampaignLog
+
+    def sub(self, suffix: str) -> Label:
+        return Label(self.label.package, f"{self.label.name}.{suffix}")
+
+    def round_label(self, number: int) -> Label:
+        return self.sub(f"round-{number}")
+
+
+def _workspace(ctx: click.Context, **overrides: Any):
+    from rsi.workspace import Workspace
+
+    obj = ctx.find_root().obj or {}
+    root = obj.get("workspace")
+    ws = Workspace.load(Path(root).resolve()) if root else Workspace.discover()
+    if obj.get("store"):
+        overrides["store"] = obj["store"]
+    return ws.with_overrides(**overrides)
+
+
+def _current_package(ws) -> str:
+    try:
+        rel = Path.cwd().resolve().relative_to(ws.root)
+    except ValueError:
+        return ""
+    return "" if str(rel) == "." else rel.as_posix()
+
+
+def open_campaign(ws, text: str) -> Campaign:
+    from rsi.build import make_loader
+
+    loader = make_loader(ws)
+    label = Label.parse(text, _current_package(ws))
+    target = loader.target(label)
+    if target.rule.name != "campaign":
+        campaigns = [str(t.label) for t in loader.package(label.package).values()
+                     if t.rule.name == "campaign"]
+        raise UsageError(f"{label} is a target of rule {target.rule.name}, not a campaign",
+                         hint=("campaigns in this package: " + ", ".join(campaigns))
+                         if campaigns else "declare one with rule = \"campaign\"")
+    policy = policy_of(target.attrs, target.file, str(label))
+    binding = loader.target(target.attrs["binding"], wanted_by=target, field="binding")
+    if binding.rule.name == "binding":
+        task = loader.target(binding.attrs["task"], wanted_by=binding, field="task")
+        kind, scope = "task", list(task.attrs["editable"])
+    elif binding.rule.name == "external_project":
+        kind, scope = "project", list(binding.attrs["editable"])
+    else:
+        raise DeclarationError(f"{binding.label} is a {binding.rule.name} target",
+                               file=target.file, target=str(label), field="binding",
+                               hint="point binding at a `binding` or `external_project` target")
+    return Campaign(ws, label, target, policy, kind, binding, scope,
+                    CampaignLog(ws.store_dir.resolve(), label))
+
+
+def effective_policy(camp: Campaign, state: State) -> Policy:
+    """The policy recorded at the start (what the derived targets follow), else the declared one."""
+    recorded = (state.start or {}).get("policy")
+    if recorded:
+        try:
+            return Policy.from_json(recorded, camp.target.file, str(camp.label))
+        except (DeclarationError, KeyError, TypeError):
+            pass
+    return camp.policy
+
+
+def _project_drift(camp: Campaign, state: State) -> list[str]:
+    recorded = ((state.start or {}).get("project") or {}).get("spec")
+    if camp.kind != "project" or not recorded:
+        return []
+    try:
+        live = project_spec(camp.binding.attrs, lambda m, f, h=None: DeclarationError(m))
+    except DeclarationError as exc:
+        return [f"{camp.binding.label} is now invalid ({exc.message}); the campaign keeps the "
+                "judge it started with"]
+    changed = sorted(k for k in set(live) | set(recorded) if live.get(k) != recorded.get(k))
+    return [f"{camp.binding.label} changed since the start ({', '.join(changed)}); the campaign "
+            "keeps the judge it started with"] if changed else []
+
+
+def _check_policy_unchanged(camp: Campaign, state: State) -> None:
+    if state.start is None:
+        return
+    was, now = state.start.get("policy"), camp.policy.to_json()
+    changed = sorted(k for k in set(was or {}) | set(now) if (was or {}).get(k) != now.get(k))
+    if state.start.get("binding") not in (None, str(camp.target.attrs["binding"])):
+        changed.insert(0, "binding")
+    if changed:
+        raise DeclarationError(
+            f"the campaign's declaration changed since it started ({', '.join(changed)}); a "
+            "campaign's binding and budget are fixed at its start",
+            file=camp.target.file, target=str(camp.label), field=changed[0],
+            hint=f"restore the declaration as it was ({json.dumps(was, sort_keys=True)}), or "
+                 "declare a new campaign under another name")
+
+
+# ============================================================================ budget and time
+
+
+def _iso(t: float | None) -> str | None:
+    return None if t is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def budget_doc(policy: Policy, state: State, now: float) -> dict:
+    used = len(state.candidates)
+    reason = ended_reason(policy, state, now)
+    started = state.started_at
+    close_at = final_at = None
+    if policy.deadline_s is not None and started is not None:
+        close_at = started + policy.deadline_s - policy.final_reserve_s
+        final_at = started + policy.deadline_s
+    final_allowed = (reason is not None and reason in policy.stop_on
+                     and (final_at is None or now < final_at) and used > 0)
+    return {
+        "mode": policy.mode, "max_rounds": policy.max_rounds, "rounds_used": used,
+        "rounds_left": 0 if reason else policy.max_rounds - used,
+        "deadline_s": policy.deadline_s, "final_reserve_s": policy.final_reserve_s,
+        "started_at": started, "started_at_iso": _iso(started),
+        "rounds_close_at": close_at, "final_deadline_at": final_at,
+        "seconds_left_for_rounds": None if close_at is None or reason
+        else round(max(0.0, close_at - now), 3),
+        "seconds_left_for_final": None if final_at is None else round(max(0.0, final_at - now), 3),
+        "state": "ended" if reason else "open", "ended_by": reason,
+        "stop_on": list(policy.stop_on), "final_allowed": final_allowed,
+    }
+
+
+def _refusal(camp: Campaign, state: State, now: float) -> CampaignClosed | None:
+    p, name = camp.policy, str(camp.label)
+    if state.stop is not None:
+        return CampaignClosed("campaign_stopped", f"{name} was stopped ({state.stop['reason']}) "
+                              f"at {_iso(state.stop['time'])}; it takes no more rounds",
+                              hint=f"build its final: rsi campaign final {name}")
+    used = len(state.candidates)
+    if used >= p.max_rounds:
+        return CampaignClosed("budget_exhausted", f"{name} has used all {p.max_rounds} rounds "
+                              f"({p.mode} {p.max_rounds}); it takes no more rounds",
+                              hint=f"build its final: rsi campaign final {name}")
+    if ended_reason(p, state, now) == "deadline":
+        close_at = state.started_at + p.deadline_s - p.final_reserve_s
+        return CampaignClosed(
+            "deadline_reached",
+            f"{name}'s round window closed at {_iso(close_at)} (deadline_s {p.deadline_s:g} "
+            f"minus final_reserve_s {p.final_reserve_s:g} after the start at "
+            f"{_iso(state.started_at)}); it takes no more rounds",
+            hint=f"the final may start until {_iso(state.started_at + p.deadline_s)}: "
+                 f"rsi campaign final {name}")
+    return None
+
+
+# ================================================================================ snapshots
+
+
+def parse_usage(path: str | None) -> dict:
+    """Validated usage; every value a number >= 0 or null, missing values null (never 0)."""
+    blank = {"tokens": {"input": None, "output": None, "cached": None}, "calls": None,
+             "wall_s": None, "device_s": None}
+    if path is None:
+        return blank
+    where = "stdin" if path == "-" else path
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        doc = json.loads(text)
+    except OSError as exc:
+        raise UsageError(f"--usage {where}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"--usage {where}: not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"--usage {where}: expected a JSON object",
+                         hint='e.g. {"tokens": {"input": 1200, "output": 300, "cached": null}, '
+                              '"calls": 3, "wall_s": 41.5, "device_s": null}')
+
+    def number(value: Any, field_name: str, integer: bool) -> Any:
+        if value is None:
+            return None
+        ok = (isinstance(value, int) if integer else isinstance(value, (int, float)))
+        if isinstance(value, bool) or not ok or value < 0 or value != value:
+            raise UsageError(f"--usage {where}: field {field_name!r} must be a "
+                             f"{'whole' if integer else ''} number >= 0 or null, got {value!r}")
+        return value
+
+    unknown = sorted(set(doc) - set(USAGE_KEYS))
+    if unknown:
+        raise UsageError(f"--usage {where}: unknown field(s) {unknown}",
+                         hint="known fields: tokens.input, tokens.output, tokens.cached, calls, "
+                              "wall_s, device_s")
+    out = dict(blank, tokens=dict(blank["tokens"]))
+    tokens = doc.get("tokens")
+    if tokens is not None:
+        if not isinstance(tokens, dict) or set(tokens) - set(USAGE_KEYS["tokens"]):
+            raise UsageError(f"--usage {where}: tokens must be an object with input, output, "
+                             "cached")
+        for k in USAGE_KEYS["tokens"]:
+            out["tokens"][k] = number(tokens.get(k), f"tokens.{k}", True)
+    t = out["tokens"]
+    if t["cached"] is not None and t["input"] is not None and t["cached"] > t["input"]:
+        raise UsageError(f"--usage {where}: tokens.cached ({t['cached']}) exceeds tokens.input "
+                         f"({t['input']})", hint="cached tokens are the part of the input served "
+                         "from a prompt cache; count them in input too (never added twice)")
+    out["calls"] = number(doc.get("calls"), "calls", True)
+    out["wall_s"] = number(doc.get("wall_s"), "wall_s", False)
+    out["device_s"] = number(doc.get("device_s"), "device_s", False)
+    return out
+
+
+def freeze_project(camp: Campaign, store) -> dict:
+    """Hash and store the external project's tree: the baseline and protocol of this campaign."""
+    b = camp.binding
+    root = Path(b.attrs["root"])
+    if not root.is_absolute():
+        root = camp.ws.root / b.label.package / root
+    root = root.resolve()
+    if not root.is_dir():
+        raise DeclarationError(f"the project folder {root} does not exist", file=b.file,
+                               target=str(b.label), field="root",
+                               hint="root is absolute or relative to the package folder")
+    exclude = DEFAULT_EXCLUDE + tuple(b.attrs["exclude"])
+    found = walk_files(root, exclude, skip=(camp.ws.store_dir, camp.ws.out_dir))
+    for pat in b.attrs["protocol"]:
+        if pat not in found and not (pat.endswith("/") and any(r.startswith(pat) for r in found)):
+            raise DeclarationError(f"protocol file {pat!r} is not in {root}", file=b.file,
+                                   target=str(b.label), field="protocol")
+    for pat in b.attrs["editable"]:
+        if not any(in_scope(r, [pat]) for r in found):
+            raise DeclarationError(f"editable pattern {pat!r} matches no file in {root}",
+                                   file=b.file, target=str(b.label), field="editable")
+    files, exe = {}, []
+    for rel, path in sorted(found.items()):
+        files[rel] = str(store.put_file(path))
+        if os.access(path, os.X_OK):
+            exe.append(rel)
+    manifest = manifest_digest(files, exe)
+    protocol = {rel: d for rel, d in files.items() if in_scope(rel, b.attrs["protocol"])}
+
+    def error(message: str, field_name: str, hint: str | None = None) -> DeclarationError:
+        return DeclarationError(message, file=b.file, target=str(b.label), field=field_name,
+                                hint=hint)
+
+    return {"root": str(root), "files": files, "executable": exe, "manifest": manifest,
+            "protocol": protocol, "n_files": len(files), "spec": project_spec(b.attrs, error)}
+
+
+def snapshot_candidate(camp: Campaign, src: Path, state: State, store) -> dict:
+    from rsi.digest import digest_file
+
+    if not src.is_dir():
+        raise UsageError(f"--from {src}: not a folder",
+                         hint="pass the folder holding the candidate's editable files")
+    if camp.kind == "task":
+        found = walk_files(src)
+        outside = sorted(r for r in found if r not in camp.scope)
+        if outside:
+            raise UsageError(f"--from {src}: {', '.join(outside)} lie outside the editable scope "
+                             f"({', '.join(camp.scope)})",
+                             hint="a candidate folder holds only (some of) the editable files")
+        take, ignored = found, []
+        base_files, base_exe = {}, []
+    else:
+        project = state.start["project"]
+        scope = (project.get("spec") or {}).get("editable") or camp.scope
+        exclude = DEFAULT_EXCLUDE + tuple(camp.binding.attrs["exclude"])
+        found = walk_files(src, exclude, skip=(camp.ws.store_dir, camp.ws.out_dir))
+        take = {r: p for r, p in found.items() if in_scope(r, scope)}
+        base_files = {r: d for r, d in project["files"].items() if in_scope(r, scope)}
+        base_exe = [r for r in project.get("executable", []) if r in base_files]
+        ignored = sorted(r for r, p in found.items() if not in_scope(r, scope) and (
+            r not in project["files"] or str(digest_file(p, store.function))
+            != project["files"][r]))
+    if not take:
+        raise UsageError(f"--from {src}: no file of the editable scope "
+                         f"({', '.join(camp.scope)}) is there")
+    files, exe = dict(base_files), set(base_exe)
+    for rel, path in sorted(take.items()):
+        files[rel] = str(store.put_file(path))
+        exe.discard(rel)
+        if os.access(path, os.X_OK):
+            exe.add(rel)
+    executable = sorted(exe)
+    return {"files": files, "executable": executable,
+            "digest": manifest_digest(files, executable),
+            "ignored_outside_scope": ignored}
+
+
+# ============================================================================== log commands
+
+
+def add_candidate(camp: Campaign, src: Path, hypothesis: str | None, usage: dict) -> dict:
+    """Append the candidate (idempotent by content) and return {round, entry, added, ...}."""
+    from rsi.build import open_store
+
+    store = open_store(camp.ws)
+    with camp.log.locked():
+        state = state_of(camp.log.read())
+        _check_policy_unchanged(camp, state)
+        now = time.time()
+        started = False
+        if state.start is None and not state.candidates:
+            _append_start(camp, store, now)
+            started = True
+            state = state_of(camp.log.read())
+        snap = snapshot_candidate(camp, src.resolve(), state, store)
+        for number, cand in enumerate(state.candidates, 1):
+            if cand["digest"] == snap["digest"]:
+                return {"round": number, "entry": cand, "added": False, "started": started,
+                        "ignored_outside_scope": snap["ignored_outside_scope"], "state": state}
+        refused = _refusal(camp, state, now)
+        if refused is not None:
+            if refused.code == "deadline_reached" and state.stop is None:
+                camp.log.append({"kind": "stop", "time": now, "reason": "deadline"})
+            raise refused
+        entry = camp.log.append({
+            "kind": "candidate", "time": now, "digest": snap["digest"], "files": snap["files"],
+            "executable": snap["executable"], "hypothesis": hypothesis or None, "usage": usage,
+            "source": str(src.resolve())})
+        state = state_of(camp.log.read())
+        return {"round": len(state.candidates), "entry": entry, "added": True, "started": started,
+                "ignored_outside_scope": snap["ignored_outside_scope"], "state": state}
+
+
+def _append_start(camp: Campaign, store, now: float) -> dict:
+    project = freeze_project(camp, store) if camp.kind == "project" else None
+    return camp.log.append({"kind": "start", "time": now, "campaign": str(camp.label),
+                            "binding": str(camp.target.attrs["binding"]), "work": camp.kind,
+                            "policy": camp.policy.to_json(), "project": project})
+
+
+# ============================================================================ reading results
+
+
+def _outcome(graph, outcomes, art):
+    return outcomes.get(graph.producer(art.producer)) if art.producer else None
+
+
+def _artifact_evidence(ws, store, graph, outcomes, art) -> dict:
+    outcome = _outcome(graph, outcomes, art)
+    result = outcome.result if outcome is not None and outcome.ok else None
+    out = result.output_map.get(art.path) if result else None
+    if out is None:
+        return {"digest": None, "path": None, "blob": None}
+    return {"digest": str(out.digest), "path": str(ws.out_dir / art.path),
+            "blob": str(store.blob_path(out.digest))}
+
+
+def _read_json_output(store, graph, outcomes, art) -> dict | None:
+    outcome = _outcome(graph, outcomes, art)
+    result = outcome.result if outcome is not None and outcome.ok else None
+    out = result.output_map.get(art.path) if result else None
+    if out is None:
+        return None
+    try:
+        return json.loads(store.read_bytes(out.digest))
+    except (RsiError, ValueError):
+        return None
+
+
+def cached_outcomes(ws, store, labels: list[Label]):
+    """What a build of `labels` would serve from the cache, running nothing."""
+    from rsi.build import load_graph
+    from rsi.events import EventLog
+    from rsi.scheduler import Scheduler
+
+    _, graph = load_graph(ws, [str(lb) for lb in labels], store)
+    lookup = Scheduler(store, None, EventLog(None, progress=False), salt=ws.salt)
+    return graph, lookup.lookup(graph, graph.actions_for(labels))
+
+
+def best_summary(store, graph, outcomes, label: Label) -> dict:
+    if graph is None or label not in graph.providers:
+        return {"state": "unavailable", "detail": "no round has been submitted"}
+    doc = _read_json_output(store, graph, outcomes, graph.providers[label].info["best"])
+    if doc is None:
+        return {"state": "unavailable", "label": str(label),
+                "detail": "not built: some round has no evidence yet (still running, or its "
+                          "last attempt failed: retry it with `rsi round CAMPAIGN --round N`)"}
+    sel = doc["selected"]
+    if sel is None:
+        return {"state": "none", "label": str(label), "detail": "no round has passed yet",
+                "n_rounds": doc["n_rounds"]}
+    return {"state": "selected", "label": str(label), "round": sel["round"],
+            "round_label": sel["label"], "candidate_digest": sel["candidate_digest"],
+            "speedup": sel["speedup"], "verdict": sel["verdict"], "n_rounds": doc["n_rounds"],
+            "n_eligible": doc["n_eligible"], "rule": doc["rule"]}
+
+
+ROUND_FIELDS = ("verdict", "reasons", "speedup", "noise_floor", "threshold", "min_improvement",
+                "n_pairs", "metric", "direction", "correctness", "candidate", "usage",
+                "submitted_at")
+
+
+def round_document(camp: Campaign, number: int, graph, outcomes, store, *, cache: str | None,
+                   failed: list[dict], added: bool | None, state: State, now: float) -> dict:
+    label = camp.round_label(number)
+    prov = graph.providers[label]
+    round_doc = _read_json_output(store, graph, outcomes, prov.info["doc"])
+    evidence = {name: _artifact_evidence(camp.ws, store, graph, outcomes, prov.info[key])
+                for name, key in (("round", "doc"), ("verdict", "verdict"), ("check", "check"),
+                                  ("samples", "samples"), ("table", "table"))}
+    doc: dict[str, Any] = {"schema": ROUND_SCHEMA, "campaign": str(camp.label), "round": number,
+                           "label": str(label), "kind": camp.kind}
+    if round_doc is not None:
+        doc["state"] = "done"
+        doc.update({k: round_doc.get(k) for k in ROUND_FIELDS})
+    else:
+        entry = state.candidates[number - 1]
+        doc["state"] = "failed" if failed else "not_built"
+        doc.update({k: None for k in ROUND_FIELDS})
+        doc["candidate"] = {"digest": entry["digest"], "files": entry["files"],
+                            "hypothesis": entry.get("hypothesis")}
+        doc["usage"], doc["submitted_at"] = entry.get("usage"), entry["time"]
+    doc["retryable"] = doc["state"] != "done"
+    doc["cache"] = cache
+    doc["added"] = added
+    doc["evidence"] = evidence
+    doc["errors"] = failed
+    if doc["state"] != "done":
+        doc["hint"] = (f"no verdict yet (an infrastructure fault or an interrupted build is never "
+                       f"cached): retry with `rsi round {camp.label} --round {number}`")
+    doc["budget"] = budget_doc(effective_policy(camp, state), state, now)
+    doc["best"] = best_summary(store, graph, outcomes, camp.sub("best"))
+    return doc
+
+
+def _build(camp: Campaign, labels: list[Label], events) -> Any:
+    from rsi.build import build
+
+    ws = camp.ws.with_overrides(keep_going=True)
+    return build(ws, [str(lb) for lb in labels], events_to=events)
+
+
+def _failures(report, label: Label) -> list[dict]:
+    return [{"action": f["action"], "status": f["status"], "message": f["message"]}
+            for f in report.targets.get(str(label), {}).get("failed", [])]
+
+
+# ================================================================================== output
+
+
+def _emit_json(doc: dict) -> None:
+    click.echo(json.dumps(doc, indent=2, sort_keys=True, default=str))
+
+
+def _fail_json(schema: str, campaign: str, exc: RsiError) -> None:
+    code = getattr(exc, "code", None) or type(exc).__name__
+    _emit_json({"schema": schema, "campaign": campaign, "state": "refused"
+                if isinstance(exc, CampaignClosed) else "error",
+                "error": {"code": code, "message": exc.message, "hint": exc.hint}})
+    sys.exit(exc.exit_code)
+
+
+def _fmt_speed(sp: dict | None) -> str:
+    if not sp:
+        return "speedup: null"
+    return (f"speedup {sp['point']:.3f}x [{sp['lo']:.3f}, {sp['hi']:.3f}] at "
+            f"{sp['confidence']:.0%}")
+
+
+def _budget_line(b: dict) -> str:
+    parts = [f"rounds {b['rounds_used']}/{b['max_rounds']} ({b['mode']}), "
+             f"{b['rounds_left']} left"]
+    if b["seconds_left_for_rounds"] is not None:
+        parts.append(f"{b['seconds_left_for_rounds']:.0f}s left for rounds")
+    if b["seconds_left_for_final"] is not None:
+        parts.append(f"{b['seconds_left_for_final']:.0f}s left for the final")
+    parts.append(b["state"] + (f" ({b['ended_by']})" if b["ended_by"] else ""))
+    return "budget: " + ", ".join(parts)
+
+
+def _best_line(best: dict) -> str:
+    if best["state"] != "selected":
+        return f"best: {best['state']} ({best.get('detail', '')})"
+    return f"best: round {best['round']}, {_fmt_speed(best['speedup'])}"
+
+
+# ================================================================================ commands
+
+
+@click.group("candidate")
+def candidate() -> None:
+    """Submit candidates to a campaign's append-only log."""
+
+
+@candidate.command("add")
+@click.argument("campaign")
+@click.option("--from", "src", required=True, type=click.Path(file_okay=False),
+              help="Folder holding the candidate's editable files (for an external project: "
+                   "the working copy; only the editable scope is taken).")
+@click.option("--hypothesis", help="Why this candidate should be faster (kept in the log).")
+@click.option("--usage", "usage_file", help="JSON file ('-' for stdin) with what producing "
+              "this candidate cost: tokens {input, output, cached}, calls, wall_s, device_s.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def candidate_add(ctx: click.Context, campaign: str, src: str, hypothesis: str | None,
+                  usage_file: str | None, as_json: bool) -> None:
+    """Append a candidate to CAMPAIGN's log and print its round's label.
+
+    The same content submitted again names the existing round and adds nothing. Refused (exit 3)
+    when the campaign takes no more rounds.
+    """
+    try:
+        camp = open_campaign(_workspace(ctx), campaign)
+        usage = parse_usage(usage_file)
+        res = add_candidate(camp, Path(src), hypothesis, usage)
+    except RsiError as exc:
+        if as_json:
+            _fail_json(ADD_SCHEMA, campaign, exc)
+        raise
+    label = str(camp.round_label(res["round"]))
+    if as_json:
+        _emit_json({"schema": ADD_SCHEMA, "campaign": str(camp.label), "round": res["round"],
+                    "label": label, "added": res["added"], "digest": res["entry"]["digest"],
+                    "ignored_outside_scope": res["ignored_outside_scope"],
+                    "budget": budget_doc(camp.policy, res["state"], time.time())})
+        return
+    if not res["added"]:
+        click.echo(f"rsi: note: identical to round {res['round']}; nothing was added", err=True)
+    for rel in res["ignored_outside_scope"]:
+        click.echo(f"rsi: note: ignored {rel} (outside the editable scope, differs from the "
+                   "frozen baseline)", err=True)
+    click.echo(label)
+
+
+@click.command("round")
+@click.argument("campaign")
+@click.option("--from", "src", type=click.Path(file_okay=False),
+              help="Submit this folder as a new candidate, then build its round.")
+@click.option("--round", "number", type=click.IntRange(1), help="Build (or retry) an existing "
+              "round instead.")
+@click.option("--hypothesis", help="Why this candidate should be faster.")
+@click.option("--usage", "usage_file", help="JSON file ('-' for stdin) with the agent's usage.")
+@click.option("--events", type=click.File("w"), help="Also write the build's event stream "
+              "(JSON lines) to this file.")
+@click.option("--json", "as_json", is_flag=True, help="Print one rsi.round/1 document.")
+@click.pass_context
+def round_cmd(ctx: click.Context, campaign: str, src: str | None, number: int | None,
+              hypothesis: str | None, usage_file: str | None, events, as_json: bool) -> None:
+    """Submit a candidate and build its round in one call (or rebuild round N).
+
+    \b
+    Exit codes:
+      0  the round has a verdict (PASS, FAIL or INCONCLUSIVE)
+      1  no verdict: an infrastructure fault; the round is retryable (--round N)
+      2  usage or declaration error
+      3  refused: the campaign takes no more rounds (budget, deadline, stopped)
+    """
+    try:
+        if (src is None) == (number is None):
+            raise UsageError("give exactly one of --from DIR (a new candidate) or --round N")
+        camp = open_campaign(_workspace(ctx), campaign)
+        added = None
+        if src is not None:
+            res = add_candidate(camp, Path(src), hypothesis, parse_usage(usage_file))
+            number, added = res["round"], res["added"]
+        else:
+            state = state_of(camp.log.read())
+            if number > len(state.candidates):
+                raise UsageError(f"{camp.label} has {len(state.candidates)} round(s); there is "
+                                 f"no round {number}")
+        report = _build(camp, [camp.round_label(number), camp.sub("best")], events)
+        from rsi.build import open_store
+
+        store = open_store(camp.ws)
+        state = state_of(camp.log.read())
+        rt = report.targets[str(camp.round_label(number))]
+        doc = round_document(camp, number, report.graph, report.outcomes, store,
+                             cache=rt["cache"], failed=_failures(report, camp.round_label(number)),
+                             added=added, state=state, now=time.time())
+    except RsiError as exc:
+        if as_json:
+            _fail_json(ROUND_SCHEMA, campaign, exc)
+        raise
+    if as_json:
+        _emit_json(doc)
+    else:
+        if added is False:
+            click.echo(f"rsi: note: identical to round {number}; nothing was added", err=True)
+        click.echo(f"{doc['label']}: {doc['state']}" + (f" ({doc['cache']})" if doc["cache"]
+                                                         else ""))
+        if doc["state"] == "done" and doc["evidence"]["table"]["path"]:
+            click.echo(Path(doc["evidence"]["table"]["path"]).read_text().rstrip())
+        for err in doc["errors"]:
+            click.echo(f"  {err['action']}: {err['status']}: {err['message']}")
+        if doc.get("hint"):
+            click.echo(f"  hint: {doc['hint']}")
+        click.echo(_budget_line(doc["budget"]))
+        click.echo(_best_line(doc["best"]))
+    sys.exit(0 if doc["state"] == "done" else 1)
+
+
+@click.group("campaign")
+def campaign_group() -> None:
+    """Inspect and steer campaigns (status, start, stop, final)."""
+
+
+@campaign_group.command("status")
+@click.argument("campaign")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def campaign_status(ctx: click.Context, campaign: str, as_json: bool) -> None:
+    """Rounds, verdicts, best, budget, usage totals and the final's state — from the log and the
+    cache only; runs nothing."""
+    from rsi.build import open_store
+
+    try:
+        camp = open_campaign(_workspace(ctx), campaign)
+        doc = status_document(camp, open_store(camp.ws))
+    except RsiError as exc:
+        if as_json:
+            _fail_json(STATUS_SCHEMA, campaign, exc)
+        raise
+    if as_json:
+        _emit_json(doc)
+        return
+    click.echo(f"{doc['campaign']} ({doc['kind']}, binding {doc['binding']})")
+    click.echo(_budget_line(doc["budget"]))
+    for r in doc["rounds"]:
+        sp = f"  {_fmt_speed(r['speedup'])}" if r["speedup"] else ""
+        click.echo(f"  round {r['round']}: {r['verdict'] or r['state']}{sp}"
+                   + (f"  — {r['hypothesis']}" if r["hypothesis"] else ""))
+    click.echo(_best_line(doc["best"]))
+    fin = doc["final"]
+    click.echo(f"final: {fin['state']}" + (f" {fin['verdict']}" if fin.get("verdict") else "")
+               + (f" ({fin['detail']})" if fin.get("detail") else ""))
+    totals = doc["usage"]["totals"]
+    click.echo("usage: " + ", ".join(f"{k}={'null' if v is None else v}"
+                                     for k, v in totals.items()))
+
+
+def _harness_module(stem: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_rsi_campaign_{stem}",
+                                                  HARNESS_DIR / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def status_document(camp: Campaign, store) -> dict:
+    now = time.time()
+    state = state_of(camp.log.read())
+    n = len(state.candidates)
+    graph, outcomes = None, {}
+    if n:
+        with store.lock(exclusive=False):
+            graph, outcomes = cached_outcomes(camp.ws, store, [
+                *(camp.round_label(i) for i in range(1, n + 1)), camp.sub("best"),
+                camp.sub("final")])
+    rounds = []
+    for i, entry in enumerate(state.candidates, 1):
+        doc = _read_json_output(store, graph, outcomes,
+                                graph.providers[camp.round_label(i)].info["doc"])
+        rounds.append({"round": i, "label": str(camp.round_label(i)),
+                       "state": "done" if doc else "not_built",
+                       "verdict": doc["verdict"] if doc else None,
+                       "speedup": doc["speedup"] if doc else None,
+                       "failure_kind": doc["correctness"]["failure_kind"] if doc else None,
+                       "candidate_digest": entry["digest"],
+                       "hypothesis": entry.get("hypothesis"), "submitted_at": entry["time"],
+                       "usage": entry.get("usage")})
+    final = {"state": "not_started", "label": None}
+    if n:
+        flabel = camp.sub("final")
+        fdoc = _read_json_output(store, graph, outcomes, graph.providers[flabel].info["final"])
+        pending = graph.providers[flabel].info["state"] == "pending"
+        if pending:
+            still_open = not ended_reason(effective_policy(camp, state), state)
+            final = {"state": "pending", "label": str(flabel),
+                     "detail": "the campaign is still open" if still_open
+                     else "the campaign ended by a reason it does not accept"}
+        elif fdoc is None:
+            final = {"state": "not_built", "label": str(flabel),
+                     "detail": f"run `rsi campaign final {camp.label}`"}
+        else:
+            final = {"state": fdoc["state"], "label": str(flabel), "verdict": fdoc.get("verdict"),
+                     "speedup": fdoc.get("speedup"), "selected": fdoc.get("selected"),
+                     "reasons": fdoc.get("reasons")}
+    usage = _harness_module("report").usage_totals([r["usage"] or {} for r in rounds])
+    project = (state.start or {}).get("project")
+    drift = _project_drift(camp, state)
+    try:
+        _check_policy_unchanged(camp, state)
+    except DeclarationError as exc:
+        drift.append(exc.message)
+    policy = effective_policy(camp, state)
+    return {
+        "schema": STATUS_SCHEMA, "campaign": str(camp.label), "kind": camp.kind,
+        "binding": str(camp.target.attrs["binding"]), "log": str(camp.log.path),
+        "budget": budget_doc(policy, state, now), "rounds": rounds,
+        "counts": {v: sum(1 for r in rounds if r["verdict"] == v)
+                   for v in ("PASS", "FAIL", "INCONCLUSIVE")},
+        "best": best_summary(store, graph, outcomes, camp.sub("best")),
+        "final": final, "usage": usage,
+        "frozen": None if not project else {"root": project["root"],
+                                            "manifest": project["manifest"],
+                                            "n_files": project["n_files"],
+                                            "protocol": project["protocol"]},
+        "warnings": drift,
+    }
+
+
+@campaign_group.command("start")
+@click.argument("campaign")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def campaign_start(ctx: click.Context, campaign: str, as_json: bool) -> None:
+    """Start CAMPAIGN's clock now and (for an external project) freeze its tree. Optional: the
+    first candidate starts a campaign that was not started."""
+    from rsi.build import open_store
+
+    try:
+        camp = open_campaign(_workspace(ctx), campaign)
+        store = open_store(camp.ws)
+        with camp.log.locked():
+            state = state_of(camp.log.read())
+            _check_policy_unchanged(camp, state)
+            new = state.start is None and not state.candidates
+            if new:
+                _append_start(camp, store, time.time())
+                state = state_of(camp.log.read())
+    except RsiError as exc:
+        if as_json:
+            _fail_json(START_SCHEMA, campaign, exc)
+        raise
+    project = (state.start or {}).get("project")
+    doc = {"schema": START_SCHEMA, "campaign": str(camp.label), "started": new,
+           "started_at": state.started_at, "log": str(camp.log.path),
+           "frozen": None if not project else {"root": project["root"],
+                                               "manifest": project["manifest"],
+                                               "n_files": project["n_files"],
+                                               "protocol": project["protocol"]},
+           "budget": budget_doc(camp.policy, state, time.time())}
+    if as_json:
+        _emit_json(doc)
+    else:
+        click.echo(f"{camp.label}: {'started' if new else 'already started'} at "
+                   f"{_iso(state.started_at)}")
+        if project:
+            click.echo(f"  frozen {project['n_files']} files of {project['root']} "
+                       f"(manifest {project['manifest']})")
+
+
+@campaign_group.command("stop")
+@click.argument("campaign")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def campaign_stop(ctx: click.Context, campaign: str, as_json: bool) -> None:
+    """End CAMPAIGN's rounds now (the agent's early stop; up_to campaigns that accept 'agent')."""
+    try:
+        camp = open_campaign(_workspace(ctx), campaign)
+        with camp.log.locked():
+            state = state_of(camp.log.read())
+            _check_policy_unchanged(camp, state)
+            now = time.time()
+            reason = ended_reason(camp.policy, state, now)
+            if reason is None:
+                if "agent" not in camp.policy.stop_on:
+                    raise CampaignClosed(
+                        "stop_not_accepted", f"{camp.label} does not accept an early stop "
+                        f"(stop_on = {list(camp.policy.stop_on)}, rounds {camp.policy.mode} "
+                        f"{camp.policy.max_rounds}); {len(state.candidates)} round(s) used",
+                        hint="submit the remaining rounds, or wait for the deadline")
+                if not state.candidates:
+                    raise CampaignClosed("no_rounds", f"{camp.label} has no round yet; a "
+                                         "campaign stops after at least one")
+                camp.log.append({"kind": "stop", "time": now, "reason": "agent"})
+                stopped = True
+            else:
+                if reason == "deadline" and state.stop is None:
+                    camp.log.append({"kind": "stop", "time": now, "reason": "deadline"})
+                stopped = False
+            state = state_of(camp.log.read())
+    except RsiError as exc:
+        if as_json:
+            _fail_json(STOP_SCHEMA, campaign, exc)
+        raise
+    doc = {"schema": STOP_SCHEMA, "campaign": str(camp.label), "stopped_now": stopped,
+           "budget": budget_doc(camp.policy, state, time.time())}
+    if as_json:
+        _emit_json(doc)
+    else:
+        b = doc["budget"]
+        click.echo(f"{camp.label}: {'stopped' if stopped else 'already ended'} "
+                   f"({b['ended_by']}); final allowed: {'yes' if b['final_allowed'] else 'no'}")
+
+
+@campaign_group.command("final")
+@click.argument("campaign")
+@click.option("--events", type=click.File("w"), help="Also write the build's event stream.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def campaign_final(ctx: click.Context, campaign: str, events, as_json: bool) -> None:
+    """Build CAMPAIGN's final (and report) once its rounds are over: an independent re-measure
+    of the selected candidate. Asking again returns the cached final; a final that failed for
+    an infrastructure fault runs again.
+
+    \b
+    Exit codes: 0 final built, 1 infrastructure fault (retry), 2 usage, 3 refused.
+    """
+    try:
+        camp = open_campaign(_workspace(ctx), campaign)
+        from rsi.build import open_store
+
+        store = open_store(camp.ws)
+        flabel, rlabel = camp.sub("final"), camp.sub("report")
+        with camp.log.locked():
+            state = state_of(camp.log.read())
+            _check_policy_unchanged(camp, state)
+            now = time.time()
+            try:
+                _final_allowed(camp, state, now)
+            except CampaignClosed as refused:
+                if refused.code != "deadline_passed":
+                    raise
+                late = refused  # NB: a final already built stays readable after the deadline
+            else:
+                late = None
+                if ended_reason(camp.policy, state) is None and state.stop is None:
+                    camp.log.append({"kind": "stop", "time": now, "reason": "deadline"})
+        if late is not None:
+            with store.lock(exclusive=False):
+                graph, outcomes = cached_outcomes(camp.ws, store, [flabel, rlabel])
+            fart = graph.providers[flabel].info["final"]
+            if _read_json_output(store, graph, outcomes, fart) is None:
+                raise late
+            cache, failed = "hit", []
+        else:
+            report = _build(camp, [flabel, rlabel], events)
+            graph, outcomes = report.graph, report.outcomes
+            cache, failed = report.targets[str(flabel)]["cache"], _failures(report, flabel)
+        prov = graph.providers[flabel]
+        fdoc = _read_json_output(store, graph, outcomes, prov.info["final"])
+        state = state_of(camp.log.read())
+        doc = {"schema": FINAL_SCHEMA, "campaign": str(camp.label), "label": str(flabel),
+               "state": "done" if fdoc is not None else "failed",
+               "retryable": fdoc is None, "cache": cache, "final": fdoc,
+               "evidence": {a.path.rsplit("/", 1)[-1]: _artifact_evidence(
+                   camp.ws, store, graph, outcomes, a) for a in prov.files},
+               "report": {a.path.rsplit("/", 1)[-1]: _artifact_evidence(
+                   camp.ws, store, graph, outcomes, a) for a in graph.providers[rlabel].files},
+               "errors": failed,
+               "budget": budget_doc(camp.policy, state, time.time())}
+    except RsiError as exc:
+        if as_json:
+            _fail_json(FINAL_SCHEMA, campaign, exc)
+        raise
+    if as_json:
+        _emit_json(doc)
+    else:
+        click.echo(f"{doc['label']}: {doc['state']} ({doc['cache']})")
+        table = doc["evidence"].get("verdict.txt", {}).get("path")
+        if fdoc and fdoc.get("state") == "done" and table:
+            click.echo(f"selected: round {fdoc['selected']['round']}")
+            click.echo(Path(table).read_text().rstrip())
+        elif fdoc:
+            click.echo(f"{fdoc['state']}: {fdoc.get('message', '')}")
+        for err in doc["errors"]:
+            click.echo(f"  {err['action']}: {err['status']}: {err['message']}")
+        if doc["report"].get("report.md", {}).get("path"):
+            click.echo(f"report: {doc['report']['report.md']['path']}")
+    sys.exit(0 if doc["state"] == "done" else 1)
+
+
+def _final_allowed(camp: Campaign, state: State, now: float) -> None:
+    p, name = camp.policy, str(camp.label)
+    if not state.candidates:
+        raise CampaignClosed("no_rounds", f"{name} has no round; there is nothing to confirm")
+    reason = ended_reason(p, state, now)
+    if reason is None:
+        left = p.max_rounds - len(state.candidates)
+        how = [f"use the {left} remaining round(s)"]
+        if "agent" in p.stop_on:
+            how.append(f"stop it now: rsi campaign stop {name}")
+        if p.deadline_s is not None and "deadline" in p.stop_on:
+            how.append(f"or wait for the round window to close at "
+                       f"{_iso(state.started_at + p.deadline_s - p.final_reserve_s)}")
+        raise CampaignClosed("campaign_open", f"{name} is still open ({len(state.candidates)} "
+                             f"of {p.max_rounds} rounds, {p.mode}); its final comes after its "
+                             "rounds", hint="; ".join(how))
+    if reason not in p.stop_on:
+        raise CampaignClosed("stop_not_accepted", f"{name} ended by '{reason}', which it does not "
+                             f"accept (stop_on = {list(p.stop_on)}): it has no valid final")
+    if p.deadline_s is not None and now >= state.started_at + p.deadline_s:
+        raise CampaignClosed("deadline_passed", f"{name}'s deadline passed at "
+                             f"{_iso(state.started_at + p.deadline_s)}; the final had to start "
+                             f"within its reserve ({p.final_reserve_s:g} s)",
+                             hint="a final already built stays readable: rsi campaign status "
+                                  f"{name}")

@@ -1,0 +1,417 @@
+"""External-project harness: assemble a tree (frozen baseline + candidate overlay) in a fresh
+scratch copy, run the project's own quality or benchmark command there, and judge its output.
+
+Writes evidence in the task harness's schemas (rsi.check/1, rsi.measure/1, rsi.assess/1) so the
+same assessment and rendering apply. Never imports `rsi` or `rules`. Exit 2 means a harness fault
+(retryable); a command that fails, prints garbage or times out is the candidate's failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+INFRA_EXIT = 2
+MAX_KEPT_OUTPUT = 65536
+
+
+class HarnessError(Exception):
+    """The evidence could not be produced for a reason that is not the candidate's."""
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def write_json(path: Path, doc) -> None:
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path):
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise HarnessError(f"cannot read JSON from {path}: {exc}") from exc
+
+
+def derive_seed(*parts) -> int:
+    text = json.dumps(parts, separators=(",", ":"), sort_keys=True)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
+
+
+def tree_digest(root: Path) -> tuple[str, list[str]]:
+    """sha256 over the sorted (relative path, content) of every regular file (as _common.py)."""
+    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                   if p.is_file() and not p.is_symlink())
+    h = hashlib.sha256(b"rsi-tree-v1\0")
+    for rel in files:
+        data = (root / rel).read_bytes()
+        h.update(rel.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+    return h.hexdigest(), files
+
+
+def _copy_tree(src: Path, dest: Path) -> None:
+    """Copy a (read-only) input tree into a writable one; links are kept as links."""
+    for dirpath, dirnames, filenames in os.walk(src):
+        rel = Path(dirpath).relative_to(src)
+        (dest / rel).mkdir(parents=True, exist_ok=True)
+        for name in dirnames:
+            s = Path(dirpath) / name
+            if s.is_symlink():
+                os.symlink(os.readlink(s), dest / rel / name)
+        for name in filenames:
+            s = Path(dirpath) / name
+            d = dest / rel / name
+            if s.is_symlink():
+                os.symlink(os.readlink(s), d)
+                continue
+            shutil.copyfile(s, d)
+            os.chmod(d, 0o755 if os.access(s, os.X_OK) else 0o644)
+
+
+def assemble(base: Path, overlay: Path | None, dest: Path) -> None:
+    """The frozen baseline with the candidate's editable files laid over it."""
+    dest.mkdir(parents=True)
+    if base.is_dir():
+        _copy_tree(base, dest)
+    if overlay is not None:
+        if not overlay.is_dir():
+            raise HarnessError(f"candidate folder {overlay} does not exist")
+        _copy_tree(overlay, dest)
+
+
+def command_env(spec: dict, work: Path, seed: int, extra: dict | None = None) -> dict:
+    home = work / "home"
+    tmp = work / "tmp"
+    home.mkdir(exist_ok=True)
+    tmp.mkdir(exist_ok=True)
+    # NB: `python3` in a project command is the toolchain's interpreter, not whatever /usr has
+    path = os.path.dirname(sys.executable) + ":/usr/bin:/bin"
+    env = {"PATH": path, "HOME": str(home), "TMPDIR": str(tmp), "LANG": "C.UTF-8",
+           "PYTHONDONTWRITEBYTECODE": "1", "RSI_SEED": str(seed)}
+    env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
+    env.update(extra or {})
+    return env
+
+
+def run_command(cmd: str, cwd: Path, env: dict, timeout_s: float) -> dict:
+    """Run `sh -c cmd` in its own session; the whole group dies on timeout or at the end."""
+    out_path, err_path = cwd.parent / f".{cwd.name}.stdout", cwd.parent / f".{cwd.name}.stderr"
+    t0 = time.perf_counter()
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        try:
+            proc = subprocess.Popen(["/bin/sh", "-c", cmd], cwd=cwd, env=env, stdout=out,
+                                    stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            raise HarnessError(f"cannot start /bin/sh: {exc}") from exc
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+    wall = time.perf_counter() - t0
+    stdout = out_path.read_bytes()
+    stderr = err_path.read_bytes()
+    out_path.unlink()
+    err_path.unlink()
+    tail = "\n".join(stderr.decode("utf-8", "replace").rstrip().splitlines()[-15:]) or None
+    return {"exit_code": proc.returncode, "timed_out": timed_out, "wall_s": round(wall, 6),
+            "stdout": stdout.decode("utf-8", "replace"), "stderr_tail": tail}
+
+
+def parse_json_output(text: str):
+    """The whole stdout as JSON, else its last line that is a JSON object."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    raise ValueError("the output holds no JSON object")
+
+
+def lookup(doc, dotted: str):
+    cur = doc
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            raise KeyError(dotted)
+        cur = cur[part]
+    return cur
+
+
+def parse_samples(text: str) -> list[float]:
+    """A JSON list, a JSON object with `samples`, or one number per line (other lines ignored)."""
+    stripped = text.strip()
+    values = None
+    try:
+        doc = json.loads(stripped)
+        if isinstance(doc, dict):
+            doc = doc.get("samples")
+        if isinstance(doc, list):
+            values = doc
+    except ValueError:
+        pass
+    if values is None:
+        values = []
+        for line in stripped.splitlines():
+            try:
+                values.append(float(line.strip()))
+            except ValueError:
+                continue
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"sample {v!r} is not a number")
+        out.append(float(v))
+    return out
+
+
+def load_spec(path: Path) -> dict:
+    spec = read_json(path)
+    if not isinstance(spec, dict) or spec.get("schema") != "rsi.project.spec/1":
+        raise HarnessError(f"{path} is not an rsi.project.spec/1 document")
+    return spec
+
+
+# ------------------------------------------------------------------------------------ quality
+
+
+def quality(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
+    started = time.monotonic()
+    tree = work / "tree"
+    assemble(base, overlay, tree)
+    digest, files = tree_digest(tree)
+    q = spec["quality"]
+    env = command_env(spec, work, derive_seed(spec["seed"], "quality"))
+    run = run_command(q["cmd"], tree, env, float(q["timeout_s"]))
+    case = {"name": "quality", "passed": False, "reason": None, "detail": None,
+            "max_abs_err": None, "max_rel_err": None, "output": None, "wall_s": run["wall_s"],
+            "log_tail": run["stderr_tail"], "exit_code": run["exit_code"]}
+    parsed = None
+    if run["timed_out"]:
+        case.update(reason="timeout", detail=f"no result within {q['timeout_s']} s; the process "
+                    "group was killed")
+    elif run["exit_code"] != 0:
+        last = (run["stderr_tail"] or "").splitlines()[-1:] or [""]
+        case.update(reason="quality_command_failed",
+                    detail=f"`{q['cmd']}` exited with {run['exit_code']}: {last[0][:300]}")
+    else:
+        try:
+            parsed = parse_json_output(run["stdout"])
+            value = lookup(parsed, q["field"])
+        except ValueError as exc:
+            case.update(reason="quality_output_invalid", detail=str(exc))
+        except KeyError:
+            case.update(reason="quality_output_invalid",
+                        detail=f"the output has no field {q['field']!r}")
+        else:
+            if not isinstance(value, bool):
+                case.update(reason="quality_output_invalid",
+                            detail=f"field {q['field']!r} is {value!r}, not true or false")
+            elif value:
+                case.update(passed=True, reason="ok")
+            else:
+                case.update(reason="quality_failed", detail=f"field {q['field']!r} is false")
+    if parsed is not None and len(json.dumps(parsed)) <= MAX_KEPT_OUTPUT:
+        case["output"] = parsed
+    failed = not case["passed"]
+    return {
+        "schema": "rsi.check/1",
+        "status": "candidate_failure" if failed else "ok",
+        "failure_kind": case["reason"] if failed else None,
+        "reasons": ([{"code": case["reason"], "case": "quality", "detail": case["detail"]}]
+                    if failed else []),
+        "impl": {"digest": digest, "files": files, "extra_files": [], "missing_files": []},
+        "quality": {"cmd": q["cmd"], "field": q["field"]},
+        "cases": [case],
+        "n_cases": 1,
+        "n_passed": int(case["passed"]),
+        "wall_s": round(time.monotonic() - started, 3),
+    }
+
+
+# -------------------------------------------------------------------------------------- bench
+
+
+def bench(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
+    """Paired runs of the benchmark command, AB on even pairs and BA on odd ones, each run a fresh
+    process in a fresh copy of its arm's tree, both arms of a pair given the same RSI_SEED."""
+    started = time.monotonic()
+    b = spec["benchmark"]
+    m = spec["measure"]
+    pristine = {"baseline": work / "arm-baseline", "candidate": work / "arm-candidate"}
+    assemble(base, None, pristine["baseline"])
+    assemble(base, overlay, pristine["candidate"])
+    digests = {arm: tree_digest(path) for arm, path in pristine.items()}
+    invalid: dict[str, list] = {"baseline": [], "candidate": []}
+    pairs = []
+    n_pairs = int(m["pairs"])
+    if n_pairs < 1:
+        raise HarnessError("measure.pairs must be at least 1")
+    for i in range(n_pairs):
+        order = ["baseline", "candidate"] if i % 2 == 0 else ["candidate", "baseline"]
+        seed = derive_seed(spec["seed"], "pair", i)
+        arms = {}
+        for arm in order:
+            run_dir = work / f"p{i:03d}-{arm}"
+            shutil.copytree(pristine[arm], run_dir, symlinks=True)
+            env = command_env(spec, work, seed, {"RSI_PAIR": str(i)})
+            run = run_command(b["cmd"], run_dir, env, float(b["timeout_s"]))
+            shutil.rmtree(run_dir, ignore_errors=True)
+            record = {"valid": False, "reasons": [], "samples_ns": [], "wall_s": run["wall_s"],
+                      "exit_code": run["exit_code"], "log_tail": run["stderr_tail"]}
+            if run["timed_out"]:
+                record["reasons"].append({"code": "timeout", "detail": f"no result within "
+                                          f"{b['timeout_s']} s"})
+            elif run["exit_code"] != 0:
+                record["reasons"].append({"code": "bench_command_failed",
+                                          "detail": f"exit {run['exit_code']}"})
+            else:
+                try:
+                    samples = parse_samples(run["stdout"])
+                except ValueError as exc:
+                    samples = []
+                    record["reasons"].append({"code": "bad_samples", "detail": str(exc)})
+                if not samples and not record["reasons"]:
+                    record["reasons"].append({"code": "no_samples",
+                                              "detail": "the command printed no samples"})
+                elif any(not math.isfinite(s) or s <= 0 for s in samples):
+                    record["reasons"].append({"code": "bad_samples",
+                                              "detail": "samples must be finite and positive"})
+                else:
+                    record["samples_ns"] = samples
+                    record["valid"] = not record["reasons"]
+            arms[arm] = record
+            invalid[arm].extend(dict(r, pair=i) for r in record["reasons"])
+        pairs.append({"index": i, "order": order, "seed": seed,
+                      "complete": all(a["valid"] for a in arms.values()), "arms": arms})
+    status = "ok"
+    if invalid["candidate"]:
+        status = "candidate_invalid"
+    elif invalid["baseline"]:
+        status = "baseline_invalid"
+    return {
+        "schema": "rsi.measure/1",
+        "status": status,
+        "calibration": overlay is None,
+        "invalid": invalid,
+        "baseline": {"digest": digests["baseline"][0], "files": digests["baseline"][1]},
+        "candidate": {"digest": digests["candidate"][0], "files": digests["candidate"][1]},
+        "measure": m,
+        "threads": spec.get("threads"),
+        "benchmark": {"cmd": b["cmd"]},
+        "n_pairs": n_pairs,
+        "n_complete_pairs": sum(p["complete"] for p in pairs),
+        "pairs": pairs,
+        "wall_s": round(time.monotonic() - started, 3),
+    }
+
+
+# ------------------------------------------------------------------------------------- assess
+
+
+def _load_sibling(stem: str):
+    path = Path(__file__).resolve().parent / f"{stem}.py"
+    spec = importlib.util.spec_from_file_location(f"_rsi_harness_{stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def assess(spec_path: Path, paths: dict[str, Path]) -> dict:
+    spec = load_spec(spec_path)
+    blobs = {}
+    for name in ("spec", "samples", "check", "baseline_check", "calibration"):
+        path = spec_path if name == "spec" else paths[name]
+        try:
+            blobs[name] = path.read_bytes()
+        except OSError as exc:
+            raise HarnessError(f"cannot read {name} evidence: {exc}") from exc
+    docs = {name: read_json(paths[name]) for name in paths}
+    a = _load_sibling("assess")
+    # NB: the task harness's `latency` summary is the median of positive samples in any unit;
+    # the direction alone decides which way is better, so it serves any project metric.
+    aspec = {"measure": {"metric": "latency", "direction": spec["measure"]["direction"],
+                         "units_per_call": None},
+             "assess": spec["assess"]}
+    seed = a.S.seed_from(*blobs.values())
+    try:
+        doc = a.assess(aspec, docs["samples"], docs["check"], docs["baseline_check"],
+                       docs["calibration"], seed)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise HarnessError(f"malformed evidence: {type(exc).__name__}: {exc}") from exc
+    except a.C.HarnessError as exc:
+        raise HarnessError(str(exc)) from exc
+    doc["metric"] = spec["measure"]["metric"]
+    doc["evidence_sha256"] = {n: hashlib.sha256(b).hexdigest() for n, b in blobs.items()}
+    return doc
+
+
+# --------------------------------------------------------------------------------------- main
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    sub = parser.add_subparsers(dest="step", required=True)
+    for step in ("quality", "bench"):
+        p = sub.add_parser(step)
+        p.add_argument("--spec", required=True, type=Path)
+        p.add_argument("--base", required=True, type=Path)
+        p.add_argument("--overlay", type=Path)
+        p.add_argument("--out", required=True, type=Path)
+    p = sub.add_parser("assess")
+    for flag in ("--spec", "--samples", "--check", "--baseline-check", "--calibration", "--out"):
+        p.add_argument(flag, required=True, type=Path)
+    args = parser.parse_args()
+    out = args.out.resolve()
+    work = Path(tempfile.mkdtemp(prefix=f".rsi-project-{args.step}-", dir=Path.cwd()))
+    try:
+        if args.step == "assess":
+            doc = assess(args.spec, {"samples": args.samples, "check": args.check,
+                                     "baseline_check": args.baseline_check,
+                                     "calibration": args.calibration})
+        else:
+            spec = load_spec(args.spec)
+            fn = quality if args.step == "quality" else bench
+            try:
+                doc = fn(spec, args.base.resolve(), args.overlay.resolve() if args.overlay
+                         else None, work)
+            except (KeyError, TypeError) as exc:
+                raise HarnessError(f"malformed project spec: {type(exc).__name__}: {exc}") from exc
+            except OSError as exc:
+                raise HarnessError(f"cannot prepare the scratch tree: {exc}") from exc
+        write_json(out, doc)
+    except HarnessError as exc:
+        print(f"rsi harness fault (project {args.step}): {exc}", file=sys.stderr)
+        return INFRA_EXIT
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

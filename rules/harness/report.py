@@ -1,0 +1,120 @@
+"""A campaign's report: every round's verdict, the selection, the final and the agent's usage,
+as JSON (rsi.campaign.report/1) and as Markdown for people. Stdlib only; a pure function of the
+round, best and final documents."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+SCHEMA = "rsi.campaign.report/1"
+USAGE_FIELDS = ("tokens.input", "tokens.output", "tokens.cached", "calls", "wall_s", "device_s")
+
+
+def _get(usage: dict, dotted: str):
+    cur = usage or {}
+    for part in dotted.split("."):
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    return cur
+
+
+def usage_totals(per_round: list[dict]) -> dict:
+    """Sum each field over the rounds that reported it; null when none did (never 0)."""
+    totals, unknown = {}, {}
+    for name in USAGE_FIELDS:
+        known = [_get(u, name) for u in per_round if _get(u, name) is not None]
+        totals[name] = sum(known) if known else None
+        unknown[name] = len(per_round) - len(known)
+    return {"totals": totals, "unknown_rounds": unknown, "rounds": len(per_round)}
+
+
+def _fmt(x, spec=".3f") -> str:
+    return "null" if x is None else format(x, spec)
+
+
+def report(campaign: str, rounds: list[dict], best: dict, final: dict) -> dict:
+    rows = []
+    for r in sorted(rounds, key=lambda d: d["round"]):
+        sp = r.get("speedup") or {}
+        rows.append({"round": r["round"], "label": r["label"], "verdict": r["verdict"],
+                     "speedup": sp or None, "candidate_digest": r["candidate"]["digest"],
+                     "hypothesis": r["candidate"]["hypothesis"],
+                     "failure_kind": r["correctness"]["failure_kind"],
+                     "reasons": [x.get("code") for x in r.get("reasons") or []],
+                     "usage": r.get("usage")})
+    counts = {v: sum(1 for r in rows if r["verdict"] == v) for v in ("PASS", "FAIL",
+                                                                      "INCONCLUSIVE")}
+    return {"schema": SCHEMA, "campaign": campaign, "rounds": rows, "counts": counts,
+            "best": best.get("selected"), "selection_rule": best.get("rule"),
+            "final": final, "usage": usage_totals([r.get("usage") or {} for r in rounds])}
+
+
+def markdown(doc: dict) -> str:
+    lines = [f"# Campaign {doc['campaign']}", "",
+             f"{len(doc['rounds'])} round(s): {doc['counts']['PASS']} PASS, "
+             f"{doc['counts']['FAIL']} FAIL, {doc['counts']['INCONCLUSIVE']} INCONCLUSIVE", "",
+             "| round | verdict | speedup | interval | failure | hypothesis |",
+             "|---|---|---|---|---|---|"]
+    for r in doc["rounds"]:
+        sp = r["speedup"] or {}
+        interval = f"[{_fmt(sp.get('lo'))}, {_fmt(sp.get('hi'))}]" if sp else ""
+        hyp = (r["hypothesis"] or "").replace("|", "/").replace("\n", " ")[:80]
+        lines.append(f"| {r['round']} | {r['verdict']} | {_fmt(sp.get('point'))} | {interval} "
+                     f"| {r['failure_kind'] or ''} | {hyp} |")
+    best = doc["best"]
+    lines += ["", "## Best", ""]
+    if best:
+        sp = best["speedup"]
+        lines.append(f"round {best['round']} ({best['candidate_digest']}): "
+                     f"{_fmt(sp['point'])}x [{_fmt(sp['lo'])}, {_fmt(sp['hi'])}] against its "
+                     "own paired baseline")
+    else:
+        lines.append("none: no round passed")
+    lines.append(f"selection rule: {doc['selection_rule']}")
+    final = doc["final"] or {}
+    lines += ["", "## Final", ""]
+    if final.get("state") == "done":
+        sp = final.get("speedup") or {}
+        lines.append(f"{final['verdict']}: {_fmt(sp.get('point'))}x "
+                     f"[{_fmt(sp.get('lo'))}, {_fmt(sp.get('hi'))}] — an independent "
+                     f"re-measure of round {final['selected']['round']} with fresh seeds")
+        for reason in final.get("reasons") or []:
+            lines.append(f"- {reason.get('code')}: {reason.get('detail')}")
+    else:
+        lines.append(f"{final.get('state', 'unknown')}: {final.get('message', '')}")
+    lines += ["", "## Usage (reported by the agent)", "", "| field | total | rounds unknown |",
+              "|---|---|---|"]
+    for name, total in doc["usage"]["totals"].items():
+        lines.append(f"| {name} | {_fmt(total, 'g')} | {doc['usage']['unknown_rounds'][name]} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--campaign", required=True)
+    ap.add_argument("--round", dest="rounds", action="append", type=Path, default=[])
+    ap.add_argument("--best", required=True, type=Path)
+    ap.add_argument("--final", required=True, type=Path)
+    ap.add_argument("--out-json", required=True, type=Path)
+    ap.add_argument("--out-md", required=True, type=Path)
+    args = ap.parse_args()
+    try:
+        rounds = [json.loads(p.read_text()) for p in args.rounds]
+        doc = report(args.campaign, rounds, json.loads(args.best.read_text()),
+                     json.loads(args.final.read_text()))
+        for path, text in ((args.out_json, json.dumps(doc, indent=1, sort_keys=True) + "\n"),
+                           (args.out_md, markdown(doc))):
+            tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"rsi harness fault (report): {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,663 @@
+"""Campaigns: the append-only log, budget and deadline, selection, the final, usage, and scripted
+agent loops through a catalog task and through an external project (real sandboxed builds).
+
+The loops keep their measurement policy small (few cases, 6-8 pairs) and their candidates far
+apart (a naive row-loop baseline; wrong, broken, unchanged and two clearly faster candidates), so
+verdicts are stable on a small shared machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from rsi.errors import DeclarationError, UsageError
+from rules.campaign import CampaignLog, Policy, State, ended_reason, policy_of
+
+REPO = Path(__file__).resolve().parents[1]
+SOFTMAX = REPO / "tasks" / "softmax"
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "external_project"
+# NB: conftest's helpers arrive as fixtures (another folder's conftest may own the module name);
+# this autouse fixture hands them to the module-level helpers below.
+RSI: list[str] = []
+make_workspace = run_rsi = read_events = None
+
+
+@pytest.fixture(autouse=True)
+def _cli_helpers(make_workspace, run_rsi, read_events, rsi_argv):
+    g = globals()
+    g.update(make_workspace=make_workspace, run_rsi=run_rsi, read_events=read_events)
+    RSI[:] = rsi_argv
+
+
+def write_files(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+NAIVE = '''\
+"""Softmax over the last axis, one row at a time (a deliberately naive baseline)."""
+import numpy as np
+
+
+def softmax(x):
+    rows = x.reshape(-1, x.shape[-1])
+    out = np.empty(rows.shape, dtype=x.dtype)
+    for i in range(rows.shape[0]):
+        r = rows[i].astype(np.float64)
+        r = np.exp(r - r.max())
+        out[i] = r / r.sum()
+    return out.reshape(x.shape)
+'''
+CANDIDATES = {
+    "vectorised": '''\
+import numpy as np
+
+
+def softmax(x):
+    xf = x.astype(np.float64)
+    xf -= xf.max(axis=-1, keepdims=True)
+    np.exp(xf, out=xf)
+    xf /= xf.sum(axis=-1, keepdims=True)
+    return xf.astype(x.dtype)
+''',
+    "wrong": '''\
+import numpy as np
+
+
+def softmax(x):
+    e = np.exp(x - x.max(axis=0, keepdims=True))
+    return e / e.sum(axis=0, keepdims=True)
+''',
+    "syntax": "import numpy as np\n\ndef softmax(x:\n    return x\n",
+    "unchanged": NAIVE,
+    "inplace": '''\
+import numpy as np
+
+
+def softmax(x):
+    e = x - x.max(axis=-1, keepdims=True)
+    np.exp(e, out=e)
+    e /= e.sum(axis=-1, keepdims=True)
+    return e
+''',
+}
+
+TASK_BUILD = '''\
+[task]
+rule = "task"
+runtime = ["workloads.py", "oracle.py"]
+baseline = "baseline"
+framework = "numpy"
+entry = {module = "kernel", function = "softmax"}
+editable = ["kernel.py"]
+tolerances = {float32 = {atol = 1e-06, rtol = 1e-05}, float64 = {atol = 1e-12, rtol = 1e-10}}
+cases = [
+  {name = "normal_f32", shape = [16, 128], dtype = "float32", kind = "normal"},
+  {name = "large_f64", shape = [8, 64], dtype = "float64", kind = "large", scale = 10000.0},
+  {name = "transposed_f32", shape = [24, 40], dtype = "float32", kind = "transposed"},
+  {name = "single_column_f32", shape = [5, 1], dtype = "float32", kind = "normal"},
+]
+
+[small]
+rule = "binding"
+task = ":task"
+measure.workload = {name = "bench", shape = [64, 1024], dtype = "float32", kind = "normal"}
+measure.warmups = 1
+measure.samples = 5
+measure.pairs = 8
+measure.probes = 16
+measure.metric = "latency"
+measure.direction = "minimize"
+assess = {min_improvement = 0.05, confidence = 0.95, bootstrap_resamples = 500, min_pairs = 5}
+'''
+
+
+def task_workspace(tmp_path: Path, campaign: str) -> Path:
+    files: dict[str, str | bytes] = {
+        "tasks/sm/BUILD.toml": TASK_BUILD + "\n" + campaign,
+        "tasks/sm/oracle.py": (SOFTMAX / "oracle.py").read_bytes(),
+        "tasks/sm/workloads.py": (SOFTMAX / "workloads.py").read_bytes(),
+        "tasks/sm/baseline/kernel.py": NAIVE,
+    }
+    for name, text in CANDIDATES.items():
+        files[f"cands/{name}/kernel.py"] = text
+    return make_workspace(tmp_path, files)
+
+
+CAMPAIGN = '''\
+[campaign]
+rule = "campaign"
+binding = ":small"
+rounds = {up_to = 6}
+deadline_s = 3600.0
+final_reserve_s = 600.0
+'''
+C = "//tasks/sm:campaign"
+
+
+def rsi_json(ws: Path, *args: str, expect: int = 0, **kw) -> dict:
+    run = run_rsi(ws, *args, "--json", timeout=kw.pop("timeout", 300), **kw)
+    assert run.returncode == expect, str(run)
+    return run.json()
+
+
+def usage_file(ws: Path, name: str, doc: dict) -> str:
+    path = ws.parent / f"usage-{name}.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+STABLE = ("verdict", "reasons", "speedup", "noise_floor", "threshold", "correctness",
+          "candidate", "usage", "evidence", "state", "round", "label")
+
+
+# ===================================================================================== the log
+
+
+def test_reader_ignores_a_torn_last_line_and_the_next_append_cuts_it(tmp_path):
+    log = CampaignLog(tmp_path, "//p:c")
+    with log.locked():
+        log.append({"kind": "start", "time": 1.0})
+        log.append({"kind": "candidate", "time": 2.0, "digest": "d1"})
+    with open(log.path, "ab") as f:
+        f.write(b'{"schema":"rsi.campaign.log/1","kind":"candidate","dig')  # a kill mid-write
+    assert [e["kind"] for e in log.read()] == ["start", "candidate"]
+    with log.locked():
+        log.append({"kind": "candidate", "time": 3.0, "digest": "d2"})
+    raw = log.path.read_bytes()
+    assert raw.endswith(b"\n") and b'"dig\n' not in raw and raw.count(b"\n") == 3
+    assert [e.get("digest") for e in log.read()] == [None, "d1", "d2"]
+
+
+def test_a_corrupt_line_inside_the_log_is_an_error_naming_the_file_and_line(tmp_path):
+    log = CampaignLog(tmp_path, "//p:c")
+    with log.locked():
+        log.append({"kind": "start", "time": 1.0})
+    with open(log.path, "ab") as f:
+        f.write(b"garbage\n")
+    with pytest.raises(DeclarationError) as info:
+        log.read()
+    assert str(log.path) in str(info.value) and "line 2" in str(info.value)
+
+
+def test_kill_9_during_candidate_add_leaves_each_entry_absent_or_whole(tmp_path):
+    ws = task_workspace(tmp_path, CAMPAIGN.replace("up_to = 6", "up_to = 50"))
+    rng = random.Random(7)
+    for i in range(8):
+        cand = ws / "kills" / str(i)
+        write_files(cand, {"kernel.py": NAIVE + f"# variant {i}\n"})
+        proc = subprocess.Popen([*RSI, "candidate", "add", C, "--from", str(cand)], cwd=ws,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.2, 0.9))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        entries = CampaignLog(ws / "cache", C).read()  # never raises: no torn entry counts
+        for e in entries:
+            assert e["kind"] in ("start", "candidate")
+            if e["kind"] == "candidate":
+                assert set(e["files"]) == {"kernel.py"} and e["digest"]
+    added = rsi_json(ws, "candidate", "add", C, "--from", str(ws / "cands" / "inplace"))
+    assert added["added"] is True
+    raw = (CampaignLog(ws / "cache", C).path).read_bytes()
+    assert raw.endswith(b"\n") and all(json.loads(line) for line in raw.splitlines())
+
+
+# ============================================================================ budget, policy
+
+
+def _policy(**kw) -> Policy:
+    attrs = {"rounds": {"up_to": 3}, "deadline_s": None, "final_reserve_s": 0.0,
+             "stop_on": None, "final_seed": 1, **kw}
+    return policy_of(attrs, "BUILD.toml", "//p:c")
+
+
+def test_policy_errors_name_the_field_and_what_to_do():
+    for kw, field_name in (({"rounds": {"exactly": 3}}, "rounds"),
+                           ({"rounds": {"exact": 3}, "stop_on": ["rounds", "agent"]}, "stop_on"),
+                           ({"deadline_s": 10.0, "final_reserve_s": 10.0}, "final_reserve_s"),
+                           ({"stop_on": ["agent"]}, "stop_on"),
+                           ({"stop_on": ["rounds", "deadline"]}, "stop_on")):
+        with pytest.raises(DeclarationError) as info:
+            _policy(**kw)
+        assert info.value.field == field_name and "BUILD.toml" in str(info.value)
+    assert _policy(rounds={"exact": 2}).stop_on == ("rounds",)
+    assert _policy(deadline_s=5.0).stop_on == ("rounds", "deadline", "agent")
+
+
+def test_rounds_end_by_budget_stop_or_deadline():
+    p = _policy(rounds={"up_to": 2}, deadline_s=100.0, final_reserve_s=30.0)
+    cand = {"kind": "candidate", "time": 1000.0}
+    open_ = State({"time": 1000.0}, (cand,), None)
+    assert ended_reason(p, open_) is None and ended_reason(p, open_, now=1069.0) is None
+    assert ended_reason(p, open_, now=1070.0) == "deadline"
+    assert ended_reason(p, State(None, (cand, cand), None)) == "rounds"
+    assert ended_reason(p, State(None, (cand,), {"reason": "agent"})) == "agent"
+
+
+def test_budget_exhausted_and_deadline_refuse_rounds_with_a_clear_message(tmp_path):
+    ws = task_workspace(tmp_path, CAMPAIGN.replace("up_to = 6", "up_to = 1")
+                        + CAMPAIGN.replace("[campaign]", "[timed]")
+                        .replace("deadline_s = 3600.0", "deadline_s = 3.0")
+                        .replace("final_reserve_s = 600.0", "final_reserve_s = 2.0"))
+    cands = ws / "cands"
+    rsi_json(ws, "candidate", "add", C, "--from", str(cands / "inplace"))
+    refused = rsi_json(ws, "candidate", "add", C, "--from", str(cands / "vectorised"), expect=3)
+    assert refused["state"] == "refused" and refused["error"]["code"] == "budget_exhausted"
+    assert "all 1 rounds" in refused["error"]["message"]
+    assert "rsi campaign final" in refused["error"]["hint"]
+    again = rsi_json(ws, "candidate", "add", C, "--from", str(cands / "inplace"))
+    assert again["added"] is False and again["round"] == 1  # idempotent, costs nothing
+
+    timed = "//tasks/sm:timed"
+    first = rsi_json(ws, "candidate", "add", timed, "--from", str(cands / "inplace"))
+    assert first["budget"]["seconds_left_for_rounds"] <= 1.0
+    time.sleep(1.2)
+    late = rsi_json(ws, "candidate", "add", timed, "--from", str(cands / "vectorised"), expect=3)
+    assert late["error"]["code"] == "deadline_reached"
+    assert "final_reserve_s" in late["error"]["message"] and "until" in late["error"]["hint"]
+    status = rsi_json(ws, "campaign", "status", timed)
+    assert status["budget"]["ended_by"] == "deadline" and status["budget"]["final_allowed"]
+    assert status["final"]["state"] in ("not_built", "pending")
+    time.sleep(2.0)
+    past = rsi_json(ws, "campaign", "final", timed, expect=3)
+    assert past["error"]["code"] == "deadline_passed"
+
+
+def test_a_final_is_refused_while_the_campaign_is_open(tmp_path):
+    ws = task_workspace(tmp_path, CAMPAIGN.replace('rounds = {up_to = 6}', 'rounds = {exact = 3}'))
+    rsi_json(ws, "candidate", "add", C, "--from", str(ws / "cands" / "inplace"))
+    doc = rsi_json(ws, "campaign", "final", C, expect=3)
+    assert doc["error"]["code"] == "campaign_open" and "2 remaining" in doc["error"]["hint"]
+    stop = rsi_json(ws, "campaign", "stop", C, expect=3)
+    assert stop["error"]["code"] == "stop_not_accepted"
+    query = run_rsi(ws, "query", "//tasks/sm:all")
+    assert "//tasks/sm:campaign.round-1" in query.stdout
+    assert "//tasks/sm:campaign.final" in query.stdout
+
+
+def test_changing_the_budget_after_the_start_is_refused(tmp_path):
+    ws = task_workspace(tmp_path, CAMPAIGN)
+    rsi_json(ws, "candidate", "add", C, "--from", str(ws / "cands" / "inplace"))
+    build = ws / "tasks" / "sm" / "BUILD.toml"
+    build.write_text(build.read_text().replace("up_to = 6", "up_to = 60"))
+    doc = rsi_json(ws, "candidate", "add", C, "--from", str(ws / "cands" / "vectorised"),
+                   expect=2)
+    assert "changed since it started (rounds)" in doc["error"]["message"]
+
+
+# ====================================================================================== usage
+
+
+def test_usage_keeps_unknown_values_null_and_a_real_zero(tmp_path):
+    from rules.campaign_cli import parse_usage
+
+    path = tmp_path / "u.json"
+    path.write_text(json.dumps({"tokens": {"input": 100, "cached": 0}, "device_s": 0.0}))
+    u = parse_usage(str(path))
+    assert u["tokens"] == {"input": 100, "output": None, "cached": 0}
+    assert u["device_s"] == 0.0 and u["calls"] is None and u["wall_s"] is None
+    assert parse_usage(None)["tokens"]["input"] is None
+    for bad in ({"tokens": {"input": 5, "cached": 9}}, {"calls": -1}, {"calls": 1.5},
+                {"wall": 3}):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(UsageError):
+            parse_usage(str(path))
+
+
+def _harness(stem: str):
+    from importlib import util
+
+    spec = util.spec_from_file_location(f"rsi_test_{stem}", REPO / "rules" / "harness"
+                                        / f"{stem}.py")
+    module = util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_usage_totals_never_double_count_and_stay_null_when_unknown():
+    report = _harness("report")
+    per_round = [{"tokens": {"input": 100, "output": 10, "cached": 40}, "calls": 0},
+                 {"tokens": {"input": 50, "output": None, "cached": None}, "calls": None},
+                 {}]
+    doc = report.usage_totals(per_round)
+    assert doc["totals"]["tokens.input"] == 150  # cached is part of input, never added
+    assert doc["totals"]["tokens.cached"] == 40 and doc["unknown_rounds"]["tokens.cached"] == 2
+    assert doc["totals"]["calls"] == 0  # a real 0 stays 0
+    assert doc["totals"]["device_s"] is None and doc["unknown_rounds"]["device_s"] == 3
+
+
+# ================================================================================== selection
+
+
+def _round_doc(n: int, verdict: str, point: float | None, lo: float | None = None) -> dict:
+    sp = None if point is None else {"point": point, "lo": lo or point * 0.9, "hi": point * 1.1}
+    return {"round": n, "label": f"//p:c.round-{n}", "verdict": verdict, "speedup": sp,
+            "candidate": {"digest": f"d{n}", "files": {}, "hypothesis": None}}
+
+
+def test_best_is_the_highest_paired_improvement_among_pass_rounds_only():
+    sel = _harness("select")
+    doc = sel.select([_round_doc(1, "PASS", 1.3), _round_doc(2, "INCONCLUSIVE", 3.0),
+                      _round_doc(3, "FAIL", 9.0), _round_doc(4, "PASS", 1.6),
+                      _round_doc(5, "PASS", 1.6, lo=1.5)])
+    assert doc["selected"]["round"] == 5  # tie on the point: the higher lower bound
+    assert [r["eligible"] for r in doc["considered"]] == [True, False, False, True, True]
+    assert sel.select([_round_doc(1, "FAIL", None), _round_doc(2, "INCONCLUSIVE", 2.0)]
+                      )["selected"] is None
+
+
+# =============================================================================== agent loops
+
+
+def test_scripted_agent_loop_through_a_catalog_task(tmp_path):
+    ws = task_workspace(tmp_path, CAMPAIGN)
+    cands = ws / "cands"
+    plan = [("vectorised", "vectorise the row loop",
+             {"tokens": {"input": 1200, "output": 300, "cached": 800}, "calls": 2}),
+            ("wrong", "normalise once over the batch", None),
+            ("syntax", None, {"tokens": {"input": 0, "output": 0, "cached": 0}, "calls": 0,
+                              "wall_s": 0.0, "device_s": 0.0}),
+            ("unchanged", "maybe the baseline is fine", None),
+            ("inplace", "float32 in place, no temporaries", {"wall_s": 12.5})]
+    docs = {}
+    for number, (name, hypothesis, usage) in enumerate(plan, 1):
+        args = ["round", C, "--from", str(cands / name)]
+        if hypothesis:
+            args += ["--hypothesis", hypothesis]
+        if usage:
+            args += ["--usage", usage_file(ws, name, usage)]
+        doc = rsi_json(ws, *args)
+        assert doc["schema"] == "rsi.round/1" and doc["round"] == number and doc["added"]
+        assert doc["state"] == "done" and doc["cache"] == "miss"
+        assert doc["budget"]["rounds_used"] == number and doc["budget"]["rounds_left"] == 6 - number
+        assert Path(doc["evidence"]["verdict"]["path"]).is_file()
+        docs[name] = doc
+
+    assert docs["vectorised"]["verdict"] == "PASS" and docs["inplace"]["verdict"] == "PASS"
+    assert docs["wrong"]["verdict"] == "FAIL"
+    assert docs["wrong"]["correctness"]["failure_kind"] == "wrong_output"
+    assert docs["syntax"]["verdict"] == "FAIL"
+    assert docs["syntax"]["correctness"]["failure_kind"] == "syntax_error"
+    assert docs["unchanged"]["verdict"] == "INCONCLUSIVE"
+    assert docs["vectorised"]["candidate"]["hypothesis"] == "vectorise the row loop"
+    assert docs["syntax"]["usage"]["tokens"]["input"] == 0  # a real 0
+    assert docs["wrong"]["usage"]["tokens"]["input"] is None  # unknown
+
+    passed = {n: d["speedup"]["point"] for n, d in docs.items() if d["verdict"] == "PASS"}
+    best_name = max(passed, key=passed.get)
+    assert docs["inplace"]["best"]["state"] == "selected"
+    assert docs["inplace"]["best"]["round"] == docs[best_name]["round"]
+
+    again = rsi_json(ws, "round", C, "--round", "1")
+    assert again["cache"] == "hit" and again["added"] is None
+    assert again["best"]["n_rounds"] == 5  # the analysis cache saw every append to the log
+    assert {k: again[k] for k in STABLE} == {k: docs["vectorised"][k] for k in STABLE}
+    resubmitted = rsi_json(ws, "round", C, "--from", str(cands / "wrong"))
+    assert resubmitted["added"] is False and resubmitted["round"] == 2
+    assert resubmitted["cache"] == "hit"
+
+    status = rsi_json(ws, "campaign", "status", C)
+    assert [r["verdict"] for r in status["rounds"]] == [
+        "PASS", "FAIL", "FAIL", "INCONCLUSIVE", "PASS"]
+    assert status["best"]["round"] == docs[best_name]["round"]
+    assert status["final"]["state"] == "pending" and status["budget"]["state"] == "open"
+    totals, unknown = status["usage"]["totals"], status["usage"]["unknown_rounds"]
+    assert totals["tokens.input"] == 1200 and unknown["tokens.input"] == 3
+    assert totals["calls"] == 2 and totals["wall_s"] == 12.5 and totals["device_s"] == 0.0
+
+    assert rsi_json(ws, "campaign", "final", C, expect=3)["error"]["code"] == "campaign_open"
+    stop = rsi_json(ws, "campaign", "stop", C)
+    assert stop["stopped_now"] and stop["budget"]["ended_by"] == "agent"
+    write_files(ws / "cands" / "late", {"kernel.py": CANDIDATES["inplace"] + "# again\n"})
+    closed = rsi_json(ws, "round", C, "--from", str(ws / "cands" / "late"), expect=3)
+    assert closed["error"]["code"] == "campaign_stopped"
+
+    events = ws.parent / "final-events.jsonl"
+    final = rsi_json(ws, "campaign", "final", C, "--events", str(events))
+    assert final["state"] == "done" and final["cache"] == "miss"
+    f = final["final"]
+    assert f["state"] == "done" and f["selected"]["round"] == docs[best_name]["round"]
+    assert f["verdict"] == "PASS" and f["confirms_selection"]
+    assert f["reseeded"]["spec"]["seed"][0] != f["reseeded"]["spec"]["seed"][1]
+    assert f["reseeded"]["spec"]["measure.seed"][0] != f["reseeded"]["spec"]["measure.seed"][1]
+    ran = [e for e in read_events(events) if e["kind"] == "action_finished"
+           and e.get("cache") == "miss"]
+    assert {"Final", "Report"} <= {e["mnemonic"] for e in ran}
+    round_keys = {e.get("key") for e in read_events(events) if "round-" in e.get("label", "")}
+    assert not round_keys & {e["key"] for e in ran if e["mnemonic"] == "Final"}
+    samples = json.loads(Path(final["evidence"]["samples.json"]["path"]).read_text())
+    round_samples = json.loads(Path(docs[best_name]["evidence"]["samples"]["path"]).read_text())
+    assert samples["pairs"][0]["timed_seeds"] != round_samples["pairs"][0]["timed_seeds"]
+
+    cached = rsi_json(ws, "campaign", "final", C)
+    assert cached["cache"] == "hit" and cached["final"] == f
+    report = json.loads(Path(cached["report"]["report.json"]["path"]).read_text())
+    assert [r["verdict"] for r in report["rounds"]] == [r["verdict"] for r in status["rounds"]]
+    assert report["final"]["verdict"] == "PASS"
+    assert "## Final" in Path(cached["report"]["report.md"]["path"]).read_text()
+    done = rsi_json(ws, "campaign", "status", C)
+    assert done["final"]["state"] == "done" and done["final"]["verdict"] == "PASS"
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _wait_for_process(root: int, needle: str, timeout: float = 60) -> list[int]:
+    """Pids of `root`'s descendants whose command line contains `needle`, once there are any."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [p for p in _descendants(root) if needle in _cmdline(p)]
+        if found:
+            return found
+        time.sleep(0.02)
+    raise AssertionError(f"no {needle} process appeared under {root}")
+
+
+def _wait_for_event(path: Path, mnemonic: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(e["kind"] == "action_started" and e.get("mnemonic") == mnemonic
+               for e in read_events_tolerant(path)):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{mnemonic} never started")
+
+
+def read_events_tolerant(path: Path) -> list[dict]:
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def test_an_infrastructure_fault_or_a_kill_9_leaves_the_round_retryable(tmp_path):
+    ws = task_workspace(tmp_path, CAMPAIGN)
+    run_rsi(ws, "build", "//tasks/sm:small", timeout=300)  # baseline check + A/A, shared
+    cands = ws / "cands"
+
+    # 1. the harness dies mid-measurement: no verdict, nothing cached, the round is retryable
+    events = ws.parent / "ev1.jsonl"
+    proc = subprocess.Popen([*RSI, "round", C, "--from", str(cands / "vectorised"), "--json",
+                             "--events", str(events)], cwd=ws, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    _wait_for_event(events, "Measure")
+    for pid in _wait_for_process(proc.pid, "measure.py"):
+        os.kill(pid, signal.SIGKILL)
+    killed = True
+    out, err = proc.communicate(timeout=300)
+    assert killed and proc.returncode == 1, out + err
+    doc = json.loads(out)
+    assert doc["state"] == "failed" and doc["retryable"] and doc["verdict"] is None
+    assert any("Measure" in e["action"] for e in doc["errors"])
+    assert "--round 1" in doc["hint"]
+    retried = rsi_json(ws, "round", C, "--round", "1")
+    assert retried["state"] == "done" and retried["verdict"] == "PASS"
+
+    # 2. `kill -9` of rsi itself mid-round: the entry is logged whole, the next build resumes
+    events = ws.parent / "ev2.jsonl"
+    proc = subprocess.Popen([*RSI, "round", C, "--from", str(cands / "inplace"), "--json",
+                             "--events", str(events)], cwd=ws, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    _wait_for_event(events, "Measure")
+    _wait_for_process(proc.pid, "measure.py")
+    children = _descendants(proc.pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    time.sleep(1.0)
+    left = {p: _cmdline(p) for p in children if _alive(p)}
+    assert children and not left, left  # nothing left running
+    status = rsi_json(ws, "campaign", "status", C)
+    assert [r["state"] for r in status["rounds"]] == ["done", "not_built"]
+    resumed = rsi_json(ws, "round", C, "--from", str(cands / "inplace"))  # same content
+    assert resumed["round"] == 2 and resumed["added"] is False
+    assert resumed["state"] == "done" and resumed["verdict"] == "PASS"
+
+    # 3. a final that faults is not cached either: asking again runs it
+    rsi_json(ws, "campaign", "stop", C)
+    events = ws.parent / "ev3.jsonl"
+    proc = subprocess.Popen([*RSI, "campaign", "final", C, "--json", "--events", str(events)],
+                            cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_event(events, "Final")
+    for pid in _wait_for_process(proc.pid, "measure.py"):
+        os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out + err
+    faulted = json.loads(out)
+    assert faulted["state"] == "failed" and faulted["retryable"] and faulted["final"] is None
+    final = rsi_json(ws, "campaign", "final", C)
+    assert final["state"] == "done" and final["cache"] == "miss"
+    assert final["final"]["verdict"] == "PASS"
+
+
+PROJECT_BUILD = '''\
+[proj]
+rule = "external_project"
+root = "../../proj"
+editable = ["src/work.py"]
+protocol = ["bench.py", "quality.py"]
+quality_cmd = "python3 quality.py"
+quality_field = "ok"
+benchmark_cmd = "python3 bench.py"
+metric = "seconds"
+direction = "minimize"
+measure = {pairs = 6}
+assess = {min_improvement = 0.05, bootstrap_resamples = 500, min_pairs = 5}
+
+[campaign]
+rule = "campaign"
+binding = ":proj"
+rounds = {exact = 5}
+'''
+PROJECT_CANDIDATES = {
+    "closed_form": "PATTERN = [(i * i) % 7 for i in range(7)]\n\n\n"
+                   "def compute(n: int) -> int:\n"
+                   "    return (n // 7) * sum(PATTERN) + sum(PATTERN[: n % 7])\n",
+    "wrong": "def compute(n: int) -> int:\n    return sum((i * i) % 5 for i in range(n))\n",
+    "syntax": "def compute(n:\n    return 0\n",
+    "unchanged": (FIXTURE / "src" / "work.py").read_text(),
+    "chunked": "def compute(n: int) -> int:\n    total = 0\n    for _ in range(n // 7):\n"
+               "        total += 14\n"
+               "    return total + sum((i * i) % 7 for i in range(n - n % 7, n))\n",
+}
+
+
+def test_scripted_agent_loop_through_an_external_project(tmp_path):
+    ws = make_workspace(tmp_path, {"tasks/ext/BUILD.toml": PROJECT_BUILD})
+    proj = ws / "proj"
+    shutil.copytree(FIXTURE, proj)
+    original = {p.relative_to(proj).as_posix(): p.read_bytes() for p in proj.rglob("*")
+                if p.is_file()}
+    camp = "//tasks/ext:campaign"
+    start = rsi_json(ws, "campaign", "start", camp)
+    assert set(start["frozen"]["protocol"]) == {"bench.py", "quality.py"}
+
+    docs = {}
+    for number, (name, text) in enumerate(PROJECT_CANDIDATES.items(), 1):
+        work = ws.parent / "agent" / name  # a working copy, as an agent would edit it
+        shutil.copytree(proj, work)
+        (work / "src" / "work.py").write_text(text)
+        (work / "notes.txt").write_text("scratch notes, outside the editable scope")
+        doc = rsi_json(ws, "round", camp, "--from", str(work))
+        assert doc["state"] == "done" and doc["round"] == number, doc
+        docs[name] = doc
+        if number == 1:  # the project and its judge change after the start: the campaign
+            (proj / "bench.py").write_text("print(1.0)\nprint(1.0)\n")  # keeps its frozen ones
+            (proj / "src" / "work.py").write_text(PROJECT_CANDIDATES["closed_form"])
+            build = ws / "tasks" / "ext" / "BUILD.toml"
+            build.write_text(build.read_text().replace(
+                'quality_cmd = "python3 quality.py"', 'quality_cmd = "echo {}"'))
+
+    assert docs["closed_form"]["verdict"] == "PASS" and docs["chunked"]["verdict"] == "PASS"
+    assert docs["wrong"]["verdict"] == "FAIL"
+    assert docs["wrong"]["correctness"]["failure_kind"] == "quality_failed"
+    assert docs["syntax"]["verdict"] == "FAIL"
+    assert docs["syntax"]["correctness"]["failure_kind"] == "quality_command_failed"
+    assert docs["unchanged"]["verdict"] == "INCONCLUSIVE"
+    assert docs["chunked"]["best"]["round"] == 1  # the closed form is by far the fastest
+    assert docs["chunked"]["speedup"]["point"] < docs["closed_form"]["speedup"]["point"]
+    assert set(docs["wrong"]["candidate"]["files"]) == {"src/work.py"}  # notes.txt ignored
+
+    more = rsi_json(ws, "round", camp, "--from", str(ws.parent / "agent" / "wrong"))
+    assert more["added"] is False  # known content: no new round, even with the budget used
+    over = ws.parent / "agent" / "over"
+    shutil.copytree(ws.parent / "agent" / "wrong", over)
+    (over / "src" / "work.py").write_text("def compute(n):\n    return 0\n")
+    refused = rsi_json(ws, "round", camp, "--from", str(over), expect=3)
+    assert refused["error"]["code"] == "budget_exhausted"
+
+    final = rsi_json(ws, "campaign", "final", camp)
+    assert final["state"] == "done" and final["final"]["verdict"] == "PASS"
+    assert final["final"]["selected"]["round"] == 1
+
+    status = rsi_json(ws, "campaign", "status", camp)
+    assert status["frozen"]["protocol"] == start["frozen"]["protocol"]
+    assert any("changed since the start (quality)" in w for w in status["warnings"])
+    assert status["budget"]["ended_by"] == "rounds" and status["final"]["state"] == "done"
+    assert run_rsi(ws, "build", "//tasks/ext:campaign.baseline").returncode == 0
+    frozen = ws / "out" / "tasks" / "ext" / "campaign.baseline" / "frozen"
+    assert (frozen / "bench.py").read_bytes() == original["bench.py"]
+    assert (frozen / "src" / "work.py").read_bytes() == original["src/work.py"]
+    live = {p.relative_to(proj).as_posix() for p in proj.rglob("*") if p.is_file()}
+    assert live == set(original)  # no command ever ran in the project folder
