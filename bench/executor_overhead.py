@@ -53,9 +53,13 @@ def main() -> int:
     info = build(DECLARATIONS, store.root, name=args.toolchain, write_lock=False)
     docker_ex, bwrap_ex = DockerExecutor(), BwrapExecutor()
     script = store.put_bytes(SCRIPT)
-    action = Action(argv=("/bin/sh", "src/run.sh"),
-                    inputs=(("src/run.sh", FileNode(script, True)),), outputs=("out/result",),
-                    platform=(("toolchain", info.platform_value),), timeout_s=60)
+    action = Action(
+        argv=("/bin/sh", "src/run.sh"),
+        inputs=(("src/run.sh", FileNode(script, True)),),
+        outputs=("out/result",),
+        platform=(("toolchain", info.platform_value),),
+        timeout_s=60,
+    )
     image = docker_ex.image_for(info)
     bare_dir = store.scratch_dir("bench-")
     (bare_dir / "out").mkdir()
@@ -65,23 +69,41 @@ def main() -> int:
         subprocess.run(["/bin/sh", "run.sh"], cwd=bare_dir, check=True)
 
     def bare_docker() -> None:
-        subprocess.run(["docker", "run", "--rm", "--network", "none", image,
-                        "/bin/sh", "-c", "echo done > /tmp/result"],
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                "docker",
+                "run",
+                "--rm",
+                "--network",
+                "none",
+                image,
+                "/bin/sh",
+                "-c",
+                "echo done > /tmp/result",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
 
     def bare_docker_sdk() -> None:
-        docker_ex.client.containers.run(image, ["/bin/sh", "-c", "echo done > /tmp/result"],
-                                        network_mode="none", remove=True)
+        docker_ex.client.containers.run(
+            image, ["/bin/sh", "-c", "echo done > /tmp/result"], network_mode="none", remove=True
+        )
 
     def via(executor):
         def run() -> None:
             result = executor.run(action, store)
             assert result.ok, result.failure
+
         return run
 
-    cases = {"bare-subprocess": bare_subprocess, "bwrap": via(bwrap_ex),
-             "bare-docker": bare_docker, "bare-docker-sdk": bare_docker_sdk,
-             "docker": via(docker_ex)}
+    cases = {
+        "bare-subprocess": bare_subprocess,
+        "bwrap": via(bwrap_ex),
+        "bare-docker": bare_docker,
+        "bare-docker-sdk": bare_docker_sdk,
+        "docker": via(docker_ex),
+    }
     for fn in cases.values():  # warm-up: image load, rootfs extraction, page cache
         fn()
     samples: dict[str, list[float]] = {name: [] for name in cases}
@@ -97,8 +119,11 @@ def main() -> int:
         "rounds": args.rounds,
         "toolchain": info.platform_value,
         "image": image,
-        "host": {**host_facts(), "python": platform.python_version(),
-                 "docker_server": docker_ex._server},
+        "host": {
+            **host_facts(),
+            "python": platform.python_version(),
+            "docker_server": docker_ex._server,
+        },
         "median_s": med,
         "min_s": {name: min(s) for name, s in samples.items()},
         "ratios": {

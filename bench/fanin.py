@@ -36,17 +36,23 @@ def write_workspace(ws: Path, n: int) -> None:
     parts = []
     for i in range(n):
         (ws / "in" / f"leaf_{i}.txt").write_text(f"input {i} \n")
-        parts.append(f'[leaf_{i}]\nrule = "command"\nsrcs = ["in/leaf_{i}.txt"]\n'
-                     f'outs = ["leaf_{i}.out"]\ncmd = "{leaf_cmd(i)}"\n')
+        parts.append(
+            f'[leaf_{i}]\nrule = "command"\nsrcs = ["in/leaf_{i}.txt"]\n'
+            f'outs = ["leaf_{i}.out"]\ncmd = "{leaf_cmd(i)}"\n'
+        )
     for j in range(n // 10):
         leaves = [f":leaf_{i}" for i in range(10 * j, 10 * j + 10)]
         files = " ".join(f"leaf_{i}.out" for i in range(10 * j, 10 * j + 10))
-        parts.append(f'[mid_{j}]\nrule = "command"\ndeps = {json.dumps(leaves)}\n'
-                     f'outs = ["mid_{j}.out"]\ncmd = "cat {files} > mid_{j}.out"\n')
+        parts.append(
+            f'[mid_{j}]\nrule = "command"\ndeps = {json.dumps(leaves)}\n'
+            f'outs = ["mid_{j}.out"]\ncmd = "cat {files} > mid_{j}.out"\n'
+        )
     mids = [f":mid_{j}" for j in range(n // 10)]
     files = " ".join(f"mid_{j}.out" for j in range(n // 10))
-    parts.append(f'[root]\nrule = "command"\ndeps = {json.dumps(mids)}\nouts = ["root.out"]\n'
-                 f'cmd = "cat {files} > root.out"\n')
+    parts.append(
+        f'[root]\nrule = "command"\ndeps = {json.dumps(mids)}\nouts = ["root.out"]\n'
+        f'cmd = "cat {files} > root.out"\n'
+    )
     (ws / "BUILD.toml").write_text("\n".join(parts))
 
 
@@ -60,7 +66,9 @@ def bare_loop(ws: Path, n: int) -> float:
         subprocess.run(["/bin/sh", "-c", leaf_cmd(i)], cwd=work, env=env, check=True)
     for j in range(n // 10):
         files = " ".join(f"leaf_{i}.out" for i in range(10 * j, 10 * j + 10))
-        subprocess.run(["/bin/sh", "-c", f"cat {files} > mid_{j}.out"], cwd=work, env=env, check=True)
+        subprocess.run(
+            ["/bin/sh", "-c", f"cat {files} > mid_{j}.out"], cwd=work, env=env, check=True
+        )
     files = " ".join(f"mid_{j}.out" for j in range(n // 10))
     subprocess.run(["/bin/sh", "-c", f"cat {files} > root.out"], cwd=work, env=env, check=True)
     dt = time.perf_counter() - t0
@@ -93,14 +101,14 @@ def bench_size(n: int, repeat: int, base: Path) -> dict:
     bare = [bare_loop(ws, n) for _ in range(max(1, repeat // 2))]
     res["bare_loop_s"] = statistics.median(bare)
     cold, noop, change, touch = [], [], [], []
-    for r in range(max(1, repeat // 2)):
+    for _ in range(max(1, repeat // 2)):
         clean(ws)
         dt, ex = rsi_build(ws, n)
         cold.append(dt)
         assert ex == res["actions"], ex
     time.sleep(1.1)  # NB: lets the stat memo record the inputs (it skips files younger than 1 s)
     rsi_build(ws, n)
-    for r in range(repeat):
+    for _ in range(repeat):
         dt, ex = rsi_build(ws, n)
         noop.append(dt)
         assert ex == 0, ex
@@ -111,7 +119,7 @@ def bench_size(n: int, repeat: int, base: Path) -> dict:
         assert ex == 3, ex
     time.sleep(1.1)
     rsi_build(ws, n)
-    for r in range(repeat):
+    for _ in range(repeat):
         os.utime(leaf)
         dt, ex = rsi_build(ws, n)
         touch.append(dt)
@@ -121,8 +129,13 @@ def bench_size(n: int, repeat: int, base: Path) -> dict:
         t0 = time.perf_counter()
         subprocess.run([*RSI, "--version"], capture_output=True, check=True)
         startup.append(time.perf_counter() - t0)
-    for name, xs in (("cold", cold), ("noop", noop), ("change_one", change), ("touch_one", touch),
-                     ("startup", startup)):
+    for name, xs in (
+        ("cold", cold),
+        ("noop", noop),
+        ("change_one", change),
+        ("touch_one", touch),
+        ("startup", startup),
+    ):
         med = statistics.median(xs)
         res[f"{name}_s"] = med
         res[f"{name}_ratio_to_bare"] = med / res["bare_loop_s"]
@@ -153,12 +166,18 @@ def bench_hash(gib: float, base: Path) -> dict:
         assert got == want
     path.unlink()
     b, o = min(bare), min(ours)
-    return {"bytes": size, "bare_blake3_gib_s": gib / b, "rsi_gib_s": gib / o,
-            "rsi_fraction_of_bare": b / o}
+    return {
+        "bytes": size,
+        "bare_blake3_gib_s": gib / b,
+        "rsi_gib_s": gib / o,
+        "rsi_fraction_of_bare": b / o,
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--sizes", type=int, nargs="+", default=[100, 1000])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--hash-gib", type=float, default=1.0)
@@ -170,15 +189,20 @@ def main() -> None:
         for n in args.sizes:
             r = bench_size(n, args.repeat, base)
             results["sizes"].append(r)
-            print(f"N={n} ({r['actions']} actions): bare loop {r['bare_loop_s']:.2f}s | "
-                  f"cold {r['cold_s']:.2f}s ({r['cold_ratio_to_bare']:.2f}x) | "
-                  f"no-op {r['noop_s']:.3f}s | change one {r['change_one_s']:.3f}s | "
-                  f"touch one {r['touch_one_s']:.3f}s | startup {r['startup_s']:.3f}s", flush=True)
+            print(
+                f"N={n} ({r['actions']} actions): bare loop {r['bare_loop_s']:.2f}s | "
+                f"cold {r['cold_s']:.2f}s ({r['cold_ratio_to_bare']:.2f}x) | "
+                f"no-op {r['noop_s']:.3f}s | change one {r['change_one_s']:.3f}s | "
+                f"touch one {r['touch_one_s']:.3f}s | startup {r['startup_s']:.3f}s",
+                flush=True,
+            )
         if args.hash_gib > 0:
             h = bench_hash(args.hash_gib, base)
             results["hash"] = h
-            print(f"hash {args.hash_gib:g} GiB: bare blake3 {h['bare_blake3_gib_s']:.2f} GiB/s, "
-                  f"rsi {h['rsi_gib_s']:.2f} GiB/s ({100 * h['rsi_fraction_of_bare']:.0f}% of bare)")
+            print(
+                f"hash {args.hash_gib:g} GiB: bare blake3 {h['bare_blake3_gib_s']:.2f} GiB/s, "
+                f"rsi {h['rsi_gib_s']:.2f} GiB/s ({100 * h['rsi_fraction_of_bare']:.0f}% of bare)"
+            )
     finally:
         shutil.rmtree(base, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -22,8 +22,14 @@ TASKS = ROOT / "tasks"
 
 
 def run(script: str, *args: str, cwd: Path) -> None:
-    proc = subprocess.run([sys.executable, "-I", "-B", str(HARNESS / script), *args], cwd=cwd,
-                          check=False, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-I", "-B", str(HARNESS / script), *args],
+        cwd=cwd,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"{script} failed: {proc.stderr}")
 
@@ -42,19 +48,54 @@ def bench_task(task: str, reps: int, work: Path) -> dict:
     spec0 = write_spec(work, task, 0)
 
     def check(impl: Path, out: str) -> Path:
-        run("check.py", "--task", str(tdir), "--impl", str(impl), "--spec", str(spec0),
-            "--out", str(work / out), cwd=work)
+        run(
+            "check.py",
+            "--task",
+            str(tdir),
+            "--impl",
+            str(impl),
+            "--spec",
+            str(spec0),
+            "--out",
+            str(work / out),
+            cwd=work,
+        )
         return work / out
 
     def measure(cand: Path, seed: int, out: str) -> Path:
-        run("measure.py", "--task", str(tdir), "--baseline", str(base), "--candidate", str(cand),
-            "--spec", str(write_spec(work, task, seed)), "--out", str(work / out), cwd=work)
+        run(
+            "measure.py",
+            "--task",
+            str(tdir),
+            "--baseline",
+            str(base),
+            "--candidate",
+            str(cand),
+            "--spec",
+            str(write_spec(work, task, seed)),
+            "--out",
+            str(work / out),
+            cwd=work,
+        )
         return work / out
 
     def assess(samples: Path, check_doc: Path, calib: Path, out: str) -> dict:
-        run("assess.py", "--spec", str(spec0), "--samples", str(samples), "--check",
-            str(check_doc), "--baseline-check", str(work / "check-base.json"), "--calibration",
-            str(calib), "--out", str(work / out), cwd=work)
+        run(
+            "assess.py",
+            "--spec",
+            str(spec0),
+            "--samples",
+            str(samples),
+            "--check",
+            str(check_doc),
+            "--baseline-check",
+            str(work / "check-base.json"),
+            "--calibration",
+            str(calib),
+            "--out",
+            str(work / out),
+            cwd=work,
+        )
         return json.loads((work / out).read_text())
 
     started = time.monotonic()
@@ -67,17 +108,21 @@ def bench_task(task: str, reps: int, work: Path) -> dict:
 
     aa_runs = [calib] + [measure(base, 1000 + k, f"aa-{k}.json") for k in range(1, reps + 1)]
     gain_runs = [first_gain] + [measure(gain, 2000 + k, f"gain-{k}.json") for k in range(1, reps)]
-    aa_verdicts = [assess(aa_runs[k + 1], work / "check-base.json", aa_runs[k], f"v-aa-{k}.json")
-                   for k in range(reps)]
-    gain_verdicts = [assess(gain_runs[k], gain_check, aa_runs[k], f"v-gain-{k}.json")
-                     for k in range(reps)]
+    aa_verdicts = [
+        assess(aa_runs[k + 1], work / "check-base.json", aa_runs[k], f"v-aa-{k}.json")
+        for k in range(reps)
+    ]
+    gain_verdicts = [
+        assess(gain_runs[k], gain_check, aa_runs[k], f"v-gain-{k}.json") for k in range(reps)
+    ]
     measure_walls = [json.loads(p.read_text())["wall_s"] for p in aa_runs + gain_runs]
     floors = [v["noise_floor"]["delta"] for v in aa_verdicts if v["noise_floor"]]
     spec = json.loads(spec0.read_text())
     return {
         "task": task,
         "policy": {k: spec["measure"][k] for k in ("warmups", "samples", "pairs")}
-        | {"workload": spec["measure"]["workload"]} | spec["assess"],
+        | {"workload": spec["measure"]["workload"]}
+        | spec["assess"],
         "reps": reps,
         "aa_false_pass": sum(v["verdict"] == "PASS" for v in aa_verdicts),
         "aa_verdicts": [v["verdict"] for v in aa_verdicts],
@@ -96,19 +141,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tasks", nargs="+", default=["softmax", "rmsnorm"])
     parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--out", type=Path, default=ROOT / "out" / "bench" /
-                        "measurement_quality.json")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "out" / "bench" / "measurement_quality.json"
+    )
     args = parser.parse_args()
     results = []
     for task in args.tasks:
         with tempfile.TemporaryDirectory(prefix=f"rsi-bench-{task}-") as tmp:
             results.append(bench_task(task, args.reps, Path(tmp)))
         r = results[-1]
-        print(f"{task:8s} A/A false PASS {r['aa_false_pass']:2d}/{r['reps']}  gain20 detected "
-              f"{r['gain20_detected']:2d}/{r['reps']}  noise floor median "
-              f"{r['noise_floor_median']:.3f} max {r['noise_floor_max']:.3f}  full verdict "
-              f"{r['full_verdict_wall_s']:.1f} s  measure {r['measure_wall_s_median']:.1f} s",
-              flush=True)
+        print(
+            f"{task:8s} A/A false PASS {r['aa_false_pass']:2d}/{r['reps']}  gain20 detected "
+            f"{r['gain20_detected']:2d}/{r['reps']}  noise floor median "
+            f"{r['noise_floor_median']:.3f} max {r['noise_floor_max']:.3f}  full verdict "
+            f"{r['full_verdict_wall_s']:.1f} s  measure {r['measure_wall_s_median']:.1f} s",
+            flush=True,
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"host_cpus": os.cpu_count(), "results": results}, indent=1))
     print(f"wrote {args.out}")

@@ -37,9 +37,12 @@ from rsi.store import LocalStore
 
 def cache_hit_latency(url: str, tmp: Path, n: int = 50) -> dict:
     producer = LocalStore(tmp / "producer", "sha256")
-    action = Action(argv=("sh", "-c", "cat in.txt > out.txt"),
-                    inputs=(("in.txt", FileNode(producer.put_bytes(b"bench\n"))),),
-                    outputs=("out.txt",), digest_function="sha256")
+    action = Action(
+        argv=("sh", "-c", "cat in.txt > out.txt"),
+        inputs=(("in.txt", FileNode(producer.put_bytes(b"bench\n"))),),
+        outputs=("out.txt",),
+        digest_function="sha256",
+    )
     result = LocalExecutor().run(action, producer)
     RemoteCache(RemoteSession(RemoteConfig(url), producer)).put(action, result, producer)
     times = []
@@ -50,8 +53,11 @@ def cache_hit_latency(url: str, tmp: Path, n: int = 50) -> dict:
         t0 = time.perf_counter()
         assert cache.get(action, store) is not None
         times.append(time.perf_counter() - t0)
-    return {"n": n, "median_ms": round(statistics.median(times) * 1e3, 2),
-            "p90_ms": round(sorted(times)[int(n * 0.9) - 1] * 1e3, 2)}
+    return {
+        "n": n,
+        "median_ms": round(statistics.median(times) * 1e3, 2),
+        "p90_ms": round(sorted(times)[int(n * 0.9) - 1] * 1e3, 2),
+    }
 
 
 def throughput(url: str, tmp: Path) -> dict:
@@ -85,19 +91,26 @@ def throughput(url: str, tmp: Path) -> dict:
 
 def _rsi_build(ws: Path) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "rsi.cli", "build", "//:all"], cwd=ws, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "rsi.cli", "build", "//:all"],
+        cwd=ws,
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - t0
 
 
 def cached_graph_from_remote(url: str, tmp: Path, width: int = 40) -> dict:
     build = []
     for i in range(width):
-        build.append(f'[leaf{i}]\nrule = "command"\nouts = ["l{i}.txt"]\n'
-                     f'cmd = "echo {i} > $(OUT)"\n')
+        build.append(
+            f'[leaf{i}]\nrule = "command"\nouts = ["l{i}.txt"]\ncmd = "echo {i} > $(OUT)"\n'
+        )
     deps = ", ".join(f'":leaf{i}"' for i in range(width))
-    build.append(f'[top]\nrule = "command"\nouts = ["top.txt"]\ndeps = [{deps}]\n'
-                 'cmd = "cat $(SRCS) > $(OUT)"\n')
+    build.append(
+        f'[top]\nrule = "command"\nouts = ["top.txt"]\ndeps = [{deps}]\n'
+        'cmd = "cat $(SRCS) > $(OUT)"\n'
+    )
     config = f'[workspace]\ndigest_function = "sha256"\nremote = "{url}"\n'
     walls = {}
     for name in ("first", "fresh"):
@@ -107,9 +120,12 @@ def cached_graph_from_remote(url: str, tmp: Path, width: int = 40) -> dict:
         (ws / "BUILD.toml").write_text("\n".join(build))
         walls[name] = _rsi_build(ws)
     walls["fresh_again_local"] = _rsi_build(tmp / "fresh")
-    return {"actions": width + 1, "first_build_s": round(walls["first"], 3),
-            "fresh_workspace_from_remote_s": round(walls["fresh"], 3),
-            "same_workspace_local_hits_s": round(walls["fresh_again_local"], 3)}
+    return {
+        "actions": width + 1,
+        "first_build_s": round(walls["first"], 3),
+        "fresh_workspace_from_remote_s": round(walls["fresh"], 3),
+        "same_workspace_local_hits_s": round(walls["fresh_again_local"], 3),
+    }
 
 
 def _mk(path: Path) -> Path:

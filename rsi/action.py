@@ -144,9 +144,7 @@ class ActionResult:
             raise ValueError(f"unknown action result schema {doc.get('schema')!r}")
         return cls(
             exit_code=int(doc["exit_code"]),
-            outputs=tuple(
-                OutputFile(p, Digest.parse(d), bool(x)) for p, d, x in doc["outputs"]
-            ),
+            outputs=tuple(OutputFile(p, Digest.parse(d), bool(x)) for p, d, x in doc["outputs"]),
             stdout=Digest.parse(doc["stdout"]) if doc.get("stdout") else None,
             stderr=Digest.parse(doc["stderr"]) if doc.get("stderr") else None,
             timed_out=bool(doc.get("timed_out")),

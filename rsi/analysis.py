@@ -42,8 +42,9 @@ class BuildGraph:
         stack: list[str] = []
         for label in labels:
             stack.extend(self.target_actions.get(label, []))
-            stack.extend(self.producer(a.producer) for a in self.providers[label].all_files
-                         if a.producer)
+            stack.extend(
+                self.producer(a.producer) for a in self.providers[label].all_files if a.producer
+            )
         wanted: set[str] = set()
         while stack:
             a = stack.pop()
@@ -107,7 +108,9 @@ def find_targets(loader: Loader, roots: list[Label]) -> tuple[dict[Label, Target
         chain = [str(u) for u, _ in reversed(cycle)] + [str(cycle[-1][0])]
         first = targets[cycle[0][1]]
         raise DeclarationError(
-            "dependency cycle: " + " -> ".join(chain), file=first.file, target=str(first.label),
+            "dependency cycle: " + " -> ".join(chain),
+            file=first.file,
+            target=str(first.label),
             field=graph.edges[cycle[0]].get("field"),
             hint="break the cycle by removing one of these dependencies",
         )
@@ -131,14 +134,23 @@ def analyze(
         target = targets[label]
         deps = {d: bg.providers[d] for d in target_graph.predecessors(label)}
         ctx = RuleContext(
-            label=label, rule=target.rule, attrs=target.attrs, workspace_root=loader.root,
-            build_file=target.file, deps=deps, store_put=store_put, settings=settings,
+            label=label,
+            rule=target.rule,
+            attrs=target.attrs,
+            workspace_root=loader.root,
+            build_file=target.file,
+            deps=deps,
+            store_put=store_put,
+            settings=settings,
             tracker=tracker,
         )
         provider = target.rule.impl(ctx)
         if not isinstance(provider, Provider):
-            raise DeclarationError(f"rule {target.rule.name} returned {type(provider).__name__}, "
-                                   "not a Provider", file=target.file, target=str(label))
+            raise DeclarationError(
+                f"rule {target.rule.name} returned {type(provider).__name__}, not a Provider",
+                file=target.file,
+                target=str(label),
+            )
         from rsi.canonical import canonical_bytes
 
         attrs_digest = str(store_put(canonical_bytes(_jsonable(target.attrs))))
@@ -169,13 +181,23 @@ def analyze(
 
 
 def _shape(bg: BuildGraph, spec: ActionSpec) -> tuple:
-    inputs = tuple((a.path, a.source, bg.producer(a.producer) if a.producer else None, a.digest,
-                    a.executable, a.symlink) for a in spec.inputs)
+    inputs = tuple(
+        (
+            a.path,
+            a.source,
+            bg.producer(a.producer) if a.producer else None,
+            a.digest,
+            a.executable,
+            a.symlink,
+        )
+        for a in spec.inputs
+    )
     return (spec.argv, inputs, spec.outputs, spec.env, spec.platform, spec.timeout_s)
 
 
-def _share_or_add(bg: BuildGraph, spec: ActionSpec, producers: dict[str, ActionSpec],
-                  targets: dict[Label, Target]) -> str:
+def _share_or_add(
+    bg: BuildGraph, spec: ActionSpec, producers: dict[str, ActionSpec], targets: dict[Label, Target]
+) -> str:
     """Add `spec`, or, when another target declared the very same action (same outputs, same
     everything), share that one: like Bazel's shared actions, it runs once. A different action
     writing the same path is a declaration error."""
@@ -188,8 +210,11 @@ def _share_or_add(bg: BuildGraph, spec: ActionSpec, producers: dict[str, ActionS
             return other.id
         t = targets[Label.parse(spec.label)]
         raise DeclarationError(
-            f"output {path} is also declared by {other.label}", file=t.file, target=spec.label,
-            field="outs", hint="every output path must belong to one action",
+            f"output {path} is also declared by {other.label}",
+            file=t.file,
+            target=spec.label,
+            field="outs",
+            hint="every output path must belong to one action",
         )
     for path in spec.outputs:
         producers[path] = spec

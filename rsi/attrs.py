@@ -14,8 +14,18 @@ from rsi.label import Label
 
 _MISSING = object()
 
-KINDS = ("string", "int", "float", "bool", "string_list", "label", "label_list", "string_dict",
-         "table", "table_list")
+KINDS = (
+    "string",
+    "int",
+    "float",
+    "bool",
+    "string_list",
+    "label",
+    "label_list",
+    "string_dict",
+    "table",
+    "table_list",
+)
 
 
 @dataclass(frozen=True)
@@ -41,8 +51,14 @@ def attr(kind: str, doc: str = "", default: Any = _MISSING, **kw: Any) -> Attr:
     return Attr(kind, doc, default, **kw)
 
 
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
-               list: "a list", dict: "a table"}
+_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    list: "a list",
+    dict: "a table",
+}
 
 
 def _type_name(value: Any) -> str:
@@ -82,10 +98,16 @@ def coerce(a: Attr, name: str, value: Any, where: Where) -> Any:
 def _coerce(a: Attr, name: str, value: Any, where: Where) -> Any:
     k = a.kind
     want = {
-        "string": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
-        "string_list": "a list of strings", "label": "a label string",
-        "label_list": "a list of label strings", "string_dict": "a table of strings",
-        "table": "a table", "table_list": "a list of tables",
+        "string": "a string",
+        "int": "an integer",
+        "float": "a number",
+        "bool": "true or false",
+        "string_list": "a list of strings",
+        "label": "a label string",
+        "label_list": "a list of label strings",
+        "string_dict": "a table of strings",
+        "table": "a table",
+        "table_list": "a list of tables",
     }[k]
     bad = _LazyBad(where, name, want, value)
     if k == "string":
@@ -165,8 +187,11 @@ class Schema:
 
                 close = difflib.get_close_matches(key, list(self.attrs), n=1)
                 raise _err(
-                    where, key, "unknown attribute",
-                    hint=f"did you mean '{close[0]}'?" if close
+                    where,
+                    key,
+                    "unknown attribute",
+                    hint=f"did you mean '{close[0]}'?"
+                    if close
                     else f"known attributes: {', '.join(sorted(self.attrs))}",
                 )
         for name, a in self.attrs.items():
@@ -176,5 +201,7 @@ class Schema:
                 raise _err(where, name, "required attribute is missing")
             else:
                 d = a.default
-                out[name] = tuple(d) if isinstance(d, list) else (dict(d) if isinstance(d, dict) else d)
+                out[name] = (
+                    tuple(d) if isinstance(d, list) else (dict(d) if isinstance(d, dict) else d)
+                )
         return out

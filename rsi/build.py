@@ -37,9 +37,15 @@ class BuildReport:
     graph: BuildGraph | None = None
 
     def to_json(self) -> dict:
-        return {"schema": "rsi.build_report/1", "build_id": self.build_id, "ok": self.ok,
-                "counts": self.counts, "targets": self.targets, "events": self.events_path,
-                "wall_s": round(self.wall_s, 4)}
+        return {
+            "schema": "rsi.build_report/1",
+            "build_id": self.build_id,
+            "ok": self.ok,
+            "counts": self.counts,
+            "targets": self.targets,
+            "events": self.events_path,
+            "wall_s": round(self.wall_s, 4),
+        }
 
 
 def open_store(ws: Workspace) -> LocalStore:
@@ -75,8 +81,11 @@ def _remote_cache(ws: Workspace):
 
 
 def make_loader(ws: Workspace) -> Loader:
-    return Loader(ws.root, load_rules(ws.rules),
-                  {"store": str(ws.store_dir.resolve()), "workspace": str(ws.root)})
+    return Loader(
+        ws.root,
+        load_rules(ws.rules),
+        {"store": str(ws.store_dir.resolve()), "workspace": str(ws.root)},
+    )
 
 
 def load_graph(
@@ -91,10 +100,18 @@ def load_graph(
     except ValueError:
         current = ""
     loader = make_loader(ws)
-    key = analysis_cache.cache_key(store.file_memo, {
-        "patterns": patterns, "current": current, "root": str(ws.root), "salt": ws.salt,
-        "rules": list(ws.rules), "store": str(store.root), "function": store.function,
-    })
+    key = analysis_cache.cache_key(
+        store.file_memo,
+        {
+            "patterns": patterns,
+            "current": current,
+            "root": str(ws.root),
+            "salt": ws.salt,
+            "rules": list(ws.rules),
+            "store": str(store.root),
+            "function": store.function,
+        },
+    )
     if use_cache:
         cached = analysis_cache.load(store, key, loader.packages_under)
         if cached is not None:
@@ -104,8 +121,13 @@ def load_graph(
     loader.tracker = tracker
     loader.settings["track_file"] = tracker.file
     labels = loader.expand(patterns, current)
-    graph = analyze(loader, labels, store_put=store.put_bytes,
-                    settings={"salt": ws.salt, "store": str(store.root)}, tracker=tracker)
+    graph = analyze(
+        loader,
+        labels,
+        store_put=store.put_bytes,
+        settings={"salt": ws.salt, "store": str(store.root)},
+        tracker=tracker,
+    )
     analysis_cache.save(store, key, labels, graph, tracker)
     return labels, graph
 
@@ -159,17 +181,29 @@ def build(
     events = EventLog(events_path, also=events_to, progress=progress)
     with store.lock(exclusive=False):
         _clean_stale_scratch(store)
-        root_event = events.emit("build_started", build_id=build_id, patterns=patterns,
-                                 workspace=str(ws.root), store=str(store.root),
-                                 salt_set=bool(ws.salt), jobs=ws.jobs, executor=ws.executor,
-                                 remote=ws.remote or None, pid=os.getpid())
+        root_event = events.emit(
+            "build_started",
+            build_id=build_id,
+            patterns=patterns,
+            workspace=str(ws.root),
+            store=str(store.root),
+            salt_set=bool(ws.salt),
+            jobs=ws.jobs,
+            executor=ws.executor,
+            remote=ws.remote or None,
+            pid=os.getpid(),
+        )
         try:
             labels, graph = load_graph(ws, patterns, store)
             wanted = graph.actions_for(labels)
             for label in labels:
-                events.emit("target_started", root_event, label=str(label),
-                            rule=graph.targets[label].rule.name,
-                            actions=len(graph.target_actions.get(label, [])))
+                events.emit(
+                    "target_started",
+                    root_event,
+                    label=str(label),
+                    rule=graph.targets[label].rule.name,
+                    actions=len(graph.target_actions.get(label, [])),
+                )
             executor = make_executor(ws.executor, ws)
             remote_cache = _remote_cache(ws)
             if remote_cache is not None or ws.executor == "remote":
@@ -179,17 +213,33 @@ def build(
                     if adapter is not None:
                         bind_events(adapter, events, root_event)
             scheduler = Scheduler(
-                store, executor, events, jobs=ws.jobs, keep_going=ws.keep_going, salt=ws.salt,
-                remote=remote_cache, remote_fallback=ws.remote_fallback,
+                store,
+                executor,
+                events,
+                jobs=ws.jobs,
+                keep_going=ws.keep_going,
+                salt=ws.salt,
+                remote=remote_cache,
+                remote_fallback=ws.remote_fallback,
             )
             outcomes = scheduler.run(graph, wanted, root_event)
         except RsiError as exc:
-            events.emit("build_finished", root_event, ok=False, error=str(exc),
-                        wall_s=round(time.perf_counter() - t0, 4))
+            events.emit(
+                "build_finished",
+                root_event,
+                ok=False,
+                error=str(exc),
+                wall_s=round(time.perf_counter() - t0, 4),
+            )
             events.close()
             raise
-        report = BuildReport(build_id, ok=all(o.ok for o in outcomes.values()),
-                             events_path=str(events_path), outcomes=outcomes, graph=graph)
+        report = BuildReport(
+            build_id,
+            ok=all(o.ok for o in outcomes.values()),
+            events_path=str(events_path),
+            outcomes=outcomes,
+            graph=graph,
+        )
         for label in labels:
             ids = sorted(graph.actions_for([label]))
             statuses = [outcomes[i].status for i in ids if i in outcomes]
@@ -198,28 +248,52 @@ def build(
             if ok and materialise:
                 outputs = _materialise(ws, store, graph, label, outcomes)
             cache = "hit" if all(s in ("hit", "remote_hit") for s in statuses) else "miss"
-            failed = [{"action": i, "status": outcomes[i].status, "message": outcomes[i].message}
-                      for i in ids if i in outcomes and not outcomes[i].ok]
+            failed = [
+                {"action": i, "status": outcomes[i].status, "message": outcomes[i].message}
+                for i in ids
+                if i in outcomes and not outcomes[i].ok
+            ]
             show = graph.providers[label].info.get("show")
             shown = next((o for o in outputs if show and o.endswith("/" + show)), None)
-            report.targets[str(label)] = {"ok": ok, "cache": cache, "outputs": outputs,
-                                          "failed": failed, "show": shown}
-            events.emit("target_finished", root_event, label=str(label), ok=ok, cache=cache,
-                        outputs=outputs, failed=failed)
+            report.targets[str(label)] = {
+                "ok": ok,
+                "cache": cache,
+                "outputs": outputs,
+                "failed": failed,
+                "show": shown,
+            }
+            events.emit(
+                "target_finished",
+                root_event,
+                label=str(label),
+                ok=ok,
+                cache=cache,
+                outputs=outputs,
+                failed=failed,
+            )
         c = events.counts
-        report.counts = {"actions": len(wanted), "cached": c["hit"], "executed": c["executed"],
-                         "failed": c["failed"],
-                         "skipped": sum(1 for o in outcomes.values()
-                                        if o.status in ("skipped", "not_started"))}
+        report.counts = {
+            "actions": len(wanted),
+            "cached": c["hit"],
+            "executed": c["executed"],
+            "failed": c["failed"],
+            "skipped": sum(1 for o in outcomes.values() if o.status in ("skipped", "not_started")),
+        }
         report.wall_s = time.perf_counter() - t0
-        events.emit("build_finished", root_event, ok=report.ok, counts=report.counts,
-                    wall_s=round(report.wall_s, 4))
+        events.emit(
+            "build_finished",
+            root_event,
+            ok=report.ok,
+            counts=report.counts,
+            wall_s=round(report.wall_s, 4),
+        )
         events.close()
     return report
 
 
-def _materialise(ws: Workspace, store: LocalStore, graph: BuildGraph, label: Label,
-                 outcomes: dict[str, Outcome]) -> list[str]:
+def _materialise(
+    ws: Workspace, store: LocalStore, graph: BuildGraph, label: Label, outcomes: dict[str, Outcome]
+) -> list[str]:
     """Copy a target's files under `out/` for people; skipped when already identical."""
     written: list[str] = []
     for art in graph.providers[label].files:
@@ -236,7 +310,7 @@ def _materialise(ws: Workspace, store: LocalStore, graph: BuildGraph, label: Lab
                 continue
         except OSError:
             pass
-        store.export_file(out.digest, dest, out.executable)
+        store.export_file(out.digest, dest, out.executable, atomic=True)
         written.append(str(dest))
     store.save_memos()
     return written

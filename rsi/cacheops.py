@@ -15,8 +15,10 @@ from rsi.store import LocalStore
 
 
 def _labels_by_key(store: LocalStore) -> dict[str, dict]:
-    return {entry["key"].split("/")[0]: {"id": action_id, **entry}
-            for action_id, entry in store.load_target_index().items()}
+    return {
+        entry["key"].split("/")[0]: {"id": action_id, **entry}
+        for action_id, entry in store.load_target_index().items()
+    }
 
 
 def cache_ls(store: LocalStore) -> list[dict]:
@@ -25,14 +27,17 @@ def cache_ls(store: LocalStore) -> list[dict]:
     for key in store.iter_action_keys():
         result = store.get_action_result(key, check_blobs=False)
         info = names.get(key.hash, {})
-        rows.append({
-            "key": key.hash, "action": info.get("id"),
-            "exit_code": result.exit_code if result else None,
-            "outputs": len(result.outputs) if result else None,
-            "bytes": sum(o.digest.size for o in result.outputs) if result else None,
-            "executor": result.executor if result else None,
-            "corrupt": result is None,
-        })
+        rows.append(
+            {
+                "key": key.hash,
+                "action": info.get("id"),
+                "exit_code": result.exit_code if result else None,
+                "outputs": len(result.outputs) if result else None,
+                "bytes": sum(o.digest.size for o in result.outputs) if result else None,
+                "executor": result.executor if result else None,
+                "corrupt": result is None,
+            }
+        )
     return rows
 
 
@@ -44,8 +49,10 @@ def cache_show(store: LocalStore, what: str) -> dict:
             entry = {"id": action_id, **e}
             break
     if entry is None:
-        raise UsageError(f"nothing in the cache matches {what!r}",
-                         hint="give an action key prefix, a label or an action id (rsi cache ls)")
+        raise UsageError(
+            f"nothing in the cache matches {what!r}",
+            hint="give an action key prefix, a label or an action id (rsi cache ls)",
+        )
     key = Digest.parse(entry["key"])
     result = store.get_action_result(key, check_blobs=False)
     desc = None
@@ -53,8 +60,13 @@ def cache_show(store: LocalStore, what: str) -> dict:
         desc = json.loads(store.read_bytes(Digest.parse(entry["description"])))
     except RsiError:
         pass
-    return {"action": entry["id"], "label": entry.get("label"), "key": entry["key"],
-            "description": desc, "result": result.to_json() if result else None}
+    return {
+        "action": entry["id"],
+        "label": entry.get("label"),
+        "key": entry["key"],
+        "description": desc,
+        "result": result.to_json() if result else None,
+    }
 
 
 @dataclass
@@ -69,8 +81,13 @@ class VerifyReport:
         return not self.corrupt_blobs and not self.corrupt_actions
 
     def to_json(self) -> dict:
-        return {"clean": self.clean, "blobs": self.blobs, "actions": self.actions,
-                "corrupt_blobs": self.corrupt_blobs, "corrupt_actions": self.corrupt_actions}
+        return {
+            "clean": self.clean,
+            "blobs": self.blobs,
+            "actions": self.actions,
+            "corrupt_blobs": self.corrupt_blobs,
+            "corrupt_actions": self.corrupt_actions,
+        }
 
 
 def cache_verify(store: LocalStore) -> VerifyReport:
@@ -113,9 +130,15 @@ def cache_stats(store: LocalStore) -> dict:
             pass
     actions = sum(1 for _ in store.iter_action_keys())
     events = len(list(store.events_dir.glob("*.jsonl")))
-    return {"store": str(store.root), "digest_function": store.function, "blobs": blobs,
-            "blob_bytes": blob_bytes, "action_results": actions, "builds_logged": events,
-            "tracked_actions": len(store.load_target_index())}
+    return {
+        "store": str(store.root),
+        "digest_function": store.function,
+        "blobs": blobs,
+        "blob_bytes": blob_bytes,
+        "action_results": actions,
+        "builds_logged": events,
+        "tracked_actions": len(store.load_target_index()),
+    }
 
 
 def cache_gc(store: LocalStore, keep_labels: set[str] | None, dry_run: bool) -> dict:
@@ -159,9 +182,14 @@ def cache_gc(store: LocalStore, keep_labels: set[str] | None, dry_run: bool) -> 
             os.unlink(store.root / "blob-memo.json")
         except OSError:
             pass
-    return {"dry_run": dry_run, "kept_actions": len(kept_keys), "kept_blobs": len(kept_blobs),
-            "removed_actions": removed_actions, "removed_blobs": removed_blobs,
-            "freed_bytes": freed}
+    return {
+        "dry_run": dry_run,
+        "kept_actions": len(kept_keys),
+        "kept_blobs": len(kept_blobs),
+        "removed_actions": removed_actions,
+        "removed_blobs": removed_blobs,
+        "freed_bytes": freed,
+    }
 
 
 def scratch_size(path: Path) -> int:

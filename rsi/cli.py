@@ -62,10 +62,17 @@ class RsiGroup(click.Group):
 
 @click.group(cls=RsiGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="rsi")
-@click.option("--workspace", "-C", type=click.Path(file_okay=False), help="Workspace root "
-              "(default: the nearest folder with rsi.toml at or above the current one).")
-@click.option("--store", type=click.Path(file_okay=False), help="Store folder (default: "
-              "<workspace>/cache or rsi.toml's `store`).")
+@click.option(
+    "--workspace",
+    "-C",
+    type=click.Path(file_okay=False),
+    help="Workspace root (default: the nearest folder with rsi.toml at or above the current one).",
+)
+@click.option(
+    "--store",
+    type=click.Path(file_okay=False),
+    help="Store folder (default: <workspace>/cache or rsi.toml's `store`).",
+)
 @click.pass_context
 def main(ctx: click.Context, workspace: str | None, store: str | None) -> None:
     """rsi: build LLM-inference optimisation campaigns as a hermetic, content-addressed graph.
@@ -85,23 +92,50 @@ def main(ctx: click.Context, workspace: str | None, store: str | None) -> None:
 @main.command(epilog=EPILOG)
 @click.argument("targets", nargs=-1, required=True)
 @click.option("--jobs", "-j", type=click.IntRange(1), help="Parallel actions (default: CPUs).")
-@click.option("--keep-going", "-k", is_flag=True, default=None,
-              help="Build everything not downstream of a failure.")
+@click.option(
+    "--keep-going",
+    "-k",
+    is_flag=True,
+    default=None,
+    help="Build everything not downstream of a failure.",
+)
 @click.option("--salt", help="Mix this string into every action key (invalidates the cache).")
-@click.option("--executor", type=click.Choice(["local", "bwrap", "docker", "remote"]),
-              help="Where actions run (default: local sandbox).")
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "bwrap", "docker", "remote"]),
+    help="Where actions run (default: local sandbox).",
+)
 @click.option("--remote", help="REAPI endpoint grpc://HOST:PORT (docs/remote.md).")
-@click.option("--remote-mode", type=click.Choice(["cache", "execute"]),
-              help="Use the remote as a cache only, or also to execute actions.")
-@click.option("--remote-fallback/--no-remote-fallback", default=None,
-              help="When the remote fails, build locally with a warning event.")
-@click.option("--events", type=click.File("w"), help="Also write the event stream (JSON lines) "
-              "to this file ('-' for stdout).")
+@click.option(
+    "--remote-mode",
+    type=click.Choice(["cache", "execute"]),
+    help="Use the remote as a cache only, or also to execute actions.",
+)
+@click.option(
+    "--remote-fallback/--no-remote-fallback",
+    default=None,
+    help="When the remote fails, build locally with a warning event.",
+)
+@click.option(
+    "--events",
+    type=click.File("w"),
+    help="Also write the event stream (JSON lines) to this file ('-' for stdout).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a build report as JSON.")
 @click.pass_context
-def build(ctx: click.Context, targets: tuple[str, ...], jobs: int | None, keep_going: bool | None,
-          salt: str | None, executor: str | None, remote: str | None, remote_mode: str | None,
-          remote_fallback: bool | None, events, as_json: bool) -> None:
+def build(
+    ctx: click.Context,
+    targets: tuple[str, ...],
+    jobs: int | None,
+    keep_going: bool | None,
+    salt: str | None,
+    executor: str | None,
+    remote: str | None,
+    remote_mode: str | None,
+    remote_fallback: bool | None,
+    events,
+    as_json: bool,
+) -> None:
     """Build TARGETS (labels or patterns: //pkg:name, :name, //pkg/..., //pkg:all).
 
     Only actions whose key is not in the cache run. Outputs of the named targets are copied
@@ -111,8 +145,16 @@ def build(ctx: click.Context, targets: tuple[str, ...], jobs: int | None, keep_g
 
     if remote_mode == "execute" and executor is None:
         executor = "remote"
-    ws = _workspace(ctx, jobs=jobs, keep_going=keep_going, salt=salt, executor=executor,
-                    remote=remote, remote_mode=remote_mode, remote_fallback=remote_fallback)
+    ws = _workspace(
+        ctx,
+        jobs=jobs,
+        keep_going=keep_going,
+        salt=salt,
+        executor=executor,
+        remote=remote,
+        remote_mode=remote_mode,
+        remote_fallback=remote_fallback,
+    )
     report = run_build(ws, list(targets), events_to=events)
     if as_json:
         _emit(report.to_json(), True)
@@ -129,8 +171,10 @@ def build(ctx: click.Context, targets: tuple[str, ...], jobs: int | None, keep_g
                 click.echo("")
                 click.echo(Path(t["show"]).read_text().rstrip())
                 click.echo("")
-        click.echo(f"{c['actions']} actions: {c['cached']} cached, {c['executed']} executed, "
-                   f"{c['failed']} failed, {c['skipped']} not built  ({report.wall_s:.2f}s)")
+        click.echo(
+            f"{c['actions']} actions: {c['cached']} cached, {c['executed']} executed, "
+            f"{c['failed']} failed, {c['skipped']} not built  ({report.wall_s:.2f}s)"
+        )
     sys.exit(0 if report.ok else EXIT_BUILD_FAILED)
 
 
@@ -243,16 +287,34 @@ def rules_cmd(ctx: click.Context, as_json: bool, markdown: bool) -> None:
 
 @main.command(epilog=EPILOG)
 @click.option("--remote", required=True, help="The REAPI server (Bots API) grpc://HOST:PORT.")
-@click.option("--executor", type=click.Choice(["local", "bwrap", "docker"]), default="local",
-              help="How this worker runs the actions it leases.")
-@click.option("--property", "properties", multiple=True, metavar="KEY=VALUE",
-              help="Extra platform property to advertise (repeatable), e.g. accelerator=nvidia.")
-@click.option("--no-default-properties", is_flag=True,
-              help="Advertise only --property values (not OSFamily/toolchain/accelerator).")
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "bwrap", "docker"]),
+    default="local",
+    help="How this worker runs the actions it leases.",
+)
+@click.option(
+    "--property",
+    "properties",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Extra platform property to advertise (repeatable), e.g. accelerator=nvidia.",
+)
+@click.option(
+    "--no-default-properties",
+    is_flag=True,
+    help="Advertise only --property values (not OSFamily/toolchain/accelerator).",
+)
 @click.option("--max-leases", type=click.IntRange(1), help="Exit after this many leases.")
 @click.pass_context
-def worker(ctx: click.Context, remote: str, executor: str, properties: tuple[str, ...],
-           no_default_properties: bool, max_leases: int | None) -> None:
+def worker(
+    ctx: click.Context,
+    remote: str,
+    executor: str,
+    properties: tuple[str, ...],
+    no_default_properties: bool,
+    max_leases: int | None,
+) -> None:
     """Join a remote-execution pool: lease actions from an REAPI server's Bots API and run them
     with this machine's executors (docs/remote.md)."""
     from rsi.worker import main as worker_main
@@ -263,8 +325,16 @@ def worker(ctx: click.Context, remote: str, executor: str, properties: tuple[str
             store = str(_workspace(ctx).store_dir)
         except RsiError:
             store = str(Path.home() / ".cache" / "rsi-worker")
-    sys.exit(worker_main(remote, store, executor_name=executor, properties=list(properties),
-                         no_default_properties=no_default_properties, max_leases=max_leases))
+    sys.exit(
+        worker_main(
+            remote,
+            store,
+            executor_name=executor,
+            properties=list(properties),
+            no_default_properties=no_default_properties,
+            max_leases=max_leases,
+        )
+    )
 
 
 @main.group(epilog=EPILOG)
@@ -289,18 +359,29 @@ def toolchain_ls(ctx: click.Context, as_json: bool) -> None:
         target = loader.target(label)
         if target.rule.name != "toolchain":
             continue
-        attrs = {k: (list(v) if isinstance(v, tuple) else v) for k, v in target.attrs.items()
-                 if k not in ("doc", "tags") and v is not None}
+        attrs = {
+            k: (list(v) if isinstance(v, tuple) else v)
+            for k, v in target.attrs.items()
+            if k not in ("doc", "tags") and v is not None
+        }
         recipe = load_recipe(attrs, label.name)
         digest = recipe.digest().hash
         info_path = root / digest / "info.json"
         info = json.loads(info_path.read_text()) if info_path.exists() else None
-        rows.append({"label": str(label), "recipe_digest": digest, "built": info is not None,
-                     "toolchain": info["platform"] if info else None,
-                     "image_id": info["image_id"] if info else None,
-                     "packages": len(info["lock"]) if info else None})
-    human = "\n".join(f"{r['label']:28} {'built ' + r['toolchain'][:40] if r['built'] else 'not built'}"
-                      for r in rows)
+        rows.append(
+            {
+                "label": str(label),
+                "recipe_digest": digest,
+                "built": info is not None,
+                "toolchain": info["platform"] if info else None,
+                "image_id": info["image_id"] if info else None,
+                "packages": len(info["lock"]) if info else None,
+            }
+        )
+    human = "\n".join(
+        f"{r['label']:28} {'built ' + r['toolchain'][:40] if r['built'] else 'not built'}"
+        for r in rows
+    )
     _emit(rows, as_json, human or "(no toolchain targets)")
 
 
@@ -318,8 +399,10 @@ def cache_ls_cmd(ctx: click.Context, as_json: bool) -> None:
     from rsi.cacheops import cache_ls
 
     rows = cache_ls(open_store(_workspace(ctx)))
-    human = "\n".join(f"{r['key'][:16]}  exit={r['exit_code']}  outputs={r['outputs']}  "
-                      f"{r['action'] or '?'}" for r in rows)
+    human = "\n".join(
+        f"{r['key'][:16]}  exit={r['exit_code']}  outputs={r['outputs']}  {r['action'] or '?'}"
+        for r in rows
+    )
     _emit(rows, as_json, human or "(empty)")
 
 
@@ -348,9 +431,11 @@ def cache_verify_cmd(ctx: click.Context, as_json: bool) -> None:
     store = open_store(_workspace(ctx))
     with store.lock(exclusive=True):
         report = cache_verify(store)
-    human = (f"{'clean' if report.clean else 'CORRUPT'}: {report.blobs} blobs, {report.actions} "
-             f"action results checked; removed {len(report.corrupt_blobs)} blobs, "
-             f"{len(report.corrupt_actions)} action results")
+    human = (
+        f"{'clean' if report.clean else 'CORRUPT'}: {report.blobs} blobs, {report.actions} "
+        f"action results checked; removed {len(report.corrupt_blobs)} blobs, "
+        f"{len(report.corrupt_actions)} action results"
+    )
     _emit(report.to_json(), as_json, human)
     sys.exit(0 if report.clean else EXIT_BUILD_FAILED)
 
@@ -372,8 +457,10 @@ def cache_gc_cmd(ctx: click.Context, roots: tuple[str, ...], dry_run: bool, as_j
     with store.lock(exclusive=True):
         doc = cache_gc(store, keep, dry_run)
     verb = "would remove" if dry_run else "removed"
-    human = (f"{verb} {len(doc['removed_actions'])} action results and {len(doc['removed_blobs'])} "
-             f"blobs ({doc['freed_bytes']} bytes); kept {doc['kept_actions']} results")
+    human = (
+        f"{verb} {len(doc['removed_actions'])} action results and {len(doc['removed_blobs'])} "
+        f"blobs ({doc['freed_bytes']} bytes); kept {doc['kept_actions']} results"
+    )
     if dry_run and not as_json:
         human += "".join(f"\n  ac  {k}" for k in doc["removed_actions"])
         human += "".join(f"\n  cas {k}" for k in doc["removed_blobs"])

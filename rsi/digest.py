@@ -152,7 +152,9 @@ def scan_tree(
         rel_dir = os.path.relpath(dirpath, root_path)
         rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
         dirnames[:] = sorted(d for d in dirnames if d not in excluded)
-        for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+        for name in sorted(
+            filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        ):
             if name in excluded:
                 continue
             full = os.path.join(dirpath, name)

@@ -40,8 +40,14 @@ class EventLog:
         with self._lock:
             event_id = self._next_id
             self._next_id += 1
-            doc = {"schema": EVENTS_SCHEMA, "id": event_id, "parent": parent, "kind": kind,
-                   "time": round(time.time(), 6), **fields}
+            doc = {
+                "schema": EVENTS_SCHEMA,
+                "id": event_id,
+                "parent": parent,
+                "kind": kind,
+                "time": round(time.time(), 6),
+                **fields,
+            }
             line = json.dumps(doc, sort_keys=True, default=str) + "\n"
             for f in self._files:
                 try:
@@ -59,8 +65,10 @@ class EventLog:
             return
         self._last_draw = now
         c = self.counts
-        line = (f"[{c['done']}/{c['total']}] {c['running']} running, {c['hit']} cached, "
-                f"{c['executed']} executed, {c['failed']} failed  {current}")
+        line = (
+            f"[{c['done']}/{c['total']}] {c['running']} running, {c['hit']} cached, "
+            f"{c['executed']} executed, {c['failed']} failed  {current}"
+        )
         width = os.get_terminal_size(sys.stderr.fileno()).columns if sys.stderr.isatty() else 120
         sys.stderr.write("\r" + line[: width - 1].ljust(width - 1))
         sys.stderr.flush()

@@ -9,8 +9,9 @@ from pathlib import Path
 from rsi.errors import StoreError
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, fsync: bool = True,
-                       mode: int | None = None) -> None:
+def atomic_write_bytes(
+    path: Path, data: bytes, *, fsync: bool = True, mode: int | None = None
+) -> None:
     """Write `data` so that readers see either the old file or the whole new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")

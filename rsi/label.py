@@ -17,7 +17,9 @@ _PKG_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=,@~-]*$")
 
 def _check_package(pkg: str, text: str) -> None:
     if pkg and not all(_PKG_PART.match(p) for p in pkg.split("/")):
-        raise LabelError(f"bad package in label {text!r}", hint="packages are folder paths like tasks/softmax")
+        raise LabelError(
+            f"bad package in label {text!r}", hint="packages are folder paths like tasks/softmax"
+        )
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -34,7 +36,9 @@ class Label:
             raise LabelError(f"not a label: {text!r}")
         if text.startswith(":"):
             if current_package is None:
-                raise LabelError(f"relative label {text!r} needs a package", hint="write //pkg:name")
+                raise LabelError(
+                    f"relative label {text!r} needs a package", hint="write //pkg:name"
+                )
             pkg, name = current_package, text[1:]
         elif text.startswith("//"):
             body = text[2:]
@@ -68,7 +72,9 @@ class Pattern:
             return cls(pkg, None, True)
         if text.endswith(":all") or text.endswith(":*"):
             base = text.rsplit(":", 1)[0]
-            pkg = current_package if base == "" else Label.parse(base + ":x", current_package).package
+            pkg = (
+                current_package if base == "" else Label.parse(base + ":x", current_package).package
+            )
             return cls(pkg, None, False)
         label = Label.parse(text, current_package)
         return cls(label.package, label.name, False)

@@ -38,8 +38,10 @@ def evaluate(loader: Loader, expr: str, current: str = "") -> list[Label]:
     m = _CALL.match(expr)
     if not m:
         if "(" in expr or ")" in expr:
-            raise UsageError(f"cannot parse query {expr!r}",
-                             hint="use PATTERN, deps(EXPR), rdeps(EXPR) or kind(RULE, EXPR)")
+            raise UsageError(
+                f"cannot parse query {expr!r}",
+                hint="use PATTERN, deps(EXPR), rdeps(EXPR) or kind(RULE, EXPR)",
+            )
         return loader.expand(expr.split(), current)
     fn, body = m.group(1), m.group(2)
     args = _split_args(body)
@@ -47,7 +49,9 @@ def evaluate(loader: Loader, expr: str, current: str = "") -> list[Label]:
         if len(args) != 2:
             raise UsageError("kind takes two arguments: kind(RULE, EXPR)")
         rule = args[0].strip("'\"")
-        return [lb for lb in evaluate(loader, args[1], current) if rule in loader.target(lb).rule.name]
+        return [
+            lb for lb in evaluate(loader, args[1], current) if rule in loader.target(lb).rule.name
+        ]
     if len(args) != 1:
         raise UsageError(f"{fn} takes one argument")
     inner = evaluate(loader, args[0], current)

@@ -3,7 +3,8 @@
 A rule is a name, an attribute schema and an implementation `impl(ctx) -> Provider`. The
 implementation declares actions through `RuleContext` and may read only its validated attributes,
 its package's files (as artifacts) and its dependencies' providers — never the clock, the network
-or the caller's cwd. Rule families live in `rules/` and register through the `rsi.rules` entry point.
+or the caller's cwd. Rule families live in `rules/` and register through the `rsi.rules` entry
+point.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from rsi.attrs import Attr, Schema, Where
+from rsi.attrs import Attr, Schema
 from rsi.digest import Digest, FileNode, SymlinkNode, TreeError, scan_tree
 from rsi.errors import DeclarationError
 from rsi.label import Label
@@ -117,7 +118,9 @@ class RuleContext:
         self._declared_outputs: dict[str, str] = {}
 
     # ---------------------------------------------------------------------------- errors
-    def error(self, message: str, field_name: str | None = None, hint: str | None = None) -> DeclarationError:
+    def error(
+        self, message: str, field_name: str | None = None, hint: str | None = None
+    ) -> DeclarationError:
         return DeclarationError(
             message, file=self.build_file, target=str(self.label), field=field_name, hint=hint
         )
@@ -138,8 +141,9 @@ class RuleContext:
         try:
             is_file = full.is_file()
         except OSError as exc:  # NB: e.g. a name too long; is_file only swallows ENOENT & co
-            raise self.error(f"source file {rel!r} cannot be read: {exc.strerror or exc}",
-                             field_name) from None
+            raise self.error(
+                f"source file {rel!r} cannot be read: {exc.strerror or exc}", field_name
+            ) from None
         if not is_file:
             hint = None
             if full.is_dir():
@@ -149,11 +153,19 @@ class RuleContext:
             real = os.path.realpath(full)
             if not real.startswith(str(self.workspace_root.resolve()) + os.sep):
                 raise self.error(f"{rel!r} is a symlink out of the workspace", field_name)
-        return Artifact(self.exec_path(norm.replace(os.sep, "/")), source=str(full),
-                        executable=os.access(full, os.X_OK))
+        return Artifact(
+            self.exec_path(norm.replace(os.sep, "/")),
+            source=str(full),
+            executable=os.access(full, os.X_OK),
+        )
 
     def source_tree(
-        self, rel: str, field_name: str, *, exclude: Iterable[str] = ("__pycache__",), prefix: str | None = None,
+        self,
+        rel: str,
+        field_name: str,
+        *,
+        exclude: Iterable[str] = ("__pycache__",),
+        prefix: str | None = None,
     ) -> tuple[Artifact, ...]:
         """Every file under a package folder; the file set itself is part of the digest."""
         full = self.package_dir / rel
@@ -222,8 +234,11 @@ class RuleContext:
         for p in out_paths:
             for q in out_paths:
                 if q.startswith(p + "/"):
-                    raise self.error(f"output {q!r} lies inside output {p!r}", "outs",
-                                     hint="outputs are files; a file cannot hold another")
+                    raise self.error(
+                        f"output {q!r} lies inside output {p!r}",
+                        "outs",
+                        hint="outputs are files; a file cannot hold another",
+                    )
         input_list = tuple(inputs)
         in_paths = {a.path for a in input_list}
         for p in out_paths:
@@ -248,7 +263,9 @@ class RuleContext:
 _MAKE_VAR = re.compile(r"\$\$|\$\((\w+)(?:\s+([^)]*))?\)")
 
 
-def expand_make_vars(cmd: str, variables: Mapping[str, list[str]], locate: Callable[[str], list[str]]) -> str:
+def expand_make_vars(
+    cmd: str, variables: Mapping[str, list[str]], locate: Callable[[str], list[str]]
+) -> str:
     """Expand `$(SRCS)`, `$(OUTS)`, `$(OUT)`, `$(location x)` like a Bazel genrule; `$$` is a
     literal `$` (so `$$(date)` reaches the shell as `$(date)`)."""
 

@@ -8,13 +8,12 @@ actions (timing) run with nothing else running. The scheduler never executes any
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from rsi.action import Action, ActionResult
 from rsi.analysis import BuildGraph
@@ -81,8 +80,9 @@ class Scheduler:
                 produced = outcomes[self._graph.producer(art.producer)].result
                 out = produced.output_map.get(art.path) if produced else None
                 if out is None:
-                    raise ExecutionError(f"{spec.label}: input {art.path} was not produced by "
-                                         f"{art.producer}")
+                    raise ExecutionError(
+                        f"{spec.label}: input {art.path} was not produced by {art.producer}"
+                    )
                 inputs[art.path] = FileNode(out.digest, out.executable)
             elif art.digest is not None:
                 inputs[art.path] = FileNode(art.digest, art.executable)
@@ -92,11 +92,20 @@ class Scheduler:
                 try:
                     inputs[art.path] = FileNode(memo.digest(art.source), art.executable)
                 except OSError as exc:
-                    raise ExecutionError(f"{spec.label}: cannot read input {art.source}: {exc}") from exc
+                    raise ExecutionError(
+                        f"{spec.label}: cannot read input {art.source}: {exc}"
+                    ) from exc
         return Action(
-            argv=spec.argv, inputs=tuple(inputs.items()), outputs=spec.outputs, env=spec.env,
-            platform=spec.platform, timeout_s=spec.timeout_s, salt=self.salt,
-            digest_function=self.store.function, label=spec.label, mnemonic=spec.mnemonic,
+            argv=spec.argv,
+            inputs=tuple(inputs.items()),
+            outputs=spec.outputs,
+            env=spec.env,
+            platform=spec.platform,
+            timeout_s=spec.timeout_s,
+            salt=self.salt,
+            digest_function=self.store.function,
+            label=spec.label,
+            mnemonic=spec.mnemonic,
             tags=spec.tags,
         )
 
@@ -110,8 +119,10 @@ class Scheduler:
                 got = self.store.put_file(art.source)
                 if got != want:
                     self.store.file_memo.forget(art.source)
-                    raise ExecutionError(f"{art.source} changed while the build was running",
-                                         hint="run the build again")
+                    raise ExecutionError(
+                        f"{art.source} changed while the build was running",
+                        hint="run the build again",
+                    )
 
     # ------------------------------------------------------------------------------- why
     def why(self, spec: ActionSpec, action: Action) -> list[str]:
@@ -147,8 +158,13 @@ class Scheduler:
         if last is not None and last.get("key") == key:
             return
         desc = self.store.put_bytes(canonical_bytes(action.describe()))
-        entry = {"key": key, "description": str(desc), "attrs": spec.attrs_digest,
-                 "label": spec.label, "time": time.time()}
+        entry = {
+            "key": key,
+            "description": str(desc),
+            "attrs": spec.attrs_digest,
+            "label": spec.label,
+            "time": time.time(),
+        }
         self.index[spec.id] = entry
         self.index_updates[spec.id] = entry
 
@@ -205,11 +221,17 @@ class Scheduler:
             else:
                 for nxt in sorted(graph.descendants(action_id, wanted)):
                     if nxt not in outcomes:
-                        outcomes[nxt] = Outcome(nxt, "skipped",
-                                                message=f"not built: depends on {action_id}")
+                        outcomes[nxt] = Outcome(
+                            nxt, "skipped", message=f"not built: depends on {action_id}"
+                        )
                         counts["done"] += 1
-                        self.events.emit("action_skipped", build_event, action=nxt,
-                                         label=graph.actions[nxt].label, because=action_id)
+                        self.events.emit(
+                            "action_skipped",
+                            build_event,
+                            action=nxt,
+                            label=graph.actions[nxt].label,
+                            because=action_id,
+                        )
 
         pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="rsi-exec")
         self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rsi-commit")
@@ -229,9 +251,16 @@ class Scheduler:
                     if cached is not None and cached.ok:
                         counts["hit"] += 1
                         self._record(spec, action)
-                        self.events.emit("action_finished", build_event, action=action_id,
-                                         label=spec.label, mnemonic=spec.mnemonic,
-                                         key=str(action.key()), cache="hit", status="ok")
+                        self.events.emit(
+                            "action_finished",
+                            build_event,
+                            action=action_id,
+                            label=spec.label,
+                            mnemonic=spec.mnemonic,
+                            key=str(action.key()),
+                            cache="hit",
+                            status="ok",
+                        )
                         finish(action_id, Outcome(action_id, "hit", action.key(), cached))
                         continue
                     why = self.why(spec, action)
@@ -239,11 +268,19 @@ class Scheduler:
                     if remote_result is not None:
                         counts["hit"] += 1
                         self._record(spec, action)
-                        self.events.emit("action_finished", build_event, action=action_id,
-                                         label=spec.label, mnemonic=spec.mnemonic,
-                                         key=str(action.key()), cache="remote_hit", status="ok")
-                        finish(action_id, Outcome(action_id, "remote_hit", action.key(),
-                                                  remote_result))
+                        self.events.emit(
+                            "action_finished",
+                            build_event,
+                            action=action_id,
+                            label=spec.label,
+                            mnemonic=spec.mnemonic,
+                            key=str(action.key()),
+                            cache="remote_hit",
+                            status="ok",
+                        )
+                        finish(
+                            action_id, Outcome(action_id, "remote_hit", action.key(), remote_result)
+                        )
                         continue
                     to_execute.append((spec, action, why, 0))
                 # dispatch within resource classes
@@ -254,10 +291,17 @@ class Scheduler:
                     if len(running) >= self.jobs:
                         break
                     to_execute.popleft()
-                    ev = self.events.emit("action_started", build_event, action=spec.id,
-                                          label=spec.label, mnemonic=spec.mnemonic,
-                                          key=str(action.key()), cache="miss", why=why,
-                                          exclusive=action.exclusive)
+                    ev = self.events.emit(
+                        "action_started",
+                        build_event,
+                        action=spec.id,
+                        label=spec.label,
+                        mnemonic=spec.mnemonic,
+                        key=str(action.key()),
+                        cache="miss",
+                        why=why,
+                        exclusive=action.exclusive,
+                    )
                     fut = pool.submit(self._execute, spec, action)
                     running[fut] = (spec, action, why, ev)
                     counts["running"] = len(running)
@@ -285,11 +329,19 @@ class Scheduler:
                     if result.ok:
                         counts["executed"] += 1
                         self._record(spec, action)
-                        self.events.emit("action_finished", ev, action=spec.id, label=spec.label,
-                                         mnemonic=spec.mnemonic, key=str(action.key()),
-                                         cache="miss", status="ok", why=why,
-                                         wall_s=result.timing.get("wall_s"),
-                                         executor=result.executor)
+                        self.events.emit(
+                            "action_finished",
+                            ev,
+                            action=spec.id,
+                            label=spec.label,
+                            mnemonic=spec.mnemonic,
+                            key=str(action.key()),
+                            cache="miss",
+                            status="ok",
+                            why=why,
+                            wall_s=result.timing.get("wall_s"),
+                            executor=result.executor,
+                        )
                         finish(spec.id, Outcome(spec.id, "executed", action.key(), result, why))
                     else:
                         counts["failed"] += 1
@@ -297,13 +349,24 @@ class Scheduler:
                         tail = self._stderr_tail(result)
                         if tail:
                             message += "\n" + tail
-                        self.events.emit("action_finished", ev, action=spec.id, label=spec.label,
-                                         mnemonic=spec.mnemonic, key=str(action.key()),
-                                         cache="miss", status="failed", message=message,
-                                         exit_code=result.exit_code, timed_out=result.timed_out,
-                                         stderr=str(result.stderr) if result.stderr else None)
-                        finish(spec.id, Outcome(spec.id, "failed", action.key(), result, why,
-                                                message=message))
+                        self.events.emit(
+                            "action_finished",
+                            ev,
+                            action=spec.id,
+                            label=spec.label,
+                            mnemonic=spec.mnemonic,
+                            key=str(action.key()),
+                            cache="miss",
+                            status="failed",
+                            message=message,
+                            exit_code=result.exit_code,
+                            timed_out=result.timed_out,
+                            stderr=str(result.stderr) if result.stderr else None,
+                        )
+                        finish(
+                            spec.id,
+                            Outcome(spec.id, "failed", action.key(), result, why, message=message),
+                        )
                         stopped = stopped or not self.keep_going
                     self.events.draw(spec.label)
         except BaseException:
@@ -321,17 +384,28 @@ class Scheduler:
             exc = fut.exception()
             if exc is not None:
                 message = str(exc) if isinstance(exc, RsiError) else f"{type(exc).__name__}: {exc}"
-                outcomes[action_id] = Outcome(action_id, "error", outcomes[action_id].key,
-                                              message=f"result not stored: {message}",
-                                              retryable=True)
+                outcomes[action_id] = Outcome(
+                    action_id,
+                    "error",
+                    outcomes[action_id].key,
+                    message=f"result not stored: {message}",
+                    retryable=True,
+                )
                 self.events.counts["failed"] += 1
-                self.events.emit("action_finished", build_event, action=action_id,
-                                 label=graph.actions[action_id].label, status="error",
-                                 message=f"result not stored: {message}", retryable=True)
+                self.events.emit(
+                    "action_finished",
+                    build_event,
+                    action=action_id,
+                    label=graph.actions[action_id].label,
+                    status="error",
+                    message=f"result not stored: {message}",
+                    retryable=True,
+                )
         for action_id in wanted:
             if action_id not in outcomes:
-                outcomes[action_id] = Outcome(action_id, "not_started",
-                                              message="not started: the build stopped at a failure")
+                outcomes[action_id] = Outcome(
+                    action_id, "not_started", message="not started: the build stopped at a failure"
+                )
         return outcomes
 
     def _stderr_tail(self, result: ActionResult, lines: int = 15) -> str:
@@ -351,8 +425,11 @@ class Scheduler:
         except RsiError as exc:
             if not self.remote_fallback:
                 raise
-            self.events.emit("warning", parent, message=f"remote cache unavailable, building "
-                             f"locally: {exc.message}")
+            self.events.emit(
+                "warning",
+                parent,
+                message=f"remote cache unavailable, building locally: {exc.message}",
+            )
             self.remote = None
             return None
 
@@ -378,11 +455,27 @@ class Scheduler:
     def _fail(self, action_id, spec, action, exc: RsiError, parent, finish) -> None:
         self.events.counts["failed"] += 1
         retryable = isinstance(exc, (ExecutionError, StoreError, CorruptEntry))
-        self.events.emit("action_finished", parent, action=action_id, label=spec.label,
-                         mnemonic=spec.mnemonic, key=str(action.key()) if action else None,
-                         status="error", message=str(exc), retryable=retryable)
-        finish(action_id, Outcome(action_id, "error", action.key() if action else None,
-                                  message=str(exc), retryable=retryable))
+        self.events.emit(
+            "action_finished",
+            parent,
+            action=action_id,
+            label=spec.label,
+            mnemonic=spec.mnemonic,
+            key=str(action.key()) if action else None,
+            status="error",
+            message=str(exc),
+            retryable=retryable,
+        )
+        finish(
+            action_id,
+            Outcome(
+                action_id,
+                "error",
+                action.key() if action else None,
+                message=str(exc),
+                retryable=retryable,
+            ),
+        )
 
 
 def diff_descriptions(before: dict, after: dict) -> list[str]:
@@ -397,7 +490,9 @@ def diff_descriptions(before: dict, after: dict) -> list[str]:
         elif b_in[path] != a_in[path]:
             old, new = b_in[path], a_in[path]
             if old[:2] != new[:2]:
-                reasons.append(f"input {path} content changed ({str(old[0])[:12]} -> {str(new[0])[:12]})")
+                reasons.append(
+                    f"input {path} content changed ({str(old[0])[:12]} -> {str(new[0])[:12]})"
+                )
             else:
                 reasons.append(f"input {path} executable bit changed")
     b_env, a_env = before.get("env", {}), after.get("env", {})

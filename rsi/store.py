@@ -7,6 +7,7 @@ read that serves content verifies it; a corrupt entry is deleted and reported, n
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -183,18 +184,38 @@ class LocalStore:
             raise CorruptEntry(f"blob {digest} failed verification and was removed")
         return data
 
-    def export_file(self, digest: Digest, dest: str | os.PathLike, executable: bool = False) -> None:
-        """Copy a blob out, verifying it on the way; never serves a corrupt blob."""
+    def export_file(
+        self, digest: Digest, dest: str | os.PathLike, executable: bool = False,
+        *, atomic: bool = False,
+    ) -> None:
+        """Copy a blob out, verifying it on the way; never serves a corrupt blob.
+
+        With `atomic` (for folders other builds may write at the same time, like `out/`), the
+        copy lands under a temporary name and is renamed over `dest`.
+        """
         src = self.blob_path(digest)
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
         if not self.has_verified(digest):
             raise CorruptEntry(f"blob {digest} is missing or corrupt in {self.cas}")
+        mode = 0o755 if executable else 0o644
         try:
+            if atomic:
+                fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+                os.close(fd)
+                try:
+                    shutil.copyfile(src, tmp)
+                    os.chmod(tmp, mode)
+                    os.replace(tmp, dest)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
+                return
             if dest.exists() or dest.is_symlink():
                 dest.unlink()
             shutil.copyfile(src, dest)
-            os.chmod(dest, 0o755 if executable else 0o644)
+            os.chmod(dest, mode)
         except OSError as exc:
             raise StoreError(f"cannot write {dest}: {exc.strerror or exc}") from exc
 

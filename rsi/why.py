@@ -51,11 +51,29 @@ def explain(store: LocalStore, target: str, ws=None) -> dict:
                 if ev.get("cache") in ("hit", "remote_hit"):
                     cached += 1
                 else:
-                    ran.append({"action": ev.get("action"), "label": ev.get("label"),
-                                "status": ev.get("status"), "why": ev.get("why") or [],
-                                "message": ev.get("message")})
+                    ran.append(
+                        {
+                            "action": ev.get("action"),
+                            "label": ev.get("label"),
+                            "status": ev.get("status"),
+                            "why": ev.get("why") or [],
+                            "message": ev.get("message"),
+                        }
+                    )
         if requested and found:
-            return {"label": label, "build_id": build_id, "events": str(log), "ran": ran,
-                    "cached": cached, "fully_cached": not ran}
-    return {"label": label, "build_id": None, "events": None, "ran": [], "cached": 0,
-            "fully_cached": None}
+            return {
+                "label": label,
+                "build_id": build_id,
+                "events": str(log),
+                "ran": ran,
+                "cached": cached,
+                "fully_cached": not ran,
+            }
+    return {
+        "label": label,
+        "build_id": None,
+        "events": None,
+        "ran": [],
+        "cached": 0,
+        "fully_cached": None,
+    }

@@ -53,7 +53,10 @@ def detect_accelerators() -> list[tuple[str, str]]:
     try:
         out = subprocess.run(
             [smi, "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=False,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return []
@@ -61,8 +64,7 @@ def detect_accelerators() -> list[tuple[str, str]]:
     if not names:
         return []
     model = re.sub(r"[^a-z0-9]+", "-", names[0].lower()).strip("-")
-    return [("accelerator", "cuda"), ("accelerator", model),
-            ("accelerator-count", str(len(names)))]
+    return [("accelerator", "cuda"), ("accelerator", model), ("accelerator-count", str(len(names)))]
 
 
 def default_properties(executor_name: str) -> list[tuple[str, str]]:
@@ -157,14 +159,22 @@ class Worker:
                 return session
             raise self.client._error("UpdateBotSession", exc) from None
 
-    def run(self, stop: threading.Event | None = None, max_leases: int | None = None) -> WorkerStats:
+    def run(
+        self, stop: threading.Event | None = None, max_leases: int | None = None
+    ) -> WorkerStats:
         """Serve leases until `stop` is set or `max_leases` have completed."""
         stop = stop or threading.Event()
         self.client.capabilities()
         session = self._create_session()
         self.session = session
-        self.on_event({"event": "worker.started", "bot": self.bot_id, "session": session.name,
-                       "properties": [f"{k}={v}" for k, v in self.properties]})
+        self.on_event(
+            {
+                "event": "worker.started",
+                "bot": self.bot_id,
+                "session": session.name,
+                "properties": [f"{k}={v}" for k, v in self.properties],
+            }
+        )
         backoff = 0.5
         served: set[str] = set()
         while not stop.is_set():
@@ -173,7 +183,8 @@ class Worker:
             # NB: a lease can arrive PENDING or, after a retried call, already ACTIVE; the
             # first reply (CreateBotSession's) may carry one too.
             todo = [
-                lease for lease in session.leases
+                lease
+                for lease in session.leases
                 if lease.id not in served
                 and lease.state in (bots_pb2.LeaseState.PENDING, bots_pb2.LeaseState.ACTIVE)
             ]
@@ -293,20 +304,31 @@ class Worker:
             self.stats.last_error = str(exc)
             self._record(lease.id, label, started, None, str(exc))
             code = _CANCELLED if cancel.is_set() else _FAILED_PRECONDITION
-            return {"status": status_pb2.Status(code=code, message=f"rsi worker {self.bot_id}: {exc}")}
+            return {
+                "status": status_pb2.Status(code=code, message=f"rsi worker {self.bot_id}: {exc}")
+            }
         except Exception as exc:  # noqa: BLE001 - a worker must report, never die, on one lease
             self.stats.failed += 1
             self.stats.last_error = repr(exc)
             self._record(lease.id, label, started, None, repr(exc))
-            return {"status": status_pb2.Status(
-                code=_INTERNAL, message=f"rsi worker {self.bot_id}: {exc!r}")}
+            return {
+                "status": status_pb2.Status(
+                    code=_INTERNAL, message=f"rsi worker {self.bot_id}: {exc!r}"
+                )
+            }
 
     def _record(
-        self, lease_id: str, label: str, started: float, result: ActionResult | None,
+        self,
+        lease_id: str,
+        label: str,
+        started: float,
+        result: ActionResult | None,
         error: str | None = None,
     ) -> None:
         entry = {
-            "event": "worker.lease", "lease": lease_id, "action": label,
+            "event": "worker.lease",
+            "lease": lease_id,
+            "action": label,
             "wall_s": round(time.time() - started, 3),
             "exit_code": result.exit_code if result else None,
             "error": error,
@@ -345,7 +367,10 @@ def main(
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     worker = Worker(
-        url, store_root, executor_name=executor_name, properties=props + extra,
+        url,
+        store_root,
+        executor_name=executor_name,
+        properties=props + extra,
         on_event=lambda e: print(json.dumps(e), file=sys.stderr, flush=True),
     )
     stats = worker.run(stop, max_leases=max_leases)

@@ -67,14 +67,17 @@ class Workspace:
     def _check(self, file: str = CONFIG_FILE) -> None:
         if self.digest_function not in DIGEST_FUNCTIONS:
             raise DeclarationError(
-                f"unknown digest function {self.digest_function!r}", file=file,
-                field="digest_function", hint=f"use one of {', '.join(DIGEST_FUNCTIONS)}",
+                f"unknown digest function {self.digest_function!r}",
+                file=file,
+                field="digest_function",
+                hint=f"use one of {', '.join(DIGEST_FUNCTIONS)}",
             )
         if self.jobs < 1:
             raise DeclarationError("jobs must be at least 1", file=file, field="jobs")
         if self.remote_mode not in ("cache", "execute"):
-            raise DeclarationError("remote_mode must be 'cache' or 'execute'", file=file,
-                                   field="remote_mode")
+            raise DeclarationError(
+                "remote_mode must be 'cache' or 'execute'", file=file, field="remote_mode"
+            )
 
     @classmethod
     def load(cls, root: Path) -> "Workspace":
@@ -84,24 +87,31 @@ class Workspace:
         except tomllib.TOMLDecodeError as exc:
             raise DeclarationError(f"not valid TOML: {exc}", file=str(path)) from None
         except RecursionError:  # NB: tomllib recurses per nested array/inline table
-            raise DeclarationError("not valid TOML: values are nested too deeply",
-                                   file=str(path)) from None
+            raise DeclarationError(
+                "not valid TOML: values are nested too deeply", file=str(path)
+            ) from None
         section = data.get("workspace", {})
         extra = set(data) - {"workspace"}
         if extra or not isinstance(section, dict):
             raise DeclarationError(
-                f"unknown section(s) {', '.join(sorted(extra)) or 'workspace'}", file=str(path),
+                f"unknown section(s) {', '.join(sorted(extra)) or 'workspace'}",
+                file=str(path),
                 hint="settings go under [workspace]",
             )
         kw: dict = {}
         for key, value in section.items():
             want = _SETTINGS.get(key)
             if want is None:
-                raise DeclarationError("unknown setting", file=str(path), field=key,
-                                       hint=f"known settings: {', '.join(sorted(_SETTINGS))}")
+                raise DeclarationError(
+                    "unknown setting",
+                    file=str(path),
+                    field=key,
+                    hint=f"known settings: {', '.join(sorted(_SETTINGS))}",
+                )
             if not isinstance(value, want) or (want is int and isinstance(value, bool)):
-                raise DeclarationError(f"expected {want.__name__}, got {value!r}", file=str(path),
-                                       field=key)
+                raise DeclarationError(
+                    f"expected {want.__name__}, got {value!r}", file=str(path), field=key
+                )
             kw[key] = value
         if "store" in kw:
             kw["store"] = Path(kw["store"])

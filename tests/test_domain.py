@@ -17,8 +17,14 @@ PKG = "tasks/softmax"
 
 @pytest.fixture
 def softmax_ws(tmp_path, make_workspace, bwrap):
-    ws = make_workspace(tmp_path, {"other/BUILD.toml": (
-        '[unrelated]\nrule = "command"\nouts = ["u.txt"]\ncmd = "echo u > $(OUT)"\n')})
+    ws = make_workspace(
+        tmp_path,
+        {
+            "other/BUILD.toml": (
+                '[unrelated]\nrule = "command"\nouts = ["u.txt"]\ncmd = "echo u > $(OUT)"\n'
+            )
+        },
+    )
     dest = ws / PKG
     shutil.copytree(ROOT / PKG, dest, ignore=shutil.ignore_patterns("__pycache__"))
     build_file = dest / "BUILD.toml"
@@ -87,8 +93,10 @@ def test_a_new_candidate_runs_only_its_own_check_measure_and_assess(softmax_ws, 
     cand = softmax_ws / PKG / "candidates" / "mine"
     shutil.copytree(softmax_ws / PKG / "candidates" / "fast", cand)
     with open(softmax_ws / PKG / "BUILD.toml", "a") as f:
-        f.write('\n[mine]\nrule = "candidate"\ntask = ":task"\nsrc = "candidates/mine"\n'
-                '\n[verdict_mine]\nrule = "verdict"\nbinding = ":cpu"\ncandidate = ":mine"\n')
+        f.write(
+            '\n[mine]\nrule = "candidate"\ntask = ":task"\nsrc = "candidates/mine"\n'
+            '\n[verdict_mine]\nrule = "verdict"\nbinding = ":cpu"\ncandidate = ":mine"\n'
+        )
     run = build(softmax_ws, f"//{PKG}:verdict", f"//{PKG}:verdict_mine")
     assert {a.split("#")[1] for a in _ran(run)} <= {"Check", "Measure", "Assess", "Render"}
     assert all(a.startswith(f"//{PKG}:verdict_mine#") for a in _ran(run))
@@ -142,7 +150,12 @@ def test_a_task_folder_in_the_callers_cwd_changes_nothing(softmax_ws, build, run
 
 
 def test_check_and_measure_targets_share_the_verdicts_actions(softmax_ws, build):
-    run = build(softmax_ws, f"//{PKG}:verdict", f"//{PKG}:fast_check", f"//{PKG}:fast_measure",
-                f"//{PKG}:calibration")
+    run = build(
+        softmax_ws,
+        f"//{PKG}:verdict",
+        f"//{PKG}:fast_check",
+        f"//{PKG}:fast_measure",
+        f"//{PKG}:calibration",
+    )
     mnemonics = sorted(a.split("#")[1] for a in _ran(run))
     assert mnemonics == ["Assess", "BaselineCheck", "Calibrate", "Check", "Measure", "Render"]

@@ -1,6 +1,7 @@
 """rsi adapter for ../shared/peers (the peer build-tool benchmark): the same fan-in graph, timed
 by the peers' own harness so rsi's numbers sit beside Nix, Bazel, Snakemake, redun and DVC.
 Run through bench/peers/run.sh, which copies the harness and adds this file to it."""
+
 from __future__ import annotations
 
 import json
@@ -22,17 +23,23 @@ class Rsi(Tool):
         (self.ws / "rsi.toml").write_text("[workspace]\njobs = %d\n" % (os.cpu_count() or 1))
         parts = []
         for i in range(self.n):
-            parts.append(f'[leaf_{i}]\nrule = "command"\nsrcs = ["in/leaf_{i}.txt"]\n'
-                         f'outs = ["leaf_{i}.out"]\n'
-                         f'cmd = "cat $(SRCS) > $(OUT) && echo leaf {i} >> $(OUT)"\n')
+            parts.append(
+                f'[leaf_{i}]\nrule = "command"\nsrcs = ["in/leaf_{i}.txt"]\n'
+                f'outs = ["leaf_{i}.out"]\n'
+                f'cmd = "cat $(SRCS) > $(OUT) && echo leaf {i} >> $(OUT)"\n'
+            )
         for j, leaves in mids_of(self.n):
             deps = json.dumps([f":leaf_{i}" for i in leaves])
-            parts.append(f'[mid_{j}]\nrule = "command"\ndeps = {deps}\nouts = ["mid_{j}.out"]\n'
-                         f'cmd = "cat {" ".join(f"leaf_{i}.out" for i in leaves)} > $(OUT)"\n')
+            parts.append(
+                f'[mid_{j}]\nrule = "command"\ndeps = {deps}\nouts = ["mid_{j}.out"]\n'
+                f'cmd = "cat {" ".join(f"leaf_{i}.out" for i in leaves)} > $(OUT)"\n'
+            )
         mids = [f":mid_{j}" for j, _ in mids_of(self.n)]
         files = " ".join(f"mid_{j}.out" for j, _ in mids_of(self.n))
-        parts.append(f'[root]\nrule = "command"\ndeps = {json.dumps(mids)}\nouts = ["root.out"]\n'
-                     f'cmd = "cat {files} > $(OUT)"\n')
+        parts.append(
+            f'[root]\nrule = "command"\ndeps = {json.dumps(mids)}\nouts = ["root.out"]\n'
+            f'cmd = "cat {files} > $(OUT)"\n'
+        )
         (self.ws / "BUILD.toml").write_text("\n".join(parts))
 
     def clean(self):

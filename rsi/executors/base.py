@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rsi.action import Action, ActionResult, OutputFile
-from rsi.digest import FileNode, SymlinkNode
+from rsi.digest import SymlinkNode
 from rsi.store import LocalStore
 
 
@@ -27,8 +27,9 @@ class Executor(Protocol):
     ) -> ActionResult: ...
 
 
-def materialise_inputs(action: Action, store: LocalStore, exec_dir: Path, *,
-                       link: bool = False) -> None:
+def materialise_inputs(
+    action: Action, store: LocalStore, exec_dir: Path, *, link: bool = False
+) -> None:
     """Write every input file under `exec_dir`, verified, read-only.
 
     With `link` (only when the sandbox binds inputs read-only, so nothing inside can write

@@ -48,7 +48,10 @@ def bwrap_available() -> str | None:
     kwargs = _drop_privileges()
     probe = subprocess.run(
         [exe, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
-        check=False, capture_output=True, text=True, **kwargs,
+        check=False,
+        capture_output=True,
+        text=True,
+        **kwargs,
     )
     if probe.returncode != 0:
         return f"bwrap cannot create namespaces here: {probe.stderr.strip()}"
@@ -71,11 +74,26 @@ class BwrapExecutor:
         if reason:
             raise ExecutionError(f"the bwrap executor cannot run: {reason}")
 
-    def command(self, action: Action, root: Path, exec_dir: Path,
-                writable: list[str], env: dict[str, str]) -> list[str]:
-        cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session",
-               "--hostname", "rsi", "--ro-bind", str(root), "/",
-               "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    def command(
+        self, action: Action, root: Path, exec_dir: Path, writable: list[str], env: dict[str, str]
+    ) -> list[str]:
+        cmd = [
+            "bwrap",
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--hostname",
+            "rsi",
+            "--ro-bind",
+            str(root),
+            "/",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+        ]
         if writable == [""]:
             cmd += ["--bind", str(exec_dir), EXEC_ROOT]
             for unit in readonly_units(action):
@@ -101,8 +119,9 @@ class BwrapExecutor:
             cache[key] = find_toolchain(store.root, value)
         return cache[key]
 
-    def run(self, action: Action, store: LocalStore,
-            cancel: threading.Event | None = None) -> ActionResult:
+    def run(
+        self, action: Action, store: LocalStore, cancel: threading.Event | None = None
+    ) -> ActionResult:
         toolchain = platform_map(action).get("toolchain")
         if toolchain == "host" or (toolchain or "").startswith(HOST_PYTHON + "@"):
             # NB: host toolchains have no rootfs; the local executor's bwrap mode is their sandbox
@@ -112,10 +131,13 @@ class BwrapExecutor:
             raise ExecutionError(
                 f"{action.label or 'action'}: the bwrap executor needs a `toolchain` platform "
                 "property <name>@<rootfs digest>",
-                hint="declare the action's toolchain, or run it with the local executor")
+                hint="declare the action's toolchain, or run it with the local executor",
+            )
         if platform_map(action).get("accelerator"):
-            raise ExecutionError("the bwrap executor does not provide accelerators",
-                                 hint="run accelerator actions with the docker executor")
+            raise ExecutionError(
+                "the bwrap executor does not provide accelerators",
+                hint="run accelerator actions with the docker executor",
+            )
         info = self._toolchain(store, toolchain)
         root = rootfs_dir(info)
         scratch = store.scratch_dir()
@@ -133,9 +155,14 @@ class BwrapExecutor:
                 t0 = time.perf_counter()
                 try:
                     proc = subprocess.Popen(
-                        cmd, cwd="/", env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-                        stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                        start_new_session=True, **_drop_privileges(),
+                        cmd,
+                        cwd="/",
+                        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=err,
+                        start_new_session=True,
+                        **_drop_privileges(),
                     )
                 except OSError as exc:
                     raise ExecutionError(f"cannot start bwrap: {exc}") from exc
@@ -145,7 +172,8 @@ class BwrapExecutor:
                 head = stderr_path.read_bytes()[:300]
                 if head.startswith(b"bwrap:"):
                     raise ExecutionError(
-                        f"sandbox failed to start: {head.decode(errors='replace')}")
+                        f"sandbox failed to start: {head.decode(errors='replace')}"
+                    )
             outputs, failure = collect_outputs(action, store, exec_dir)
             if timed_out:
                 failure = f"timed out after {action.timeout_s:g}s; sandbox killed"

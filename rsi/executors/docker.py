@@ -91,8 +91,9 @@ def _install_sigterm_cleanup() -> None:
 class DockerExecutor:
     name = "docker"
 
-    def __init__(self, client=None, *, memory: str = "4g", pids_limit: int = 1024,
-                 tmpfs_size: str = "1g") -> None:
+    def __init__(
+        self, client=None, *, memory: str = "4g", pids_limit: int = 1024, tmpfs_size: str = "1g"
+    ) -> None:
         self.client = client or docker_client()
         self.memory = memory
         self.pids_limit = pids_limit
@@ -126,13 +127,13 @@ class DockerExecutor:
             try:
                 ensure_loaded(self.client, info.image_config, info.rootfs_tar, info.rootfs_sha256)
             except (*DOCKER_ERRORS, RuntimeError) as exc:
-                raise ExecutionError(f"cannot load image for {info.platform_value}: {exc}") \
-                    from exc
+                raise ExecutionError(f"cannot load image for {info.platform_value}: {exc}") from exc
             self._loaded.add(info.image_id)
         return info.image_id
 
-    def container_kwargs(self, action: Action, info: ToolchainInfo, exec_dir: Path,
-                         writable: list[str]) -> dict[str, Any]:
+    def container_kwargs(
+        self, action: Action, info: ToolchainInfo, exec_dir: Path, writable: list[str]
+    ) -> dict[str, Any]:
         """Everything `containers.create` gets besides the image (pure; tests inspect it)."""
         from docker.types import DeviceRequest, Mount
 
@@ -142,14 +143,16 @@ class DockerExecutor:
         else:
             mounts.append(Mount(EXEC_ROOT, str(exec_dir), type="bind", read_only=True))
             for unit in writable:
-                mounts.append(Mount(f"{EXEC_ROOT}/{unit}", str(exec_dir / unit), type="bind",
-                                    read_only=False))
+                mounts.append(
+                    Mount(f"{EXEC_ROOT}/{unit}", str(exec_dir / unit), type="bind", read_only=False)
+                )
         if writable == [""]:
             from rsi.executors.base import readonly_units
 
             for unit in readonly_units(action):
-                mounts.append(Mount(f"{EXEC_ROOT}/{unit}", str(exec_dir / unit), type="bind",
-                                    read_only=True))
+                mounts.append(
+                    Mount(f"{EXEC_ROOT}/{unit}", str(exec_dir / unit), type="bind", read_only=True)
+                )
         memory = memory_limit(action, self.memory)
         kwargs: dict[str, Any] = dict(  # noqa: C408 - mirrors the SDK's keyword names
             command=list(action.argv),
@@ -167,8 +170,12 @@ class DockerExecutor:
             security_opt=["no-new-privileges"],
             hostname="rsi",
             ipc_mode="private",
-            labels={LABEL: self.name, "rsi.pid": str(os.getpid()),
-                    "rsi.host": socket.gethostname(), "rsi.action": action.key().hash},
+            labels={
+                LABEL: self.name,
+                "rsi.pid": str(os.getpid()),
+                "rsi.host": socket.gethostname(),
+                "rsi.action": action.key().hash,
+            },
         )
         cpus = cpu_count(action)
         if cpus:
@@ -191,14 +198,16 @@ class DockerExecutor:
             cache[key] = find_toolchain(store.root, value)
         return cache[key]
 
-    def run(self, action: Action, store: LocalStore,
-            cancel: threading.Event | None = None) -> ActionResult:
+    def run(
+        self, action: Action, store: LocalStore, cancel: threading.Event | None = None
+    ) -> ActionResult:
         toolchain = platform_map(action).get("toolchain")
         if not toolchain or "@" not in toolchain:
             raise ExecutionError(
                 f"{action.label or 'action'}: the docker executor needs a `toolchain` platform "
                 "property <name>@<rootfs digest>",
-                hint="declare the action's toolchain, or run it with the local executor")
+                hint="declare the action's toolchain, or run it with the local executor",
+            )
         info = self._toolchain(store, toolchain)
         image = self.image_for(info)
         scratch = store.scratch_dir()
@@ -222,8 +231,11 @@ class DockerExecutor:
             try:
                 container.start()
             except DOCKER_ERRORS as exc:
-                hint = ("this engine has no GPU runtime; install nvidia-container-toolkit"
-                        if "device driver" in str(exc) else None)
+                hint = (
+                    "this engine has no GPU runtime; install nvidia-container-toolkit"
+                    if "device driver" in str(exc)
+                    else None
+                )
                 raise ExecutionError(f"cannot start container: {exc}", hint=hint) from exc
             exit_code, timed_out = self._wait(container, action.timeout_s, cancel)
             wall = time.perf_counter() - t0
@@ -237,8 +249,10 @@ class DockerExecutor:
             if timed_out:
                 failure = f"timed out after {action.timeout_s:g}s; container killed"
             elif oom:
-                failure = (f"out of memory: the kernel killed the action at the container's "
-                           f"memory limit ({memory_limit(action, self.memory)})")
+                failure = (
+                    f"out of memory: the kernel killed the action at the container's "
+                    f"memory limit ({memory_limit(action, self.memory)})"
+                )
             return ActionResult(
                 exit_code=-signal.SIGKILL if timed_out else exit_code,
                 outputs=outputs if not failure or outputs else (),
@@ -247,8 +261,13 @@ class DockerExecutor:
                 timed_out=timed_out,
                 failure=failure if (failure or exit_code == 0) else None,
                 executor=self.name,
-                host={**host_facts(), "sandbox": "docker", "docker_server": self._server,
-                      "image": image, "oom_killed": oom},
+                host={
+                    **host_facts(),
+                    "sandbox": "docker",
+                    "docker_server": self._server,
+                    "image": image,
+                    "oom_killed": oom,
+                },
                 timing={"started": started, "wall_s": round(wall, 6)},
             )
         finally:
@@ -258,8 +277,9 @@ class DockerExecutor:
                     _live.pop(container.id, None)
             TRASH.put(scratch)
 
-    def _wait(self, container, timeout_s: float,
-              cancel: threading.Event | None) -> tuple[int, bool]:
+    def _wait(
+        self, container, timeout_s: float, cancel: threading.Event | None
+    ) -> tuple[int, bool]:
         done: dict[str, Any] = {}
 
         def waiter() -> None:

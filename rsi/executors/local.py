@@ -82,8 +82,16 @@ def _system_binds() -> list[str]:
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
-    for etc in ("/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
-                "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/localtime"):
+    for etc in (
+        "/etc/alternatives",
+        "/etc/ld.so.cache",
+        "/etc/ld.so.conf",
+        "/etc/ld.so.conf.d",
+        "/etc/passwd",
+        "/etc/group",
+        "/etc/nsswitch.conf",
+        "/etc/localtime",
+    ):
         if os.path.exists(etc):
             args += ["--ro-bind", etc, etc]
     return args
@@ -160,8 +168,13 @@ class LocalExecutor:
                 t0 = time.perf_counter()
                 try:
                     proc = subprocess.Popen(
-                        cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                        stdout=out, stderr=err, start_new_session=True,
+                        cmd,
+                        cwd=cwd,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=err,
+                        start_new_session=True,
                     )
                 except OSError as exc:
                     raise ExecutionError(f"cannot start {cmd[0]}: {exc}") from exc
@@ -174,7 +187,9 @@ class LocalExecutor:
             if self.sandbox == "bwrap" and proc.returncode == 1 and not timed_out:
                 head = stderr_path.read_bytes()[:200]
                 if head.startswith(b"bwrap:"):
-                    raise ExecutionError(f"sandbox failed to start: {head.decode(errors='replace')}")
+                    raise ExecutionError(
+                        f"sandbox failed to start: {head.decode(errors='replace')}"
+                    )
             outputs, failure = collect_outputs(action, store, exec_dir)
             if failure and proc.returncode != 0 and not timed_out:
                 failure = f"exited with code {proc.returncode}; {failure}"
@@ -201,13 +216,31 @@ class LocalExecutor:
     ) -> tuple[list[str], str]:
         if self.sandbox == "bwrap":
             # NB: explicit namespaces, not --unshare-all: a user namespace doubles start-up cost
-            cmd = ["bwrap", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-                   "--die-with-parent", "--new-session",
-                   "--hostname", "rsi", *_system_binds(),
-                   "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                   # NB: after the tmpfs, so an interpreter living under /tmp stays visible
-                   *extra_binds,
-                   "--dir", "/rsi", "--bind", str(exec_dir), EXEC_ROOT]
+            cmd = [
+                "bwrap",
+                "--unshare-net",
+                "--unshare-pid",
+                "--unshare-ipc",
+                "--unshare-uts",
+                "--die-with-parent",
+                "--new-session",
+                "--hostname",
+                "rsi",
+                *_system_binds(),
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+                "--tmpfs",
+                "/tmp",
+                # NB: after the tmpfs, so an interpreter living under /tmp stays visible
+                *extra_binds,
+                "--dir",
+                "/rsi",
+                "--bind",
+                str(exec_dir),
+                EXEC_ROOT,
+            ]
             for unit in readonly_units(action):
                 cmd += ["--ro-bind", str(exec_dir / unit), f"{EXEC_ROOT}/{unit}"]
             cmd += ["--chdir", EXEC_ROOT, "--", *argv]

@@ -82,7 +82,9 @@ def make_remote_executor(ws: Any) -> RemoteExecutor:
     return RemoteExecutor(session, fallback=fallback)
 
 
-def bind_events(adapter: RemoteCache | RemoteExecutor, events: Any, parent: int | None = None) -> None:
+def bind_events(
+    adapter: RemoteCache | RemoteExecutor, events: Any, parent: int | None = None
+) -> None:
     """Send the adapter's events (`remote.*`) into a build's EventLog."""
 
     def emit(event: dict) -> None:

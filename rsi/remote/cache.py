@@ -127,8 +127,11 @@ class RemoteCache:
             return self._fetch(action, view, remote.digest, store)
         except BlobMismatch as exc:
             session.emit(
-                {**self._event("remote.blob_rejected", action, remote.digest),
-                 "severity": "warning", "message": str(exc)}
+                {
+                    **self._event("remote.blob_rejected", action, remote.digest),
+                    "severity": "warning",
+                    "message": str(exc),
+                }
             )
             return None
         except RemoteError as exc:
@@ -141,7 +144,8 @@ class RemoteCache:
         got = {o.path for o in result.outputs}
         if not result.ok or got != declared:
             reason = (
-                f"exit code {result.exit_code}" if result.exit_code != 0
+                f"exit code {result.exit_code}"
+                if result.exit_code != 0
                 else f"outputs {sorted(got)} instead of {sorted(declared)}"
             )
             self.session.emit(
@@ -161,13 +165,18 @@ class RemoteCache:
         absent = self.client.download_to_store(result.blobs(), store)
         if absent:
             self.session.emit(
-                {**self._event("remote.cache_miss", action, digest),
-                 "reason": f"{len(absent)} blob(s) of the cached result are gone from the CAS"}
+                {
+                    **self._event("remote.cache_miss", action, digest),
+                    "reason": f"{len(absent)} blob(s) of the cached result are gone from the CAS",
+                }
             )
             return None
         self.session.emit(
-            {**self._event("remote.cache_hit", action, digest), "source": "remote-cache",
-             "outputs": len(result.outputs)}
+            {
+                **self._event("remote.cache_hit", action, digest),
+                "source": "remote-cache",
+                "outputs": len(result.outputs),
+            }
         )
         return result
 
@@ -181,16 +190,22 @@ class RemoteCache:
         remote = to_remote_action(action)
         if not result.ok:
             session.emit(
-                {**self._event("remote.upload_skipped", action, remote.digest),
-                 "reason": "the action did not succeed"}
+                {
+                    **self._event("remote.upload_skipped", action, remote.digest),
+                    "reason": "the action did not succeed",
+                }
             )
             return False
         bad = [str(o.digest) for o in result.outputs if not store.has_verified(o.digest)]
-        bad += [str(d) for d in (result.stdout, result.stderr) if d is not None and not store.has(d)]
+        bad += [
+            str(d) for d in (result.stdout, result.stderr) if d is not None and not store.has(d)
+        ]
         if bad:
             session.emit(
-                {**self._event("remote.upload_skipped", action, remote.digest),
-                 "reason": f"output(s) failed verification: {', '.join(bad)}"}
+                {
+                    **self._event("remote.upload_skipped", action, remote.digest),
+                    "reason": f"output(s) failed verification: {', '.join(bad)}",
+                }
             )
             return False
         blobs: dict[Digest, Any] = dict(remote.blobs)

@@ -406,8 +406,7 @@ class RemoteClient:
                     continue
                 if response.status.code != 0:
                     raise RemoteError(
-                        f"remote {self.url} could not read blob {digest}: "
-                        f"{response.status.message}"
+                        f"remote {self.url} could not read blob {digest}: {response.status.message}"
                     )
                 self._check_blob(digest, response.data)
                 found[digest] = response.data
@@ -605,8 +604,7 @@ class RemoteClient:
     def _operation_response(self, operation, action_digest: Digest) -> re_pb2.ExecuteResponse:
         if operation.HasField("error") and operation.error.code != 0:
             raise RemoteError(
-                f"remote execution of {action_digest} failed: "
-                f"{_status_text(operation.error)}"
+                f"remote execution of {action_digest} failed: {_status_text(operation.error)}"
             )
         response = re_pb2.ExecuteResponse()
         if not operation.response.Unpack(response):
@@ -618,9 +616,7 @@ class RemoteClient:
 
     def cancel_operation(self, name: str) -> None:
         try:
-            self._ops.CancelOperation(
-                operations_pb2.CancelOperationRequest(name=name), timeout=5.0
-            )
+            self._ops.CancelOperation(operations_pb2.CancelOperationRequest(name=name), timeout=5.0)
         except grpc.RpcError:
             pass  # NB: best effort; the job's own deadline still bounds it on the server
 

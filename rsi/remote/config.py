@@ -47,8 +47,14 @@ class RemoteConfig:
         """From the workspace config's `[remote]` table (keys as below, `-` or `_`), with
         command-line values in `overrides` winning."""
         known = {
-            "url", "mode", "fallback", "upload", "rpc_timeout_s", "connect_timeout_s",
-            "queue_timeout_s", "execution_margin_s",
+            "url",
+            "mode",
+            "fallback",
+            "upload",
+            "rpc_timeout_s",
+            "connect_timeout_s",
+            "queue_timeout_s",
+            "execution_margin_s",
         }
         values: dict[str, Any] = {}
         for key, value in doc.items():
@@ -61,7 +67,7 @@ class RemoteConfig:
             values[name] = value
         values.update({k: v for k, v in overrides.items() if v is not None})
         if "url" not in values:
-            raise UsageError("the [remote] table needs url = \"grpc://HOST:PORT\"")
+            raise UsageError('the [remote] table needs url = "grpc://HOST:PORT"')
         return cls(**values)
 
     def with_(self, **changes: Any) -> RemoteConfig:

@@ -44,8 +44,14 @@ class RemoteExecutor:
         except (QueueTimeout, UnmetPlatform):
             raise
         except BlobMismatch as exc:
-            session.emit({"event": "remote.blob_rejected", "severity": "warning",
-                          "label": action.label, "message": str(exc)})
+            session.emit(
+                {
+                    "event": "remote.blob_rejected",
+                    "severity": "warning",
+                    "label": action.label,
+                    "message": str(exc),
+                }
+            )
             if self.fallback is None:
                 raise
             return self.fallback.run(action, store, cancel)
@@ -69,8 +75,14 @@ class RemoteExecutor:
 
         def on_stage(stage: str) -> None:
             stages.append(stage)
-            session.emit({"event": "remote.stage", "label": action.label, "stage": stage,
-                          "remote_action": str(remote.digest)})
+            session.emit(
+                {
+                    "event": "remote.stage",
+                    "label": action.label,
+                    "stage": stage,
+                    "remote_action": str(remote.digest),
+                }
+            )
 
         try:
             response = client.execute(
@@ -93,7 +105,8 @@ class RemoteExecutor:
                 f"{status_text(response.status)}"
             )
         view = from_remote_result(
-            response.result, store.function,
+            response.result,
+            store.function,
             source="remote-cache" if response.cached_result else "remote-execution",
         )
         for data in view.inline.values():
@@ -108,10 +121,16 @@ class RemoteExecutor:
         timing = dict(result.timing)
         timing["remote_round_trip_s"] = round(time.perf_counter() - t0, 6)
         timing["uploaded_bytes"] = sent
-        session.emit({"event": "remote.executed", "label": action.label,
-                      "remote_action": str(remote.digest),
-                      "cached": bool(response.cached_result),
-                      "source": timing.get("remote"), "exit_code": result.exit_code})
+        session.emit(
+            {
+                "event": "remote.executed",
+                "label": action.label,
+                "remote_action": str(remote.digest),
+                "cached": bool(response.cached_result),
+                "source": timing.get("remote"),
+                "exit_code": result.exit_code,
+            }
+        )
         return ActionResult(
             exit_code=result.exit_code,
             outputs=result.outputs,
@@ -132,6 +151,6 @@ def _props(platform: tuple[tuple[str, str], ...]) -> str:
 def _unmet(platform: tuple[tuple[str, str], ...]) -> str:
     """The properties most likely unmet: accelerators first, else all but the wildcard image."""
     accel = [(k, v) for k, v in platform if k.startswith(ACCELERATOR)]
-    return _props(tuple(accel) if accel else tuple(
-        (k, v) for k, v in platform if k != CONTAINER_IMAGE
-    ))
+    return _props(
+        tuple(accel) if accel else tuple((k, v) for k, v in platform if k != CONTAINER_IMAGE)
+    )

@@ -108,7 +108,8 @@ def input_directories(
                 directory.symlinks.add(name=name, target=child.target)
             else:
                 directory.files.add(
-                    name=name, digest=to_proto_digest(child.digest),
+                    name=name,
+                    digest=to_proto_digest(child.digest),
                     is_executable=child.executable,
                 )
         data = _serialize(directory)
@@ -226,8 +227,9 @@ def to_remote_result(result: ActionResult, worker: str | None = None) -> re_pb2.
             execution.execution_completed_timestamp.CopyFrom(_timestamp(started + wall))
     proto = re_pb2.ActionResult(
         output_files=[
-            re_pb2.OutputFile(path=o.path, digest=to_proto_digest(o.digest),
-                              is_executable=o.executable)
+            re_pb2.OutputFile(
+                path=o.path, digest=to_proto_digest(o.digest), is_executable=o.executable
+            )
             for o in result.outputs
         ],
         exit_code=result.exit_code,
@@ -258,9 +260,7 @@ class RemoteResultView:
     inline: dict[str, bytes]  # 'stdout' / 'stderr' -> bytes sent inline (digest to be stored)
 
 
-def from_remote_result(
-    proto: re_pb2.ActionResult, function: str, source: str
-) -> RemoteResultView:
+def from_remote_result(proto: re_pb2.ActionResult, function: str, source: str) -> RemoteResultView:
     meta: dict[str, Any] = {}
     for packed in proto.execution_metadata.auxiliary_metadata:
         text = wrappers_pb2.StringValue()

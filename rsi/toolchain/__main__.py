@@ -21,8 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--store", default="cache", help="the rsi store root (default: cache)")
     b.add_argument("--cache-dir", default=None, help="download cache for .debs and wheels")
     b.add_argument("--force", action="store_true", help="rebuild even when cached")
-    b.add_argument("--load-image", action="store_true",
-                   help="also load each image into the local Docker engine")
+    b.add_argument(
+        "--load-image",
+        action="store_true",
+        help="also load each image into the local Docker engine",
+    )
     s = sub.add_parser("show", help="print the info of a built toolchain by platform value")
     s.add_argument("platform_value", help="<name>@<rootfs hex>")
     s.add_argument("--store", default="cache")
@@ -36,16 +39,20 @@ def main(argv: list[str] | None = None) -> int:
             names = [name] if name else sorted(load_declarations(path))
             for n in names:
                 info = build(path, args.store, name=n, cache_dir=args.cache_dir, force=args.force)
-                doc = {**info.to_json(), "cached": info.cached,
-                       "changes": info.changes.to_json() if info.changes else None}
+                doc = {
+                    **info.to_json(),
+                    "cached": info.cached,
+                    "changes": info.changes.to_json() if info.changes else None,
+                }
                 doc.pop("lock")
                 if args.load_image:
                     import docker
 
                     from rsi.toolchain.image import ensure_loaded
 
-                    ensure_loaded(docker.from_env(), info.image_config, info.rootfs_tar,
-                                  info.rootfs_sha256)
+                    ensure_loaded(
+                        docker.from_env(), info.image_config, info.rootfs_tar, info.rootfs_sha256
+                    )
                 print(json.dumps(doc, sort_keys=True), flush=True)
     except RsiError as exc:
         print(f"error: {exc}", file=sys.stderr)

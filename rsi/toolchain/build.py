@@ -77,8 +77,9 @@ class ToolchainInfo:
 
     @property
     def image_config(self) -> bytes:
-        return image_config(self.name, self.rootfs_sha256, self.rootfs.hash,
-                            self.source_date_epoch, dict(self.env))
+        return image_config(
+            self.name, self.rootfs_sha256, self.rootfs.hash, self.source_date_epoch, dict(self.env)
+        )
 
     def to_json(self) -> dict:
         return {
@@ -100,10 +101,15 @@ class ToolchainInfo:
         if doc.get("schema") != INFO_SCHEMA:
             raise ToolchainError(f"{path}: unknown toolchain info schema {doc.get('schema')!r}")
         return cls(
-            name=doc["name"], recipe_digest=doc["recipe_digest"],
-            rootfs=Digest.parse(doc["rootfs"]), rootfs_sha256=doc["rootfs_sha256"],
-            image_id=doc["image_id"], lock=doc["lock"], path=path,
-            source_date_epoch=doc["source_date_epoch"], env=doc["env"],
+            name=doc["name"],
+            recipe_digest=doc["recipe_digest"],
+            rootfs=Digest.parse(doc["rootfs"]),
+            rootfs_sha256=doc["rootfs_sha256"],
+            image_id=doc["image_id"],
+            lock=doc["lock"],
+            path=path,
+            source_date_epoch=doc["source_date_epoch"],
+            env=doc["env"],
             build_s=doc.get("build_s"),
         )
 
@@ -168,12 +174,13 @@ def find_toolchain(store_dir: str | os.PathLike, platform_value: str) -> Toolcha
         raise ExecutionError(
             f"toolchain {platform_value} is not built in the store at {store_dir}",
             hint=f"build it first: python -m rsi.toolchain build toolchains/BUILD.toml:{name} "
-                 f"--store {store_dir}",
+            f"--store {store_dir}",
         ) from None
     info = _load_info(toolchains_root(store_dir) / recipe_digest)
     if info is None or info.rootfs.hash != rootfs_hash:
-        raise ExecutionError(f"toolchain {platform_value}: store entry is incomplete",
-                             hint="rebuild it with --force")
+        raise ExecutionError(
+            f"toolchain {platform_value}: store entry is incomplete", hint="rebuild it with --force"
+        )
     return info
 
 
@@ -239,8 +246,10 @@ def build(
         text = format_lock(dict(info.lock))
         if not recipe.lock_path.exists() or recipe.lock_path.read_text() != text:
             atomic_write_bytes(recipe.lock_path, text.encode(), fsync=False)
-    _write_json(root / "by-rootfs" / f"{info.rootfs.hash}.json",
-                {"name": info.name, "recipe_digest": recipe_digest})
+    _write_json(
+        root / "by-rootfs" / f"{info.rootfs.hash}.json",
+        {"name": info.name, "recipe_digest": recipe_digest},
+    )
     _write_json(root / "by-name" / f"{recipe.name}.json", {"recipe_digest": recipe_digest})
     if changes:
         say("packages changed since the previous lock: " + "; ".join(changes.describe()))
@@ -255,12 +264,15 @@ def _load_last(root: Path, name: str) -> ToolchainInfo | None:
     return _load_info(root / recipe_digest)
 
 
-def _build_into(recipe: Recipe, directory: Path, cache: Path, say: Callable[[str], None]
-                ) -> ToolchainInfo:
+def _build_into(
+    recipe: Recipe, directory: Path, cache: Path, say: Callable[[str], None]
+) -> ToolchainInfo:
     t0 = time.monotonic()
     if shutil.which("mmdebstrap") is None:
-        raise ToolchainError("mmdebstrap is not installed",
-                             hint="apt-get install mmdebstrap (scripts/ci-docker.sh does it)")
+        raise ToolchainError(
+            "mmdebstrap is not installed",
+            hint="apt-get install mmdebstrap (scripts/ci-docker.sh does it)",
+        )
     wheels = _fetch_wheels(recipe, cache / "wheels", say)
     directory.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".build-{recipe.name}-"))
@@ -275,7 +287,8 @@ def _build_into(recipe: Recipe, directory: Path, cache: Path, say: Callable[[str
         lock_file.parent.mkdir(parents=True, exist_ok=True)
         lock_file.write_text(format_lock(lock))
         (tree / IN_IMAGE_RECIPE).write_text(
-            json.dumps(recipe.describe(), indent=1, sort_keys=True) + "\n")
+            json.dumps(recipe.describe(), indent=1, sort_keys=True) + "\n"
+        )
         for p in (lock_file, tree / IN_IMAGE_RECIPE):
             os.chmod(p, 0o644)
         say("packing rootfs tar")
@@ -285,9 +298,15 @@ def _build_into(recipe: Recipe, directory: Path, cache: Path, say: Callable[[str
         env = dict(recipe.env)
         config = image_config(recipe.name, sha256, rootfs.hash, recipe.source_date_epoch, env)
         info = ToolchainInfo(
-            name=recipe.name, recipe_digest=recipe.digest().hash, rootfs=rootfs,
-            rootfs_sha256=sha256, image_id=image_id(config), lock=lock, path=directory,
-            source_date_epoch=recipe.source_date_epoch, env=env,
+            name=recipe.name,
+            recipe_digest=recipe.digest().hash,
+            rootfs=rootfs,
+            rootfs_sha256=sha256,
+            image_id=image_id(config),
+            lock=lock,
+            path=directory,
+            source_date_epoch=recipe.source_date_epoch,
+            env=env,
             build_s=round(time.monotonic() - t0, 1),
         )
         (out / "lock.txt").write_text(format_lock(lock))
@@ -319,7 +338,9 @@ def host_mirror(suite: str) -> str:
                     key, value = line.split(":", 1)
                     fields[key.strip().lower()] = value.strip()
             if "deb" in fields.get("types", "").split():
-                candidates.append((fields.get("uris", "").split(), fields.get("suites", "").split()))
+                candidates.append(
+                    (fields.get("uris", "").split(), fields.get("suites", "").split())
+                )
     for path in [apt / "sources.list", *sorted(apt.glob("sources.list.d/*.list"))]:
         if path.exists():
             for line in path.read_text().splitlines():
@@ -355,10 +376,21 @@ def _fetch_wheels(recipe: Recipe, cache: Path, say: Callable[[str], None]) -> li
             say(f"downloading {wheel.name}=={wheel.version}")
             with tempfile.TemporaryDirectory(dir=cache) as tmp:
                 proc = subprocess.run(
-                    [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                     "--disable-pip-version-check", "-d", tmp,
-                     f"{wheel.name}=={wheel.version}"],
-                    check=False, capture_output=True, text=True,
+                    [
+                        sys.executable,
+                        "-m",
+                        "pip",
+                        "download",
+                        "--no-deps",
+                        "--only-binary=:all:",
+                        "--disable-pip-version-check",
+                        "-d",
+                        tmp,
+                        f"{wheel.name}=={wheel.version}",
+                    ],
+                    check=False,
+                    capture_output=True,
+                    text=True,
                 )
                 got = Path(tmp) / wheel.file
                 if proc.returncode != 0 or not got.exists():
@@ -393,37 +425,64 @@ def _debootstrap(recipe: Recipe, tree: Path, debs: Path, say: Callable[[str], No
     say(f"mmdebstrap {recipe.suite} ({len(recipe.packages)} packages)")
     source = f"deb {mirror} {recipe.suite} {' '.join(recipe.components)}"
     cmd = [
-        "mmdebstrap", f"--variant={recipe.variant}", f"--architectures={recipe.architecture}",
+        "mmdebstrap",
+        f"--variant={recipe.variant}",
+        f"--architectures={recipe.architecture}",
         f"--include={','.join(sorted(recipe.packages))}",
-        "--aptopt=APT::Install-Recommends \"false\"",
-        "--aptopt=Acquire::Retries \"3\"",
+        '--aptopt=APT::Install-Recommends "false"',
+        '--aptopt=Acquire::Retries "3"',
         "--skip=essential/unlink",
-        "--setup-hook=mkdir -p \"$1\"/var/cache/apt/archives/",
+        '--setup-hook=mkdir -p "$1"/var/cache/apt/archives/',
         f"--setup-hook=sync-in {debs} /var/cache/apt/archives/",
         f"--customize-hook=sync-out /var/cache/apt/archives {debs}",
-        recipe.suite, os.fspath(tree), source,
+        recipe.suite,
+        os.fspath(tree),
+        source,
     ]
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
-           "SOURCE_DATE_EPOCH": str(recipe.source_date_epoch)}
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "LANG": "C.UTF-8",
+        "SOURCE_DATE_EPOCH": str(recipe.source_date_epoch),
+    }
     _run(cmd, "mmdebstrap", env=env)
 
 
-def _install_wheels(recipe: Recipe, tree: Path, wheels: list[Path],
-                    say: Callable[[str], None]) -> None:
+def _install_wheels(
+    recipe: Recipe, tree: Path, wheels: list[Path], say: Callable[[str], None]
+) -> None:
     say(f"pip install {len(wheels)} pinned wheel(s) with --require-hashes")
     stage = tree / "tmp" / "rsi-wheels"
     stage.mkdir(parents=True)
     for path in wheels:
         shutil.copyfile(path, stage / path.name)
-    (stage / "requirements.txt").write_text("".join(
-        f"{w.name}=={w.version} --hash=sha256:{w.sha256}\n" for w in recipe.wheels))
+    (stage / "requirements.txt").write_text(
+        "".join(f"{w.name}=={w.version} --hash=sha256:{w.sha256}\n" for w in recipe.wheels)
+    )
     cmd = [
-        "chroot", os.fspath(tree), "/usr/bin/env", "-i", "PATH=/usr/bin:/bin", "LANG=C.UTF-8",
-        "HOME=/tmp", f"SOURCE_DATE_EPOCH={recipe.source_date_epoch}", "PIP_CONFIG_FILE=/dev/null",
-        "PIP_NO_CACHE_DIR=1", "PIP_DISABLE_PIP_VERSION_CHECK=1", "PYTHONHASHSEED=0",
-        "python3", "-m", "pip", "install", "--break-system-packages", "--no-index",
-        "--find-links", "/tmp/rsi-wheels", "--require-hashes", "--no-deps",
-        "-r", "/tmp/rsi-wheels/requirements.txt",
+        "chroot",
+        os.fspath(tree),
+        "/usr/bin/env",
+        "-i",
+        "PATH=/usr/bin:/bin",
+        "LANG=C.UTF-8",
+        "HOME=/tmp",
+        f"SOURCE_DATE_EPOCH={recipe.source_date_epoch}",
+        "PIP_CONFIG_FILE=/dev/null",
+        "PIP_NO_CACHE_DIR=1",
+        "PIP_DISABLE_PIP_VERSION_CHECK=1",
+        "PYTHONHASHSEED=0",
+        "python3",
+        "-m",
+        "pip",
+        "install",
+        "--break-system-packages",
+        "--no-index",
+        "--find-links",
+        "/tmp/rsi-wheels",
+        "--require-hashes",
+        "--no-deps",
+        "-r",
+        "/tmp/rsi-wheels/requirements.txt",
     ]
     _run(cmd, "pip install into the rootfs")
     shutil.rmtree(stage)
@@ -431,8 +490,14 @@ def _install_wheels(recipe: Recipe, tree: Path, wheels: list[Path],
 
 def _normalise(recipe: Recipe, tree: Path) -> None:
     """Make every file the build wrote from the clock, the host or a download deterministic."""
-    for rel in ("tmp", "run", "var/lib/apt/lists", "var/cache/apt/archives", "root/.cache",
-                "var/cache/ldconfig"):
+    for rel in (
+        "tmp",
+        "run",
+        "var/lib/apt/lists",
+        "var/cache/apt/archives",
+        "root/.cache",
+        "var/cache/ldconfig",
+    ):
         d = tree / rel
         if d.is_dir():
             for child in d.iterdir():
@@ -442,8 +507,12 @@ def _normalise(recipe: Recipe, tree: Path) -> None:
                     child.unlink()
     (tree / "var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
     (tree / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
-    for pattern in ("var/cache/apt/*.bin", "var/cache/debconf/*-old", "var/lib/dpkg/*-old",
-                    "var/backups/*"):
+    for pattern in (
+        "var/cache/apt/*.bin",
+        "var/cache/debconf/*-old",
+        "var/lib/dpkg/*-old",
+        "var/backups/*",
+    ):
         for path in tree.glob(pattern):
             path.unlink()
     for path in (tree / "var/log").rglob("*"):

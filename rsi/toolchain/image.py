@@ -18,8 +18,9 @@ from pathlib import Path
 SANDBOX_USER = "65534:65534"
 
 
-def image_config(name: str, rootfs_sha256: str, rootfs_blake3: str, epoch: int,
-                 env: dict[str, str]) -> bytes:
+def image_config(
+    name: str, rootfs_sha256: str, rootfs_blake3: str, epoch: int, env: dict[str, str]
+) -> bytes:
     created = datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     config = {
         "architecture": "amd64",
@@ -51,13 +52,15 @@ def _pad(size: int) -> bytes:
     return b"\0" * (-size % tarfile.BLOCKSIZE)
 
 
-def image_archive(config: bytes, rootfs_tar: Path, rootfs_sha256: str,
-                  chunk: int = 1 << 20) -> Iterator[bytes]:
+def image_archive(
+    config: bytes, rootfs_tar: Path, rootfs_sha256: str, chunk: int = 1 << 20
+) -> Iterator[bytes]:
     """Stream a docker-archive for `docker load` without copying the rootfs tar."""
     config_name = image_id(config).split(":", 1)[1] + ".json"
     layer_name = f"{rootfs_sha256}/layer.tar"
-    manifest = json.dumps([{"Config": config_name, "RepoTags": None,
-                            "Layers": [layer_name]}]).encode()
+    manifest = json.dumps(
+        [{"Config": config_name, "RepoTags": None, "Layers": [layer_name]}]
+    ).encode()
     for name, data in ((config_name, config), ("manifest.json", manifest)):
         yield _member(name, len(data)) + data + _pad(len(data))
     size = os.path.getsize(rootfs_tar)
@@ -86,9 +89,9 @@ def ensure_loaded(client, config: bytes, rootfs_tar: Path, rootfs_sha256: str) -
     except docker.errors.ImageNotFound:
         raise RuntimeError(
             f"docker load did not produce {wanted}; the engine may use an image store that "
-            "derives IDs differently") from None
+            "derives IDs differently"
+        ) from None
     return wanted
-
 
 
 __all__ = ["SANDBOX_USER", "ensure_loaded", "image_archive", "image_config", "image_id"]

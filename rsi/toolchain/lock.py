@@ -22,9 +22,16 @@ def read_tree_lock(root: Path) -> dict[str, str]:
     admindir = root / "var/lib/dpkg"
     if admindir.is_dir():
         out = subprocess.run(
-            ["dpkg-query", f"--admindir={admindir}", "-W",
-             "-f", "${db:Status-Abbrev}\t${Package}\t${Version}\n"],
-            check=True, capture_output=True, text=True,
+            [
+                "dpkg-query",
+                f"--admindir={admindir}",
+                "-W",
+                "-f",
+                "${db:Status-Abbrev}\t${Package}\t${Version}\n",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
         for line in out.splitlines():
             status, pkg, version = line.split("\t")
@@ -116,6 +123,5 @@ def diff_locks(old: dict[str, str], new: dict[str, str]) -> LockDiff:
     return LockDiff(
         added=tuple((k, new[k]) for k in sorted(set(new) - set(old))),
         removed=tuple((k, old[k]) for k in sorted(set(old) - set(new))),
-        changed=tuple((k, old[k], new[k]) for k in sorted(set(old) & set(new))
-                      if old[k] != new[k]),
+        changed=tuple((k, old[k], new[k]) for k in sorted(set(old) & set(new)) if old[k] != new[k]),
     )

@@ -40,8 +40,12 @@ class Wheel:
     sha256: str
 
     def encode(self) -> dict:
-        return {"name": self.name, "version": self.version, "file": self.file,
-                "sha256": self.sha256}
+        return {
+            "name": self.name,
+            "version": self.version,
+            "file": self.file,
+            "sha256": self.sha256,
+        }
 
 
 @dataclass(frozen=True)
@@ -89,14 +93,31 @@ def recipe_from_dict(
     name = name or doc.get("name")
     where = {"file": file, "target": name}
     if not isinstance(name, str) or not _NAME.match(name):
-        raise DeclarationError(f"toolchain name {name!r} is not a valid name", field="name",
-                               **where, hint="use lower-case letters, digits, '.', '_' or '-'")
-    known = {"name", "suite", "packages", "wheels", "source_date_epoch", "components", "variant",
-             "architecture", "env", "description"}
+        raise DeclarationError(
+            f"toolchain name {name!r} is not a valid name",
+            field="name",
+            **where,
+            hint="use lower-case letters, digits, '.', '_' or '-'",
+        )
+    known = {
+        "name",
+        "suite",
+        "packages",
+        "wheels",
+        "source_date_epoch",
+        "components",
+        "variant",
+        "architecture",
+        "env",
+        "description",
+    }
     unknown = sorted(set(doc) - known)
     if unknown:
-        raise DeclarationError(f"unknown field(s) {', '.join(unknown)}", **where,
-                               hint=f"known fields: {', '.join(sorted(known))}")
+        raise DeclarationError(
+            f"unknown field(s) {', '.join(unknown)}",
+            **where,
+            hint=f"known fields: {', '.join(sorted(known))}",
+        )
 
     def strings(key: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
         value = doc.get(key, list(default))
@@ -106,8 +127,9 @@ def recipe_from_dict(
 
     suite = doc.get("suite")
     if not isinstance(suite, str) or not suite:
-        raise DeclarationError("a Debian suite is required, e.g. \"bookworm\"", field="suite",
-                               **where)
+        raise DeclarationError(
+            'a Debian suite is required, e.g. "bookworm"', field="suite", **where
+        )
     packages = strings("packages")
     if "python3" not in packages and doc.get("wheels"):
         raise DeclarationError("wheels need python3 in packages", field="packages", **where)
@@ -115,18 +137,21 @@ def recipe_from_dict(
     for i, w in enumerate(doc.get("wheels", [])):
         f = f"wheels[{i}]"
         if not isinstance(w, Mapping) or set(w) != {"name", "version", "file", "sha256"}:
-            raise DeclarationError("each wheel needs exactly name, version, file, sha256",
-                                   field=f, **where)
+            raise DeclarationError(
+                "each wheel needs exactly name, version, file, sha256", field=f, **where
+            )
         if not _SHA256.match(str(w["sha256"])):
-            raise DeclarationError(f"sha256 {w['sha256']!r} is not 64 lower-case hex digits",
-                                   field=f, **where)
+            raise DeclarationError(
+                f"sha256 {w['sha256']!r} is not 64 lower-case hex digits", field=f, **where
+            )
         if not str(w["file"]).endswith(".whl"):
             raise DeclarationError("file must be a .whl file name", field=f, **where)
         wheels.append(Wheel(str(w["name"]), str(w["version"]), str(w["file"]), str(w["sha256"])))
     epoch = doc.get("source_date_epoch", 1735689600)
     if not isinstance(epoch, int) or epoch <= 0:
-        raise DeclarationError("must be a positive integer (seconds since 1970)",
-                               field="source_date_epoch", **where)
+        raise DeclarationError(
+            "must be a positive integer (seconds since 1970)", field="source_date_epoch", **where
+        )
     env = doc.get("env", dict(DEFAULT_ENV))
     if not isinstance(env, Mapping) or not all(isinstance(v, str) for v in env.values()):
         raise DeclarationError("must be a table of strings", field="env", **where)
@@ -151,19 +176,26 @@ def load_declarations(path: str | os.PathLike) -> dict[str, Recipe]:
     try:
         doc = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise DeclarationError(f"cannot read toolchain declarations: {exc}", file=str(path)) \
-            from exc
-    tables = {n: {k: v for k, v in t.items() if k not in ("rule", "doc", "tags")}
-              for n, t in doc.items()
-              if isinstance(t, Mapping) and t.get("rule") == "toolchain"}
+        raise DeclarationError(
+            f"cannot read toolchain declarations: {exc}", file=str(path)
+        ) from exc
+    tables = {
+        n: {k: v for k, v in t.items() if k not in ("rule", "doc", "tags")}
+        for n, t in doc.items()
+        if isinstance(t, Mapping) and t.get("rule") == "toolchain"
+    }
     if not tables:
-        raise DeclarationError("no toolchain targets", file=str(path),
-                               hint='declare one, e.g. [numpy] with rule = "toolchain"')
+        raise DeclarationError(
+            "no toolchain targets",
+            file=str(path),
+            hint='declare one, e.g. [numpy] with rule = "toolchain"',
+        )
     return {n: recipe_from_dict(t, name=n, file=str(path)) for n, t in tables.items()}
 
 
-def load_recipe(spec: str | os.PathLike | Mapping[str, Any] | Recipe,
-                name: str | None = None) -> Recipe:
+def load_recipe(
+    spec: str | os.PathLike | Mapping[str, Any] | Recipe, name: str | None = None
+) -> Recipe:
     """A recipe from a Recipe, a dict, `path/BUILD.toml:name`, or a path plus `name`."""
     if isinstance(spec, Recipe):
         return spec
@@ -175,10 +207,14 @@ def load_recipe(spec: str | os.PathLike | Mapping[str, Any] | Recipe,
     recipes = load_declarations(text)
     if name is None:
         if len(recipes) != 1:
-            raise DeclarationError(f"declares {len(recipes)} toolchains; name one",
-                                   file=text, hint=f"use {text}:<name>, one of {sorted(recipes)}")
+            raise DeclarationError(
+                f"declares {len(recipes)} toolchains; name one",
+                file=text,
+                hint=f"use {text}:<name>, one of {sorted(recipes)}",
+            )
         return next(iter(recipes.values()))
     if name not in recipes:
-        raise DeclarationError(f"no toolchain {name!r}", file=text,
-                               hint=f"declared: {', '.join(sorted(recipes))}")
+        raise DeclarationError(
+            f"no toolchain {name!r}", file=text, hint=f"declared: {', '.join(sorted(recipes))}"
+        )
     return recipes[name]

@@ -17,8 +17,13 @@ SANDBOX_UID = 65534
 SANDBOX_GID = 65534
 EXEC_ROOT = "/rsi/exec"
 # NB: `threads` pins every common threading runtime, so a benchmark's parallelism is declared
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-               "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+)
 
 
 def platform_map(action: Action) -> dict[str, str]:

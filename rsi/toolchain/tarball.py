@@ -69,8 +69,9 @@ def _walk(root: Path):
         stack.extend(f"{rel}/{n}" if rel else n for n in names)
 
 
-def _add(tar: tarfile.TarFile, root: Path, rel: str, epoch: int,
-         hardlinks: dict[tuple[int, int], str]) -> None:
+def _add(
+    tar: tarfile.TarFile, root: Path, rel: str, epoch: int, hardlinks: dict[tuple[int, int], str]
+) -> None:
     full = os.path.join(root, rel)
     st = os.lstat(full)
     info = tarfile.TarInfo(rel)
@@ -111,9 +112,19 @@ def extract_rootfs(tar_path: Path, dest: Path) -> None:
     tmp.mkdir(parents=True)
     try:
         subprocess.run(
-            ["tar", "-x", "-f", os.fspath(tar_path), "-C", os.fspath(tmp), "--numeric-owner",
-             "--same-permissions", "--same-owner"],
-            check=True, capture_output=True,
+            [
+                "tar",
+                "-x",
+                "-f",
+                os.fspath(tar_path),
+                "-C",
+                os.fspath(tmp),
+                "--numeric-owner",
+                "--same-permissions",
+                "--same-owner",
+            ],
+            check=True,
+            capture_output=True,
         )
         os.chmod(tmp, 0o755)
         os.replace(tmp, dest)
