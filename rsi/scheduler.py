@@ -247,41 +247,21 @@ class Scheduler:
                         self._fail(action_id, spec, None, exc, build_event, finish)
                         stopped = stopped or not self.keep_going
                         continue
-                    cached = self.store.get_action_result(action.key())
-                    if cached is not None and cached.ok:
+                    served = self.store.get_action_result(action.key())
+                    status = "hit"
+                    if served is None or not served.ok:
+                        served, status = self._remote_get(action, build_event), "remote_hit"
+                    if served is not None:
                         counts["hit"] += 1
                         self._record(spec, action)
                         self.events.emit(
-                            "action_finished",
-                            build_event,
-                            action=action_id,
-                            label=spec.label,
-                            mnemonic=spec.mnemonic,
-                            key=str(action.key()),
-                            cache="hit",
+                            "action_finished", build_event, action=action_id, label=spec.label,
+                            mnemonic=spec.mnemonic, key=str(action.key()), cache=status,
                             status="ok",
                         )
-                        finish(action_id, Outcome(action_id, "hit", action.key(), cached))
+                        finish(action_id, Outcome(action_id, status, action.key(), served))
                         continue
                     why = self.why(spec, action)
-                    remote_result = self._remote_get(action, build_event)
-                    if remote_result is not None:
-                        counts["hit"] += 1
-                        self._record(spec, action)
-                        self.events.emit(
-                            "action_finished",
-                            build_event,
-                            action=action_id,
-                            label=spec.label,
-                            mnemonic=spec.mnemonic,
-                            key=str(action.key()),
-                            cache="remote_hit",
-                            status="ok",
-                        )
-                        finish(
-                            action_id, Outcome(action_id, "remote_hit", action.key(), remote_result)
-                        )
-                        continue
                     to_execute.append((spec, action, why, 0))
                 # dispatch within resource classes
                 while to_execute and not stopped and not exclusive_running:
