@@ -1,7 +1,7 @@
 """Measurement quality of the harness on this host: A/A false PASS rate, detection of a ~20 %
 gain, the noise floor, and the wall time of one full verdict, for each shipped task.
 
-Usage: python bench/measurement_quality.py [--tasks softmax rmsnorm] [--reps 20]
+Usage: python bench/measurement_quality.py [--tasks softmax rmsnorm silu_mul] [--reps 20]
 Writes out/bench/measurement_quality.json and prints a table.
 """
 
@@ -139,7 +139,7 @@ def bench_task(task: str, reps: int, work: Path) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--tasks", nargs="+", default=["softmax", "rmsnorm"])
+    parser.add_argument("--tasks", nargs="+", default=["softmax", "rmsnorm", "silu_mul"])
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument(
         "--out", type=Path, default=ROOT / "out" / "bench" / "measurement_quality.json"

@@ -117,15 +117,27 @@ def _binding(ctx: RuleContext) -> Provider:
     a = ctx.attrs
     task = ctx.dep(a["task"])
     spec = dict(task.info["spec"])
+    platform = toolchain_platform(ctx, a["toolchain"])
+    host_platform = dict(platform)
+    device = a["device"] or spec["device"]
+    if device not in ("cpu", "cuda"):
+        raise ctx.error(f"device must be cpu or cuda, not {device!r}", "device")
+    if a["accelerator"] and device == "cpu":
+        raise ctx.error("an accelerator needs device = \"cuda\"", "accelerator")
+    if device != "cpu":
+        if spec["framework"] != "torch":
+            raise ctx.error(f"device {device!r} needs a torch task", "device")
+        # NB: the property is what makes the docker executor request GPUs and a remote engine
+        # pick a worker that has one; the harness itself refuses to run without a device
+        platform["accelerator"] = a["accelerator"] or "cuda"
     spec.update(threads=a["threads"], call_timeout_s=a["call_timeout_s"], seed=a["seed"],
-                params=a["params"])
+                params=a["params"], device=device, toolchain=platform["toolchain"])
     check_spec = json.dumps(spec, sort_keys=True, indent=1)
     full = dict(spec, measure=a["measure"], assess=a["assess"])
     full_spec = json.dumps(full, sort_keys=True, indent=1)
     n = ctx.label.name
     check_spec_file = ctx.write(f"{n}/check_spec.json", check_spec)
     spec_file = ctx.write(f"{n}/spec.json", full_spec)
-    platform = toolchain_platform(ctx, a["toolchain"])
     task_dir, baseline_dir = task.info["task_dir"], task.info["baseline_dir"]
     runtime = task.info["runtime"]
     baseline_check = ctx.action(
@@ -146,7 +158,8 @@ def _binding(ctx: RuleContext) -> Provider:
     return Provider(
         files=(baseline_check, calibration),
         info={**task.info, "spec_file": spec_file, "check_spec_file": check_spec_file,
-              "platform": platform, "baseline_check": baseline_check,
+              "platform": platform, "host_platform": host_platform,
+              "device": device, "baseline_check": baseline_check,
               "calibration": calibration, "timeout_s": a["timeout_s"]},
     )
 
@@ -160,6 +173,13 @@ BINDING = Rule(
         "task": attr("label", "the task target"),
         "toolchain": attr("label", "a toolchain target (//toolchains:numpy); default: the "
                           "interpreter rsi runs on", default=None),
+        "device": attr("string", "cpu or cuda; overrides the task's device (empty: the "
+                       "task's). A cuda binding's check and measure actions get the platform "
+                       "property `accelerator`, and the harness refuses to run without a GPU",
+                       default=""),
+        "accelerator": attr("string", "the `accelerator` platform value of a cuda binding "
+                            "(empty: `cuda`; a model such as `nvidia-h200` pins the GPU kind "
+                            "on a remote engine)", default=""),
         "threads": attr("int", "threads the implementation may use (pinned)", default=1),
         "call_timeout_s": attr("float", "per-call limit; past it the candidate fails (timeout)",
                                default=20.0),
@@ -268,14 +288,14 @@ def verdict_actions(ctx: RuleContext, binding: Provider, cand_files, cand_dir: s
         inputs=[*harness_files("assess"), info["spec_file"], out["samples"], out["check"],
                 info["baseline_check"], info["calibration"]],
         outputs=[f"{prefix}verdict.json"], mnemonic="Assess", env=ENV,
-        platform=info["platform"], timeout_s=120,
+        platform=info.get("host_platform", info["platform"]), timeout_s=120,
     )[0]
     out["table"] = ctx.action(
         argv=[*PY, f"{HARNESS_EXEC}/render.py", "--verdict", out["verdict"].path,
               "--check", out["check"].path, "--out", ctx.exec_path(f"{prefix}verdict.txt")],
         inputs=[*harness_files("render"), out["verdict"], out["check"]],
         outputs=[f"{prefix}verdict.txt"], mnemonic="Render", env=ENV,
-        platform=info["platform"], timeout_s=60,
+        platform=info.get("host_platform", info["platform"]), timeout_s=60,
     )[0]
     return out
 

@@ -111,6 +111,21 @@ def _python_binds() -> tuple[str, ...]:
     return tuple(args)
 
 
+def gpu_binds() -> list[str]:
+    """bwrap arguments exposing the host's NVIDIA devices (and /sys, read-only, which the
+    driver libraries consult) to an action whose platform asks for an `accelerator`. Without
+    a GPU there is nothing to bind, and the harness refuses such an action itself."""
+    import glob
+
+    devices = sorted(glob.glob("/dev/nvidia*"))
+    if not devices:
+        return []
+    args: list[str] = []
+    for dev in devices:
+        args += ["--dev-bind", dev, dev]
+    return [*args, "--ro-bind", "/sys", "/sys"]
+
+
 class LocalExecutor:
     name = "local"
 
@@ -235,6 +250,7 @@ class LocalExecutor:
                 "/tmp",
                 # NB: after the tmpfs, so an interpreter living under /tmp stays visible
                 *extra_binds,
+                *(gpu_binds() if dict(action.platform).get("accelerator") else []),
                 "--dir",
                 "/rsi",
                 "--bind",

@@ -11,7 +11,10 @@ import hashlib
 import importlib.util
 import json
 import os
+import platform
+import shutil
 import signal
+import subprocess
 import sys
 import time
 import types
@@ -23,6 +26,7 @@ import numpy as np
 
 SPEC_SCHEMA = "rsi.harness.spec/1"
 FRAMEWORKS = ("numpy", "torch")
+DEVICES = ("cpu", "cuda")
 PR_SET_CHILD_SUBREAPER = 36
 INFRA_EXIT = 2
 # NB: glibc's adaptive mmap/trim thresholds make the cost of a large temporary depend on what
@@ -117,6 +121,13 @@ def load_spec(path: Path) -> dict:
     spec.setdefault("call_timeout_s", 30.0)
     spec.setdefault("startup_timeout_s", 120.0)
     spec.setdefault("device", "cpu")
+    if spec["device"] not in DEVICES:
+        raise HarnessError(f"spec device must be one of {DEVICES}, not {spec['device']!r}")
+    if spec["device"] != "cpu" and spec["framework"] != "torch":
+        raise HarnessError(f"spec device {spec['device']!r} needs framework 'torch'")
+    spec.setdefault("toolchain", None)
+    if spec["toolchain"] is not None and not isinstance(spec["toolchain"], str):
+        raise HarnessError("spec toolchain must be a string (the engine's toolchain value)")
     spec.setdefault("seed", 0)
     measure = spec.setdefault("measure", {})
     measure.setdefault("warmups", 3)
@@ -129,6 +140,9 @@ def load_spec(path: Path) -> dict:
     measure.setdefault("value_checks", 3)
     measure.setdefault("units_per_call", None)
     measure.setdefault("arm_timeout_s", None)
+    bpc = measure.get("bytes_per_call")
+    if bpc is not None and (isinstance(bpc, bool) or not isinstance(bpc, int) or bpc <= 0):
+        raise HarnessError("measure.bytes_per_call must be a positive integer when given")
     if (measure["metric"], measure["direction"]) not in (("latency", "minimize"),
                                                          ("throughput", "maximize")):
         raise HarnessError(
@@ -264,12 +278,17 @@ def describe_input(value: Any) -> dict:
 
 
 def inputs_digest(inputs: dict[str, Any]) -> str:
-    h = hashlib.sha256(b"rsi-input-v1\0")
     header = {name: describe_input(inputs[name]) for name in sorted(inputs)}
+    return digest_spans(header, lambda name: extent_bytes(inputs[name]))
+
+
+def digest_spans(header: dict[str, dict], span_bytes) -> str:
+    """The input digest from each input's description and `span_bytes(name)` of every array."""
+    h = hashlib.sha256(b"rsi-input-v1\0")
     h.update(json.dumps(header, sort_keys=True, separators=(",", ":")).encode() + b"\0")
-    for name in sorted(inputs):
+    for name in sorted(header):
         if header[name]["kind"] == "array":
-            data = extent_bytes(inputs[name])
+            data = span_bytes(name)
             h.update(name.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
     return h.hexdigest()
 
@@ -322,11 +341,14 @@ def read_inputs(io_dir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], di
     return inputs, buffers, manifest
 
 
-def materialise_output(out: Any, framework: str) -> tuple[np.ndarray | None, dict]:
+def materialise_output(out: Any, framework: str,
+                       device: str = "cpu") -> tuple[np.ndarray | None, dict]:
     """Check the returned object's exact type and copy it into a plain contiguous numpy array.
 
     Returns (array or None, meta); `meta["problem"]` names a reason code when the object is not
-    an acceptable result. bfloat16 travels as its uint16 bit pattern.
+    an acceptable result. bfloat16 travels as its uint16 bit pattern. A tensor on the expected
+    accelerator `device` is synchronised and copied to host memory (never inside a timed region);
+    one on any other device comes back as None with its device in `meta` for the caller to judge.
     """
     meta: dict[str, Any] = {"type": f"{type(out).__module__}.{type(out).__qualname__}",
                             "problem": None}
@@ -347,9 +369,13 @@ def materialise_output(out: Any, framework: str) -> tuple[np.ndarray | None, dic
     if out.layout != torch.strided or out.is_quantized or out.is_complex():
         meta["problem"] = "wrong_type"
         return None, meta
-    if out.device.type != "cpu":
+    if out.device.type != device:
         return None, meta
-    flat = out.detach().contiguous().clone()
+    if device == "cpu":
+        flat = out.detach().contiguous().clone()
+    else:
+        torch.cuda.synchronize(out.device)
+        flat = out.detach().contiguous().to("cpu")
     if flat.dtype == torch.bfloat16:
         return flat.view(torch.int16).numpy().view(np.uint16).copy(), meta
     try:
@@ -642,3 +668,315 @@ def set_threads(framework: str, threads: int) -> None:
     if framework == "torch":
         torch = import_torch()
         torch.set_num_threads(int(threads))
+
+
+# ---------------------------------------------------------------------------------------------
+# Accelerators (CUDA through torch), bandwidth and the hardware fingerprint
+#
+# NB: nothing here may touch CUDA in a process that forks afterwards: the zygotes import torch
+# but never initialise CUDA; each forked item does, for itself, before any candidate code runs.
+
+NO_CUDA = "no CUDA device: torch.cuda.is_available() is False"
+# Assumed L2 size when neither torch nor the driver reports one: larger than the L2 of any
+# current NVIDIA GPU (H100/H200: 50 MiB, B200: 126 MiB), so 2x it still evicts everything.
+DEFAULT_L2_BYTES = 256 * 2**20
+L2_FLUSH_FACTOR = 2
+NVIDIA_SMI_FIELDS = ("name", "uuid", "driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm",
+                     "clocks.max.mem")
+# CUdevice_attribute values (cuda.h): a fallback when torch does not expose a property
+_CU_ATTR = {"memory_clock_khz": 36, "memory_bus_width_bits": 37, "l2_cache_bytes": 38}
+
+
+def require_device(spec: dict) -> None:
+    """Refuse to judge a `cuda` spec where no CUDA device is visible: a harness fault (exit 2),
+    never a silent run on the CPU and never a verdict from the wrong device."""
+    if spec["device"] == "cpu":
+        return
+    try:
+        torch = import_torch()
+    except ImportError as exc:
+        raise HarnessError(f"spec device {spec['device']!r} needs torch: {exc}") from exc
+    if not torch.cuda.is_available():
+        raise HarnessError(
+            f"{NO_CUDA} (torch {torch.__version__}, built for CUDA {torch.version.cuda}); the "
+            f"binding needs device {spec['device']!r} and the harness refuses to judge on another "
+            "device. Run it where a GPU is visible (docker executor, which requests GPUs for an "
+            "`accelerator` platform property, or a remote worker advertising accelerator=cuda)")
+
+
+def _positive(value: Any) -> int | None:
+    try:
+        value = int(value)
+    except (TypeError, ValueError):
+        return None
+    return value if value > 0 else None
+
+
+def _driver_attributes(ordinal: int) -> dict[str, int | None]:
+    """Device attributes through the CUDA driver API (ctypes; CUDA already initialised)."""
+    found: dict[str, int | None] = dict.fromkeys(_CU_ATTR)
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        dev = ctypes.c_int()
+        if lib.cuDeviceGet(ctypes.byref(dev), int(ordinal)) != 0:
+            return found
+        for key, attr in _CU_ATTR.items():
+            value = ctypes.c_int()
+            if lib.cuDeviceGetAttribute(ctypes.byref(value), attr, dev) == 0:
+                found[key] = _positive(value.value)
+    except (OSError, AttributeError):
+        pass
+    return found
+
+
+def _gpu_uuid(raw: Any) -> str | None:
+    text = str(raw or "").strip()
+    if not text:
+        return None
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+
+
+def peak_bandwidth_gb_s(memory_clock_khz: int | None, bus_width_bits: int | None) -> float | None:
+    """Theoretical DRAM peak: 2 transfers per memory clock (double data rate) x bus width.
+
+    Null, never 0, when either number is unknown."""
+    if not memory_clock_khz or not bus_width_bits:
+        return None
+    return 2.0 * memory_clock_khz * 1e3 * (bus_width_bits / 8) / 1e9
+
+
+def cuda_device_facts(torch) -> dict:
+    """What the current CUDA device says about itself (call in a forked item, after CUDA init)."""
+    index = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    names = (("memory_clock_khz", "memory_clock_rate"), ("memory_bus_width_bits",
+                                                          "memory_bus_width"),
+             ("l2_cache_bytes", "L2_cache_size"))
+    from_torch = {key: _positive(getattr(props, attr, None)) for key, attr in names}
+    driver = (_driver_attributes(index) if None in from_torch.values()
+              else dict.fromkeys(_CU_ATTR))
+    facts: dict[str, Any] = {"index": index, "name": getattr(props, "name", None),
+                             "uuid": _gpu_uuid(getattr(props, "uuid", None)),
+                             "compute_capability": f"{props.major}.{props.minor}",
+                             "total_memory_bytes": _positive(getattr(props, "total_memory", None)),
+                             "multi_processor_count": _positive(
+                                 getattr(props, "multi_processor_count", None)),
+                             "sm_clock_khz": _positive(getattr(props, "clock_rate", None))}
+    for key, _ in names:
+        value, source = from_torch[key], "torch"
+        if value is None and driver[key] is not None:
+            value, source = driver[key], "driver"
+        facts[key] = value
+        facts[f"{key}_source"] = source if value is not None else None
+    return facts
+
+
+def l2_flush_bytes(facts: dict | None) -> tuple[int, int, str]:
+    """(flush buffer bytes, L2 bytes assumed, where that L2 size came from)."""
+    l2 = (facts or {}).get("l2_cache_bytes")
+    source = (facts or {}).get("l2_cache_bytes_source") or "default"
+    if not l2:
+        l2, source = DEFAULT_L2_BYTES, "default"
+    return L2_FLUSH_FACTOR * int(l2), int(l2), source
+
+
+def _smi_value(text: str) -> str | None:
+    text = text.strip()
+    if not text or text.strip("[]").lower() in ("n/a", "not supported", "unknown error",
+                                                "insufficient permissions"):
+        return None
+    return text
+
+
+def nvidia_smi(timeout_s: float = 15.0) -> list[dict] | None:
+    """One row per visible GPU from `nvidia-smi --query-gpu=...`; None when not readable."""
+    import csv
+
+    exe = shutil.which("nvidia-smi") or next(
+        (p for p in ("/usr/bin/nvidia-smi", "/usr/local/nvidia/bin/nvidia-smi")
+         if os.access(p, os.X_OK)), None)
+    if exe is None:
+        return None
+    try:
+        proc = subprocess.run([exe, "--query-gpu=" + ",".join(NVIDIA_SMI_FIELDS),
+                               "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                              timeout=timeout_s, check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0:
+        return None
+    rows = []
+    for fields in csv.reader(proc.stdout.splitlines(), skipinitialspace=True):
+        if len(fields) != len(NVIDIA_SMI_FIELDS):
+            continue
+        row = {k: _smi_value(v) for k, v in zip(NVIDIA_SMI_FIELDS, fields, strict=True)}
+        for k in NVIDIA_SMI_FIELDS[3:]:
+            try:
+                row[k] = int(float(row[k])) if row[k] is not None else None
+            except ValueError:
+                row[k] = None
+        rows.append(row)
+    return rows or None
+
+
+def _match_smi(rows: list[dict] | None, uuid_: str | None) -> dict | None:
+    if not rows:
+        return None
+    if uuid_:
+        want = uuid_.lower().removeprefix("gpu-")
+        for row in rows:
+            if (row.get("uuid") or "").lower().removeprefix("gpu-") == want:
+                return row
+        return None
+    return rows[0] if len(rows) == 1 else None
+
+
+def _kernel_driver_version() -> str | None:
+    for path in ("/sys/module/nvidia/version", "/proc/driver/nvidia/version"):
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        for token in text.split():
+            if token[:1].isdigit() and "." in token:
+                return token
+    return None
+
+
+def cpu_model() -> str | None:
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        text = ""
+    for key in ("model name", "Model", "Hardware", "cpu model", "uarch"):
+        for line in text.splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == key and value.strip():
+                return value.strip()
+    return platform.processor() or None
+
+
+GPU_FINGERPRINT_KEYS = ("gpu_name", "gpu_uuid", "gpu_driver", "gpu_compute_capability",
+                        "gpu_memory_bytes", "gpu_sm_clock_mhz", "gpu_mem_clock_mhz",
+                        "gpu_max_sm_clock_mhz", "gpu_max_mem_clock_mhz", "gpu_l2_cache_bytes",
+                        "gpu_memory_bus_width_bits", "gpu_peak_gb_s", "gpu_peak_source")
+
+
+def fingerprint(spec: dict, facts: dict | None = None, smi: list[dict] | None = None) -> dict:
+    """Where the evidence came from. Every key is always present; unknown values are null.
+
+    `facts` is what a forked item's CUDA device reported (`cuda_device_facts`); `smi` the rows of
+    `nvidia_smi()`, matched to that device by UUID. On a CPU spec the GPU fields stay null.
+    """
+    torch = sys.modules.get("torch")
+    doc: dict[str, Any] = {
+        "device": spec["device"], "cpu_model": cpu_model(), "machine": platform.machine(),
+        "python": platform.python_version(), "numpy": np.__version__,
+        "torch": str(torch.__version__) if torch is not None else None,
+        "cuda": getattr(getattr(torch, "version", None), "cuda", None),
+        "toolchain": spec.get("toolchain"),
+    }
+    doc.update(dict.fromkeys(GPU_FINGERPRINT_KEYS))
+    if spec["device"] == "cpu":
+        return doc
+    facts = facts or {}
+    row = _match_smi(smi, facts.get("uuid")) or {}
+    sm_khz = facts.get("sm_clock_khz")
+    peak, peak_source = peak_bandwidth(facts, row)
+    doc.update(
+        gpu_name=facts.get("name") or row.get("name"),
+        gpu_uuid=facts.get("uuid") or row.get("uuid"),
+        gpu_driver=row.get("driver_version") or _kernel_driver_version(),
+        gpu_compute_capability=facts.get("compute_capability"),
+        gpu_memory_bytes=facts.get("total_memory_bytes"),
+        gpu_sm_clock_mhz=row.get("clocks.sm"),
+        gpu_mem_clock_mhz=row.get("clocks.mem"),
+        gpu_max_sm_clock_mhz=row.get("clocks.max.sm") or (round(sm_khz / 1000) if sm_khz
+                                                           else None),
+        gpu_max_mem_clock_mhz=row.get("clocks.max.mem") or (
+            round(facts["memory_clock_khz"] / 1000) if facts.get("memory_clock_khz") else None),
+        gpu_l2_cache_bytes=facts.get("l2_cache_bytes"),
+        gpu_memory_bus_width_bits=facts.get("memory_bus_width_bits"),
+        gpu_peak_gb_s=peak, gpu_peak_source=peak_source)
+    return doc
+
+
+def peak_bandwidth(facts: dict | None, smi_row: dict | None = None) -> tuple[float | None,
+                                                                              str | None]:
+    """(peak DRAM GB/s, source): torch/driver memory clock x bus width, else nvidia-smi's
+    maximum memory clock x the bus width; (None, None) when unknown."""
+    facts, smi_row = facts or {}, smi_row or {}
+    bus = facts.get("memory_bus_width_bits")
+    peak = peak_bandwidth_gb_s(facts.get("memory_clock_khz"), bus)
+    if peak is not None:
+        return peak, facts.get("memory_clock_khz_source") or "torch"
+    max_mhz = smi_row.get("clocks.max.mem")
+    peak = peak_bandwidth_gb_s(max_mhz * 1000 if max_mhz else None, bus)
+    return (peak, "nvidia-smi") if peak is not None else (None, None)
+
+
+def bandwidth(bytes_per_call: int | None, median_ns: float | None,
+              peak_gb_s: float | None) -> dict:
+    """Achieved bandwidth (bytes per call / median time; bytes per ns = GB/s) and its fraction of
+    the peak. Unknown parts are null, never 0."""
+    achieved = (bytes_per_call / median_ns if bytes_per_call and median_ns and median_ns > 0
+                else None)
+    fraction = achieved / peak_gb_s if achieved is not None and peak_gb_s else None
+    return {"median_ns": median_ns, "achieved_gb_s": achieved, "fraction": fraction}
+
+
+def dtype_itemsize(name: str) -> int:
+    if name in ("bfloat16", "float16", "half"):
+        return 2
+    try:
+        return np.dtype(name).itemsize
+    except TypeError:
+        torch = import_torch()
+        return _torch_dtype(torch, name).itemsize
+
+
+def tensor_bytes(inputs: dict[str, Any], out_shape, out_dtype: str) -> int:
+    """Bytes a call must move at least: every array input's elements plus the output's."""
+    total = 0
+    for value in inputs.values():
+        if isinstance(value, np.ndarray):
+            total += value.size * value.itemsize
+        elif is_torch_tensor(value):
+            total += value.numel() * value.element_size()
+    n_out = 1
+    for n in out_shape:
+        n_out *= int(n)
+    return total + n_out * dtype_itemsize(out_dtype)
+
+
+def inputs_to_device(inputs: dict[str, Any], device: str) -> tuple[dict[str, Any], dict, dict]:
+    """Copy every CPU tensor input to `device` with the identical view geometry.
+
+    Each tensor's whole memory span travels as one uint8 device buffer and the input is rebuilt
+    as the same (possibly strided) view over it, so the candidate sees exactly the layout the
+    workload made. Returns (device inputs, {name: uint8 device span}, description header).
+    """
+    torch = import_torch()
+    header = {name: describe_input(inputs[name]) for name in sorted(inputs)}
+    out: dict[str, Any] = {}
+    spans: dict[str, Any] = {}
+    for name, meta in header.items():
+        if meta["kind"] == "scalar":
+            out[name] = inputs[name]
+            continue
+        if meta["framework"] != "torch":
+            raise HarnessError(f"input {name!r} is a numpy array; device {device!r} needs torch "
+                               "tensors from workloads.make_inputs")
+        raw = np.frombuffer(extent_bytes(inputs[name]), dtype=np.uint8).copy()
+        span = torch.from_numpy(raw).to(device)
+        itemsize = meta["itemsize"]
+        view = torch.empty(0, dtype=_torch_dtype(torch, meta["dtype"]), device=device)
+        view.set_(span.untyped_storage(), meta["offset_bytes"] // itemsize, tuple(meta["shape"]),
+                  tuple(s // itemsize for s in meta["strides_bytes"]))
+        out[name], spans[name] = view, span
+    return out, spans, header
+
+
+def device_inputs_digest(header: dict, spans: dict) -> str:
+    """The input digest of device inputs (the same value `inputs_digest` gives on the host)."""
+    return digest_spans(header, lambda name: spans[name].cpu().numpy().tobytes())

@@ -42,6 +42,27 @@ def _policy(measure: dict) -> dict:
     return {k: v for k, v in measure.items() if k != "seed"}
 
 
+def _hardware(doc: dict) -> tuple:
+    """The kind of device a measurement ran on: (device, GPU model); the model is null on CPUs.
+
+    Another unit of the same model is the same kind (its noise floor applies); evidence without
+    a fingerprint says nothing and matches anything."""
+    fp = doc.get("fingerprint")
+    return (fp.get("device"), fp.get("gpu_name")) if fp else ()
+
+
+def bandwidth_summary(samples: dict) -> dict:
+    """The candidate's achieved bandwidth and fraction of peak from the samples (nulls when
+    unknown), with the baseline's alongside."""
+    bw = samples.get("bandwidth") or {}
+    cand, base = bw.get("candidate") or {}, bw.get("baseline") or {}
+    return {"achieved_gb_s": cand.get("achieved_gb_s"), "peak_gb_s": bw.get("peak_gb_s"),
+            "fraction": cand.get("fraction"), "bytes_per_call": bw.get("bytes_per_call"),
+            "peak_source": bw.get("peak_source"),
+            "baseline": {"achieved_gb_s": base.get("achieved_gb_s"),
+                         "fraction": base.get("fraction")}}
+
+
 def _codes(reasons: list[dict]) -> str:
     return ", ".join(sorted({f"{r['code']}" + (f"@pair{r['pair']}" if "pair" in r else "")
                              for r in reasons}))
@@ -98,6 +119,11 @@ def assess(spec: dict, samples: dict, check: dict, baseline_check: dict, calibra
           or calibration["threads"] != samples["threads"]):
         inconclusive = True
         add("calibration_mismatch", "the A/A run used another baseline, workload or policy")
+    elif _hardware(calibration) and _hardware(samples) and \
+            _hardware(calibration) != _hardware(samples):
+        inconclusive = True
+        add("calibration_mismatch", f"the A/A run used another device "
+            f"({_hardware(calibration)} vs {_hardware(samples)}); its noise floor does not apply")
     else:
         aa = pair_log_ratios(calibration, m)
         if len(aa) < int(a["min_pairs"]):
@@ -148,6 +174,9 @@ def assess(spec: dict, samples: dict, check: dict, baseline_check: dict, calibra
         "candidate_digest": samples["candidate"]["digest"],
         "candidate_failure_kind": check.get("failure_kind"),
         "bootstrap_seed": seed,
+        "bandwidth": bandwidth_summary(samples),
+        "timing": (samples.get("timing") or {}).get("clock"),
+        "fingerprint": samples.get("fingerprint"),
     }
 
 

@@ -87,6 +87,10 @@ def judge_case(spec: dict, case: dict, prep: dict, io_dir: Path) -> dict:
         record.update(reason="crash", detail=f"child ended (exit {status['exit_code']}, signal "
                       f"{status['signal']}) without a result")
         return record
+    if result["outcome"] == "harness_error":
+        err = result.get("error") or {}
+        raise C.HarnessError(f"case {case['name']!r} failed before any implementation code ran: "
+                             f"{err.get('type')}: {err.get('message')}")
     if result["outcome"] != "returned":
         err = result.get("error") or {}
         record.update(reason=result["outcome"],
@@ -136,6 +140,16 @@ def judge_case(spec: dict, case: dict, prep: dict, io_dir: Path) -> dict:
     return record
 
 
+def _device_facts(items: list[dict]) -> dict | None:
+    for item in items:
+        path = Path(item["io_dir"]) / "result.json"
+        if path.exists():
+            facts = C.read_json(path).get("device")
+            if facts:
+                return facts
+    return None
+
+
 def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path) -> dict:
     started = time.monotonic()
     zygote = C.Zygote(Path(__file__).resolve().parent / "runner.py", spec["framework"],
@@ -157,7 +171,8 @@ def _run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path, zygot
         io_dir.mkdir()
         preps[case["name"]] = prepare_case(spec, case, workloads, oracle, io_dir)
         items.append({"id": case["name"], "io_dir": str(io_dir)})
-    job = {"framework": spec["framework"], "impl_dir": str(impl_dir.resolve()),
+    job = {"framework": spec["framework"], "device": spec["device"],
+           "impl_dir": str(impl_dir.resolve()),
            "entry": spec["entry"], "threads": spec["threads"],
            "call_timeout_s": spec["call_timeout_s"], "work_dir": str(work_dir), "items": items}
     zygote.submit(job)
@@ -174,6 +189,8 @@ def _run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path, zygot
             raise C.HarnessError(f"check runner failed: {zyg['stderr_tail']}")
     cases = [judge_case(spec, case, preps[case["name"]], Path(items[i]["io_dir"]))
              for i, case in enumerate(spec["cases"])]
+    fprint = C.fingerprint(spec, _device_facts(items),
+                           C.nvidia_smi() if spec["device"] != "cpu" else None)
     reasons = [{"code": c["reason"], "case": c["name"], "detail": c["detail"]}
                for c in cases if not c["passed"] and c["reason"] != "not_run"]
     failure_kind = FAILURE_KIND[reasons[0]["code"]] if reasons else None
@@ -193,6 +210,8 @@ def _run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path, zygot
         "input_digests": {c["name"]: c["input_digest"] for c in cases},
         "n_cases": len(cases),
         "n_passed": sum(c["passed"] for c in cases),
+        "device": spec["device"],
+        "fingerprint": fprint,
         "wall_s": round(time.monotonic() - started, 3),
     }
 
@@ -209,6 +228,7 @@ def main() -> int:
     work_dir = Path(tempfile.mkdtemp(prefix="rsi-check-"))
     try:
         spec = C.load_spec(args.spec)
+        C.require_device(spec)
         doc = run_check(args.task.resolve(), args.impl.resolve(), spec, work_dir)
         C.write_json(out_path, doc)
     except C.HarnessError as exc:

@@ -89,8 +89,14 @@ def judge_arm(spec: dict, item: dict, expect: Expectations, probe_idx: np.ndarra
         arm["reasons"].append({"code": "crash", "detail": f"exit {status['exit_code']}, signal "
                                f"{status['signal']}, no result"})
         return arm
+    if result["outcome"] == "harness_error":
+        err = result.get("error") or {}
+        raise C.HarnessError(f"the {item['arm']} arm of pair {item['id']} failed before any "
+                             f"implementation code ran: {err.get('type')}: {err.get('message')}")
     arm.update(samples_ns=result["samples_ns"], warmup_ns=result["warmup_ns"],
                output_digests=result["output_digests"], input_digests=result["input_digests"])
+    if "wall_ns" in result:
+        arm["wall_ns"] = result["wall_ns"]
     if result["outcome"] in OUTCOME_CODE:
         err = result.get("error") or {}
         arm["reasons"].append({"code": OUTCOME_CODE[result["outcome"]], "sample": result["sample"],
@@ -132,6 +138,48 @@ def judge_arm(spec: dict, item: dict, expect: Expectations, probe_idx: np.ndarra
     return arm
 
 
+def _device_report(items: list[dict]) -> tuple[dict | None, dict | None]:
+    """The device facts and L2 flush the first arm that got that far recorded (all share one
+    device: the arms of a measurement run one after another in this process tree)."""
+    for item in items:
+        path = Path(item["io_dir"]) / "result.json"
+        if path.exists():
+            result = C.read_json(path)
+            if result.get("device"):
+                return result["device"], result.get("l2_flush")
+    return None, None
+
+
+def _timing(spec: dict, flush: dict | None) -> dict:
+    if spec["device"] == "cpu":
+        return {"clock": "perf_counter_ns", "sync": None, "l2_flush": None,
+                "samples": "host wall time of each call alone"}
+    return {"clock": "cuda_event", "sync": "torch.cuda.synchronize() after the end event",
+            "l2_flush": flush, "wall_ns": "host wall time from the start event's record to "
+            "after the synchronise, per sample",
+            "samples": "elapsed time between CUDA events recorded on the current stream "
+            "around the call (0.5 us resolution), in ns"}
+
+
+def _bandwidth(m: dict, tensor_bytes: int, pairs: list[dict], fprint: dict) -> dict:
+    """Achieved bandwidth of each arm (bytes per call / median of its valid samples), and its
+    fraction of the device's peak (null on a CPU or where the peak is not readable)."""
+    import statistics
+
+    bytes_per_call = m.get("bytes_per_call") or tensor_bytes
+    peak = fprint.get("gpu_peak_gb_s")
+    doc = {"bytes_per_call": bytes_per_call,
+           "bytes_source": "measure.bytes_per_call" if m.get("bytes_per_call") else
+           "input and output tensor bytes",
+           "peak_gb_s": peak, "peak_source": fprint.get("gpu_peak_source")}
+    for arm in ARMS:
+        samples = [ns for p in pairs for ns in p["arms"][arm]["samples_ns"]
+                   if p["arms"][arm]["valid"]]
+        median = float(statistics.median(samples)) if samples else None
+        doc[arm] = C.bandwidth(bytes_per_call, median, peak)
+    return doc
+
+
 def run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict,
                 work_dir: Path) -> dict:
     started = time.monotonic()
@@ -158,7 +206,7 @@ def _run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict, wo
     if n_pairs < 1 or n_samples < 1 or n_warm < 0:
         raise C.HarnessError("measure needs pairs >= 1, samples >= 1, warmups >= 0")
     first_seed = C.derive_seed(mseed, "timed", 0, 0)
-    _, ref0, _ = expect.reference(first_seed)
+    _, ref0, inputs0 = expect.reference(first_seed)
     out_dtype = m["workload"].get("out_dtype", m["workload"]["dtype"])
     C.tolerance_for(spec, out_dtype)
     n_probe = min(int(m["probes"]), ref0.size)
@@ -179,7 +227,10 @@ def _run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict, wo
             items.append(item)
             pair["items"][arm] = item
         pairs.append(pair)
-    job = {"framework": spec["framework"], "entry": spec["entry"], "threads": spec["threads"],
+    call_bytes = C.tensor_bytes(inputs0, ref0.shape, out_dtype)
+    del inputs0
+    job = {"framework": spec["framework"], "device": spec["device"], "entry": spec["entry"],
+           "threads": spec["threads"],
            "workload": m["workload"], "workloads_path": str(task_dir / "workloads.py"),
            "probe_indices": probe_idx.tolist(), "arm_timeout_s": arm_timeout,
            "expected": {"shape": list(ref0.shape), "dtype": out_dtype, "device": spec["device"]},
@@ -189,6 +240,8 @@ def _run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict, wo
     if not (Path(items[0]["io_dir"]) / "started.json").exists():
         raise C.HarnessError(f"timer failed before the first arm (exit {zyg['returncode']}): "
                              f"{zyg['stderr_tail']}")
+    facts, flush = _device_report(items)
+    fprint = C.fingerprint(spec, facts, C.nvidia_smi() if spec["device"] != "cpu" else None)
     judge_started = time.monotonic()
     out_pairs, invalid = [], {"baseline": [], "candidate": []}
     for pair in pairs:
@@ -234,6 +287,10 @@ def _run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict, wo
         "n_pairs": n_pairs,
         "n_complete_pairs": sum(p["complete"] for p in out_pairs),
         "pairs": out_pairs,
+        "timing": _timing(spec, flush),
+        "device": facts,
+        "fingerprint": fprint,
+        "bandwidth": _bandwidth(m, call_bytes, out_pairs, fprint),
         "host": {"node": platform.node(), "machine": platform.machine(),
                  "python": platform.python_version(), "numpy": np.__version__,
                  "cpu_count": os.cpu_count(),
@@ -260,6 +317,7 @@ def main() -> int:
     work_dir = Path(tempfile.mkdtemp(prefix="rsi-measure-"))
     try:
         spec = C.load_spec(args.spec)
+        C.require_device(spec)
         doc = run_measure(args.task.resolve(), args.baseline.resolve(), args.candidate.resolve(),
                           spec, work_dir)
         doc["host"]["loadavg_start"] = load_start

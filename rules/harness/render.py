@@ -26,6 +26,12 @@ def render(verdict: dict, check: dict) -> str:
     lines.append(f"noise floor (A/A): {_fmt(delta, '.2%')}   "
                  f"threshold: {_fmt(verdict.get('threshold'), '.3f')}x   "
                  f"pairs: {verdict.get('n_pairs')}")
+    bw = verdict.get("bandwidth")
+    if isinstance(bw, dict) and bw.get("achieved_gb_s") is not None:
+        peak = (f"{_fmt(bw.get('fraction'), '.1%')} of peak {_fmt(bw.get('peak_gb_s'), '.0f')} "
+                "GB/s" if bw.get("peak_gb_s") else "peak unknown")
+        lines.append(f"bandwidth: {_fmt(bw.get('achieved_gb_s'), '.1f')} GB/s ({peak}); "
+                     f"timing: {verdict.get('timing')}")
     for r in verdict.get("reasons") or []:
         lines.append(f"reason: {r.get('code')}: {r.get('detail')}")
     lines.append("")

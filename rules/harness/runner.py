@@ -2,7 +2,9 @@
 
 Each child loads the case's inputs from .npy files, imports the candidate by path, calls the
 entry once, enforces the exact output type, and writes the output plus its post-call copy of the
-inputs. It never judges values; check.py does that in the parent.
+inputs. It never judges values; check.py does that in the parent. On a `cuda` spec the child
+initialises CUDA itself, copies the inputs to the device (same view geometry) before importing
+the candidate, synchronises after the call, and copies outputs and inputs back for judging.
 """
 
 from __future__ import annotations
@@ -31,10 +33,33 @@ def _error(exc: BaseException) -> dict:
             "traceback": traceback.format_exc()[-4000:]}
 
 
+def _to_device(job: dict, inputs: dict, result: dict):
+    """Move the case's inputs to the spec's accelerator (CUDA initialised here, in the forked
+    child, never in the zygote); None and a `harness_error` outcome if that fails."""
+    try:
+        torch = C.import_torch()
+        torch.cuda.init()
+        result["device"] = C.cuda_device_facts(torch)
+        dev_inputs, spans, _ = C.inputs_to_device(inputs, job["device"])
+        torch.cuda.synchronize()
+    except BaseException as exc:  # noqa: BLE001  no candidate code has run: the harness's fault
+        result.update(outcome="harness_error", error=_error(exc))
+        return None
+    return torch, dev_inputs, spans
+
+
 def run_case(job: dict, io_dir: Path) -> None:
     result: dict = {"phase": "load_inputs"}
     C.set_threads(job["framework"], job["threads"])
     inputs, buffers, manifest = C.read_inputs(io_dir)
+    device = job.get("device", "cpu")
+    spans = torch = None
+    if device != "cpu":
+        moved = _to_device(job, inputs, result)
+        if moved is None:
+            C.write_json(io_dir / "result.json", result)
+            return
+        torch, inputs, spans = moved
     result["phase"] = "import"
     try:
         fn = C.load_impl_entry(Path(job["impl_dir"]), job["entry"])
@@ -48,11 +73,15 @@ def run_case(job: dict, io_dir: Path) -> None:
         result["phase"] = "call"
         try:
             out = fn(**inputs)
+            if torch is not None:
+                torch.cuda.synchronize()  # NB: an asynchronous kernel fault is the candidate's
+                for name, span in spans.items():
+                    buffers[name][...] = span.cpu().numpy()
         except BaseException as exc:  # noqa: BLE001  SystemExit included: it is the candidate's
             result.update(outcome="exception", error=_error(exc))
         else:
             result["phase"] = "output"
-            arr, meta = C.materialise_output(out, job["framework"])
+            arr, meta = C.materialise_output(out, job["framework"], device)
             del out
             result["output"] = meta
             if arr is not None and meta["problem"] is None:
@@ -75,7 +104,8 @@ def run_job(job: dict) -> None:
         if status["timed_out"] or status["exit_code"] != 0:
             break
         result = C.read_json(io_dir / "result.json") if (io_dir / "result.json").exists() else {}
-        if not result or result.get("outcome") in ("syntax_error", "missing_entry", "import_error"):
+        if not result or result.get("outcome") in ("syntax_error", "missing_entry", "import_error",
+                                                     "harness_error"):
             break
 
 
