@@ -36,13 +36,20 @@ def _command(ctx: RuleContext) -> Provider:
     try:
         cmd = expand_make_vars(
             a["cmd"],
-            {"SRCS": [s.path for s in srcs], "OUTS": outs, "OUT": outs[:1] if len(outs) == 1 else outs,
-             "PKG": [ctx.label.package or "."]},
+            {
+                "SRCS": [s.path for s in srcs],
+                "OUTS": outs,
+                "OUT": outs[:1] if len(outs) == 1 else outs,
+                "PKG": [ctx.label.package or "."],
+            },
             locate,
         )
     except KeyError as exc:
-        raise ctx.error(f"unknown make variable $({exc.args[0]})", "cmd",
-                        hint="known: $(SRCS) $(OUTS) $(OUT) $(PKG) $(location x)") from None
+        raise ctx.error(
+            f"unknown make variable $({exc.args[0]})",
+            "cmd",
+            hint="known: $(SRCS) $(OUTS) $(OUT) $(PKG) $(location x)",
+        ) from None
     env = {"PATH": DEFAULT_PATH, **a["env"]}
     produced = ctx.action(
         argv=["/bin/sh", "-c", cmd],
@@ -59,13 +66,14 @@ def _command(ctx: RuleContext) -> Provider:
 COMMAND = Rule(
     name="command",
     doc="Run `cmd` with /bin/sh in a fresh sandbox; srcs and deps' files are read-only inputs "
-        "at their workspace paths; each of `outs` must be created (package-relative).",
+    "at their workspace paths; each of `outs` must be created (package-relative).",
     attrs={
         "srcs": attr("string_list", "files of this package the command reads", default=[]),
         "deps": attr("label_list", "targets whose files the command reads", default=[]),
         "outs": attr("string_list", "files the command must create", nonempty=True),
-        "cmd": attr("string", "shell command; $(SRCS) $(OUTS) $(OUT) $(location x) expand",
-                    nonempty=True),
+        "cmd": attr(
+            "string", "shell command; $(SRCS) $(OUTS) $(OUT) $(location x) expand", nonempty=True
+        ),
         "env": attr("string_dict", "environment variables (the rest is cleared)", default={}),
         "timeout": attr("float", "seconds before the whole process tree is killed", default=600.0),
         "tags": attr("string_list", "scheduling tags, e.g. 'exclusive'", default=[]),

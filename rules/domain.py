@@ -61,14 +61,19 @@ def _task(ctx: RuleContext) -> Provider:
     base_names = sorted(r.path.rsplit("/", 1)[-1] for r in baseline)
     editable = list(a["editable"])
     if sorted(editable) != base_names:
-        raise ctx.error(f"baseline folder holds {base_names} but editable lists {sorted(editable)}",
-                        "editable", hint="the baseline must be exactly the editable files")
+        raise ctx.error(
+            f"baseline folder holds {base_names} but editable lists {sorted(editable)}",
+            "editable",
+            hint="the baseline must be exactly the editable files",
+        )
     if f"{a['entry'].get('module')}.py" not in editable:
         raise ctx.error("entry.module must name one of the editable files", "entry")
     for doc in a["docs"]:
         ctx.source(doc, "docs")  # NB: checked to exist, never an action input
     spec = {
-        "task": ctx.label.name if ctx.label.name != "task" else ctx.label.package.rsplit("/", 1)[-1],
+        "task": ctx.label.name
+        if ctx.label.name != "task"
+        else ctx.label.package.rsplit("/", 1)[-1],
         "framework": a["framework"],
         "device": a["device"],
         "entry": dict(a["entry"]),
@@ -80,22 +85,30 @@ def _task(ctx: RuleContext) -> Provider:
     baseline_dir = ctx.exec_path(a["baseline"].rstrip("/"))
     return Provider(
         files=runtime + baseline,
-        info={"spec": spec, "task_dir": task_dir, "baseline_dir": baseline_dir,
-              "runtime": runtime, "baseline": baseline, "editable": editable},
+        info={
+            "spec": spec,
+            "task_dir": task_dir,
+            "baseline_dir": baseline_dir,
+            "runtime": runtime,
+            "baseline": baseline,
+            "editable": editable,
+        },
     )
 
 
 TASK = Rule(
     name="task",
     doc="An optimisation task: runtime sources (workloads.py, oracle.py), the baseline folder "
-        "(exactly the editable files), documentation that never invalidates results, the call "
-        "contract and the correctness policy.",
+    "(exactly the editable files), documentation that never invalidates results, the call "
+    "contract and the correctness policy.",
     attrs={
-        "runtime": attr("string_list", "runtime sources: workloads.py, oracle.py (+ helpers)",
-                        nonempty=True),
+        "runtime": attr(
+            "string_list", "runtime sources: workloads.py, oracle.py (+ helpers)", nonempty=True
+        ),
         "baseline": attr("string", "folder holding the baseline's editable files", nonempty=True),
-        "docs": attr("string_list", "documentation files (TASK.md, LICENSE); never inputs",
-                     default=[]),
+        "docs": attr(
+            "string_list", "documentation files (TASK.md, LICENSE); never inputs", default=[]
+        ),
         "framework": attr("string", "numpy or torch", choices=("numpy", "torch")),
         "device": attr("string", "cpu or cuda", default="cpu", choices=("cpu", "cuda")),
         "entry": attr("string_dict", "call contract: {module = ..., function = ...}"),
@@ -123,15 +136,21 @@ def _binding(ctx: RuleContext) -> Provider:
     if device not in ("cpu", "cuda"):
         raise ctx.error(f"device must be cpu or cuda, not {device!r}", "device")
     if a["accelerator"] and device == "cpu":
-        raise ctx.error("an accelerator needs device = \"cuda\"", "accelerator")
+        raise ctx.error('an accelerator needs device = "cuda"', "accelerator")
     if device != "cpu":
         if spec["framework"] != "torch":
             raise ctx.error(f"device {device!r} needs a torch task", "device")
         # NB: the property is what makes the docker executor request GPUs and a remote engine
         # pick a worker that has one; the harness itself refuses to run without a device
         platform["accelerator"] = a["accelerator"] or "cuda"
-    spec.update(threads=a["threads"], call_timeout_s=a["call_timeout_s"], seed=a["seed"],
-                params=a["params"], device=device, toolchain=platform["toolchain"])
+    spec.update(
+        threads=a["threads"],
+        call_timeout_s=a["call_timeout_s"],
+        seed=a["seed"],
+        params=a["params"],
+        device=device,
+        toolchain=platform["toolchain"],
+    )
     check_spec = json.dumps(spec, sort_keys=True, indent=1)
     full = dict(spec, measure=a["measure"], assess=a["assess"])
     full_spec = json.dumps(full, sort_keys=True, indent=1)
@@ -141,48 +160,94 @@ def _binding(ctx: RuleContext) -> Provider:
     task_dir, baseline_dir = task.info["task_dir"], task.info["baseline_dir"]
     runtime = task.info["runtime"]
     baseline_check = ctx.action(
-        argv=[*PY, f"{HARNESS_EXEC}/check.py", "--task", task_dir, "--impl", baseline_dir,
-              "--spec", check_spec_file.path, "--out", ctx.exec_path(f"{n}/baseline_check.json")],
+        argv=[
+            *PY,
+            f"{HARNESS_EXEC}/check.py",
+            "--task",
+            task_dir,
+            "--impl",
+            baseline_dir,
+            "--spec",
+            check_spec_file.path,
+            "--out",
+            ctx.exec_path(f"{n}/baseline_check.json"),
+        ],
         inputs=[*harness_files("check"), *runtime, *task.info["baseline"], check_spec_file],
-        outputs=[f"{n}/baseline_check.json"], mnemonic="BaselineCheck", env=ENV, platform=platform,
+        outputs=[f"{n}/baseline_check.json"],
+        mnemonic="BaselineCheck",
+        env=ENV,
+        platform=platform,
         timeout_s=a["timeout_s"],
     )[0]
     calibration = ctx.action(
-        argv=[*PY, f"{HARNESS_EXEC}/measure.py", "--task", task_dir, "--baseline", baseline_dir,
-              "--candidate", baseline_dir, "--spec", spec_file.path,
-              "--out", ctx.exec_path(f"{n}/calibration.json")],
+        argv=[
+            *PY,
+            f"{HARNESS_EXEC}/measure.py",
+            "--task",
+            task_dir,
+            "--baseline",
+            baseline_dir,
+            "--candidate",
+            baseline_dir,
+            "--spec",
+            spec_file.path,
+            "--out",
+            ctx.exec_path(f"{n}/calibration.json"),
+        ],
         inputs=[*harness_files("measure"), *runtime, *task.info["baseline"], spec_file],
-        outputs=[f"{n}/calibration.json"], mnemonic="Calibrate", env=ENV, platform=platform,
-        timeout_s=a["timeout_s"], tags=["exclusive"],
+        outputs=[f"{n}/calibration.json"],
+        mnemonic="Calibrate",
+        env=ENV,
+        platform=platform,
+        timeout_s=a["timeout_s"],
+        tags=["exclusive"],
     )[0]
     return Provider(
         files=(baseline_check, calibration),
-        info={**task.info, "spec_file": spec_file, "check_spec_file": check_spec_file,
-              "platform": platform, "host_platform": host_platform,
-              "device": device, "baseline_check": baseline_check,
-              "calibration": calibration, "timeout_s": a["timeout_s"]},
+        info={
+            **task.info,
+            "spec_file": spec_file,
+            "check_spec_file": check_spec_file,
+            "platform": platform,
+            "host_platform": host_platform,
+            "device": device,
+            "baseline_check": baseline_check,
+            "calibration": calibration,
+            "timeout_s": a["timeout_s"],
+        },
     )
 
 
 BINDING = Rule(
     name="binding",
     doc="Task + toolchain + parameters + measurement policy, fixed before any candidate is "
-        "measured. Changing any field is a new binding (new keys), never a silent change. "
-        "Builds the baseline's own check and the A/A calibration (noise floor).",
+    "measured. Changing any field is a new binding (new keys), never a silent change. "
+    "Builds the baseline's own check and the A/A calibration (noise floor).",
     attrs={
         "task": attr("label", "the task target"),
-        "toolchain": attr("label", "a toolchain target (//toolchains:numpy); default: the "
-                          "interpreter rsi runs on", default=None),
-        "device": attr("string", "cpu or cuda; overrides the task's device (empty: the "
-                       "task's). A cuda binding's check and measure actions get the platform "
-                       "property `accelerator`, and the harness refuses to run without a GPU",
-                       default=""),
-        "accelerator": attr("string", "the `accelerator` platform value of a cuda binding "
-                            "(empty: `cuda`; a model such as `nvidia-h200` pins the GPU kind "
-                            "on a remote engine)", default=""),
+        "toolchain": attr(
+            "label",
+            "a toolchain target (//toolchains:numpy); default: the interpreter rsi runs on",
+            default=None,
+        ),
+        "device": attr(
+            "string",
+            "cpu or cuda; overrides the task's device (empty: the "
+            "task's). A cuda binding's check and measure actions get the platform "
+            "property `accelerator`, and the harness refuses to run without a GPU",
+            default="",
+        ),
+        "accelerator": attr(
+            "string",
+            "the `accelerator` platform value of a cuda binding "
+            "(empty: `cuda`; a model such as `nvidia-h200` pins the GPU kind "
+            "on a remote engine)",
+            default="",
+        ),
         "threads": attr("int", "threads the implementation may use (pinned)", default=1),
-        "call_timeout_s": attr("float", "per-call limit; past it the candidate fails (timeout)",
-                               default=20.0),
+        "call_timeout_s": attr(
+            "float", "per-call limit; past it the candidate fails (timeout)", default=20.0
+        ),
         "seed": attr("int", "seed of the correctness inputs", default=0),
         "params": attr("table", "free parameters recorded in the spec", default={}),
         "measure": attr("table", "workload, warmups, samples, pairs, metric, direction, seed"),
@@ -206,14 +271,18 @@ def _candidate(ctx: RuleContext) -> Provider:
         raise ctx.error(f"candidate folder {a['src']!r} is empty", "src")
     editable = set(task.info["editable"])
     for f in files:
-        name = f.path[len(ctx.exec_path(a["src"].rstrip("/"))) + 1:]
+        name = f.path[len(ctx.exec_path(a["src"].rstrip("/"))) + 1 :]
         if f.symlink is not None:
             raise ctx.error(f"{a['src']}/{name} is a symlink; candidates are plain files", "src")
         if name not in editable:
-            raise ctx.error(f"{a['src']}/{name} is outside the editable scope "
-                            f"({', '.join(sorted(editable))})", "src")
-    return Provider(files=files, info={"dir": ctx.exec_path(a["src"].rstrip("/")),
-                                       "files": files, "task": str(a["task"])})
+            raise ctx.error(
+                f"{a['src']}/{name} is outside the editable scope ({', '.join(sorted(editable))})",
+                "src",
+            )
+    return Provider(
+        files=files,
+        info={"dir": ctx.exec_path(a["src"].rstrip("/")), "files": files, "task": str(a["task"])},
+    )
 
 
 CANDIDATE = Rule(
@@ -233,30 +302,64 @@ CANDIDATE = Rule(
 # ---------------------------------------------------------------------------------- verdict
 
 
-def check_action(ctx: RuleContext, binding: Provider, cand_files, cand_dir: str,
-                 prefix: str) -> Artifact:
+def check_action(
+    ctx: RuleContext, binding: Provider, cand_files, cand_dir: str, prefix: str
+) -> Artifact:
     info = binding.info
     return ctx.action(
-        argv=[*PY, f"{HARNESS_EXEC}/check.py", "--task", info["task_dir"], "--impl", cand_dir,
-              "--spec", info["check_spec_file"].path,
-              "--out", ctx.exec_path(f"{prefix}check.json")],
+        argv=[
+            *PY,
+            f"{HARNESS_EXEC}/check.py",
+            "--task",
+            info["task_dir"],
+            "--impl",
+            cand_dir,
+            "--spec",
+            info["check_spec_file"].path,
+            "--out",
+            ctx.exec_path(f"{prefix}check.json"),
+        ],
         inputs=[*harness_files("check"), *info["runtime"], *cand_files, info["check_spec_file"]],
-        outputs=[f"{prefix}check.json"], mnemonic="Check", env=ENV, platform=info["platform"],
+        outputs=[f"{prefix}check.json"],
+        mnemonic="Check",
+        env=ENV,
+        platform=info["platform"],
         timeout_s=info["timeout_s"],
     )[0]
 
 
-def measure_action(ctx: RuleContext, binding: Provider, cand_files, cand_dir: str,
-                   prefix: str) -> Artifact:
+def measure_action(
+    ctx: RuleContext, binding: Provider, cand_files, cand_dir: str, prefix: str
+) -> Artifact:
     info = binding.info
     return ctx.action(
-        argv=[*PY, f"{HARNESS_EXEC}/measure.py", "--task", info["task_dir"],
-              "--baseline", info["baseline_dir"], "--candidate", cand_dir,
-              "--spec", info["spec_file"].path, "--out", ctx.exec_path(f"{prefix}samples.json")],
-        inputs=[*harness_files("measure"), *info["runtime"], *info["baseline"], *cand_files,
-                info["spec_file"]],
-        outputs=[f"{prefix}samples.json"], mnemonic="Measure", env=ENV,
-        platform=info["platform"], timeout_s=info["timeout_s"], tags=["exclusive"],
+        argv=[
+            *PY,
+            f"{HARNESS_EXEC}/measure.py",
+            "--task",
+            info["task_dir"],
+            "--baseline",
+            info["baseline_dir"],
+            "--candidate",
+            cand_dir,
+            "--spec",
+            info["spec_file"].path,
+            "--out",
+            ctx.exec_path(f"{prefix}samples.json"),
+        ],
+        inputs=[
+            *harness_files("measure"),
+            *info["runtime"],
+            *info["baseline"],
+            *cand_files,
+            info["spec_file"],
+        ],
+        outputs=[f"{prefix}samples.json"],
+        mnemonic="Measure",
+        env=ENV,
+        platform=info["platform"],
+        timeout_s=info["timeout_s"],
+        tags=["exclusive"],
     )[0]
 
 
@@ -266,8 +369,14 @@ def evidence_prefix(binding_label, candidate_label) -> str:
     return f"_evidence/{binding_label.name}/{candidate_label.name}/"
 
 
-def verdict_actions(ctx: RuleContext, binding: Provider, cand_files, cand_dir: str,
-                    prefix: str = "", evidence: str | None = None) -> dict[str, Artifact]:
+def verdict_actions(
+    ctx: RuleContext,
+    binding: Provider,
+    cand_files,
+    cand_dir: str,
+    prefix: str = "",
+    evidence: str | None = None,
+) -> dict[str, Artifact]:
     """Check, paired measure and assess for one candidate; usable by other rule families.
 
     `evidence` is the folder of the check and samples (default `prefix`); `prefix` that of the
@@ -280,22 +389,53 @@ def verdict_actions(ctx: RuleContext, binding: Provider, cand_files, cand_dir: s
         "samples": measure_action(ctx, binding, cand_files, cand_dir, evidence),
     }
     out["verdict"] = ctx.action(
-        argv=[*PY, f"{HARNESS_EXEC}/assess.py", "--spec", info["spec_file"].path,
-              "--samples", out["samples"].path, "--check", out["check"].path,
-              "--baseline-check", info["baseline_check"].path,
-              "--calibration", info["calibration"].path,
-              "--out", ctx.exec_path(f"{prefix}verdict.json")],
-        inputs=[*harness_files("assess"), info["spec_file"], out["samples"], out["check"],
-                info["baseline_check"], info["calibration"]],
-        outputs=[f"{prefix}verdict.json"], mnemonic="Assess", env=ENV,
-        platform=info.get("host_platform", info["platform"]), timeout_s=120,
+        argv=[
+            *PY,
+            f"{HARNESS_EXEC}/assess.py",
+            "--spec",
+            info["spec_file"].path,
+            "--samples",
+            out["samples"].path,
+            "--check",
+            out["check"].path,
+            "--baseline-check",
+            info["baseline_check"].path,
+            "--calibration",
+            info["calibration"].path,
+            "--out",
+            ctx.exec_path(f"{prefix}verdict.json"),
+        ],
+        inputs=[
+            *harness_files("assess"),
+            info["spec_file"],
+            out["samples"],
+            out["check"],
+            info["baseline_check"],
+            info["calibration"],
+        ],
+        outputs=[f"{prefix}verdict.json"],
+        mnemonic="Assess",
+        env=ENV,
+        platform=info.get("host_platform", info["platform"]),
+        timeout_s=120,
     )[0]
     out["table"] = ctx.action(
-        argv=[*PY, f"{HARNESS_EXEC}/render.py", "--verdict", out["verdict"].path,
-              "--check", out["check"].path, "--out", ctx.exec_path(f"{prefix}verdict.txt")],
+        argv=[
+            *PY,
+            f"{HARNESS_EXEC}/render.py",
+            "--verdict",
+            out["verdict"].path,
+            "--check",
+            out["check"].path,
+            "--out",
+            ctx.exec_path(f"{prefix}verdict.txt"),
+        ],
         inputs=[*harness_files("render"), out["verdict"], out["check"]],
-        outputs=[f"{prefix}verdict.txt"], mnemonic="Render", env=ENV,
-        platform=info.get("host_platform", info["platform"]), timeout_s=60,
+        outputs=[f"{prefix}verdict.txt"],
+        mnemonic="Render",
+        env=ENV,
+        platform=info.get("host_platform", info["platform"]),
+        timeout_s=60,
     )[0]
     return out
 
@@ -304,17 +444,24 @@ def _verdict(ctx: RuleContext) -> Provider:
     a = ctx.attrs
     binding = ctx.dep(a["binding"])
     cand = ctx.dep(a["candidate"])
-    out = verdict_actions(ctx, binding, cand.info["files"], cand.info["dir"],
-                          prefix=f"{ctx.label.name}/",
-                          evidence=evidence_prefix(a["binding"], a["candidate"]))
-    return Provider(files=(out["verdict"], out["table"], out["check"], out["samples"]),
-                    info={"show": out["table"].path, "verdict": out["verdict"].path})
+    out = verdict_actions(
+        ctx,
+        binding,
+        cand.info["files"],
+        cand.info["dir"],
+        prefix=f"{ctx.label.name}/",
+        evidence=evidence_prefix(a["binding"], a["candidate"]),
+    )
+    return Provider(
+        files=(out["verdict"], out["table"], out["check"], out["samples"]),
+        info={"show": out["table"].path, "verdict": out["verdict"].path},
+    )
 
 
 VERDICT = Rule(
     name="verdict",
     doc="Correctness check, paired measurement and assessment of one candidate under one "
-        "binding: PASS / FAIL / INCONCLUSIVE with reasons, speedup interval and noise floor.",
+    "binding: PASS / FAIL / INCONCLUSIVE with reasons, speedup interval and noise floor.",
     attrs={
         "binding": attr("label", "the binding target"),
         "candidate": attr("label", "the candidate target"),
@@ -324,11 +471,17 @@ VERDICT = Rule(
     impl=_verdict,
 )
 
+
 def _pair(ctx: RuleContext, make) -> Provider:
     a = ctx.attrs
     cand = ctx.dep(a["candidate"])
-    out = make(ctx, ctx.dep(a["binding"]), cand.info["files"], cand.info["dir"],
-               evidence_prefix(a["binding"], a["candidate"]))
+    out = make(
+        ctx,
+        ctx.dep(a["binding"]),
+        cand.info["files"],
+        cand.info["dir"],
+        evidence_prefix(a["binding"], a["candidate"]),
+    )
     return Provider(files=(out,))
 
 
@@ -341,21 +494,31 @@ def _measure(ctx: RuleContext) -> Provider:
 
 
 def _pair_rule(name: str, doc: str, impl) -> Rule:
-    return Rule(name=name, doc=doc, impl=impl, attrs={
-        "binding": attr("label", "the binding target"),
-        "candidate": attr("label", "the candidate target"),
-        "doc": attr("string", "free text", default=""),
-        "tags": attr("string_list", "", default=[]),
-    })
+    return Rule(
+        name=name,
+        doc=doc,
+        impl=impl,
+        attrs={
+            "binding": attr("label", "the binding target"),
+            "candidate": attr("label", "the candidate target"),
+            "doc": attr("string", "free text", default=""),
+            "tags": attr("string_list", "", default=[]),
+        },
+    )
 
 
 CHECK = _pair_rule(
-    "check", "The correctness check of one candidate under one binding (shared with the "
-    "verdict of the same pair): per-case errors, pass/fail and failure kind.", _check)
+    "check",
+    "The correctness check of one candidate under one binding (shared with the "
+    "verdict of the same pair): per-case errors, pass/fail and failure kind.",
+    _check,
+)
 MEASURE = _pair_rule(
-    "measure", "The paired, exclusive timing of one candidate against the baseline under one "
+    "measure",
+    "The paired, exclusive timing of one candidate against the baseline under one "
     "binding (shared with the verdict of the same pair): raw samples with input digests.",
-    _measure)
+    _measure,
+)
 
 
 def _calibration(ctx: RuleContext) -> Provider:
@@ -366,10 +529,12 @@ def _calibration(ctx: RuleContext) -> Provider:
 CALIBRATION = Rule(
     name="calibration",
     doc="The binding's A/A calibration (baseline against itself): the noise floor every "
-        "verdict of the binding uses. The action is the binding's own, built once.",
-    attrs={"binding": attr("label", "the binding target"),
-           "doc": attr("string", "free text", default=""),
-           "tags": attr("string_list", "", default=[])},
+    "verdict of the binding uses. The action is the binding's own, built once.",
+    attrs={
+        "binding": attr("label", "the binding target"),
+        "doc": attr("string", "free text", default=""),
+        "tags": attr("string_list", "", default=[]),
+    },
     impl=_calibration,
 )
 

@@ -62,8 +62,10 @@ def test_recipe_digest_changes_with_a_wheel_pin_or_a_package() -> None:
 
 def test_bad_wheel_pin_names_the_field(tmp_path: Path) -> None:
     bad = tmp_path / "BUILD.toml"
-    bad.write_text('[x]\nrule = "toolchain"\nsuite = "bookworm"\npackages = ["python3"]\n'
-                   'wheels = [{name="numpy", version="1", file="n.whl", sha256="abc"}]\n')
+    bad.write_text(
+        '[x]\nrule = "toolchain"\nsuite = "bookworm"\npackages = ["python3"]\n'
+        'wheels = [{name="numpy", version="1", file="n.whl", sha256="abc"}]\n'
+    )
     with pytest.raises(DeclarationError) as err:
         load_recipe(f"{bad}:x")
     assert "wheels[0]" in str(err.value) and "sha256" in str(err.value)
@@ -149,9 +151,14 @@ def test_built_toolchain_carries_its_lock_in_the_image_and_beside_the_store_entr
     assert info.lock["deb:python3"].startswith("3.11")
     with tarfile.open(info.rootfs_tar) as tar:
         in_image = tar.extractfile("etc/rsi/lock.txt").read().decode()
-        bad = [m.name for m in tar.getmembers()
-               if m.mtime > info.source_date_epoch or m.uname or m.name.startswith("var/lib/apt/lists/")
-               and m.isfile()]
+        bad = [
+            m.name
+            for m in tar.getmembers()
+            if m.mtime > info.source_date_epoch
+            or m.uname
+            or m.name.startswith("var/lib/apt/lists/")
+            and m.isfile()
+        ]
     assert parse_lock(in_image) == dict(info.lock)
     assert parse_lock((info.path / "lock.txt").read_text()) == dict(info.lock)
     assert bad == []
@@ -180,14 +187,16 @@ def test_moved_package_gives_a_new_digest_and_names_what_changed() -> None:
     info = built_toolchain("numpy")
     doc = _numpy_doc()
     # NB: an older numpy stands in for "upstream moved": same recipe shape, another version
-    doc["wheels"] = [{
-        "name": "numpy", "version": "2.3.5",
-        "file": "numpy-2.3.5-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
-        "sha256": "8cba086a43d54ca804ce711b2a940b16e452807acebe7852ff327f1ecd49b0d4",
-    }]
+    doc["wheels"] = [
+        {
+            "name": "numpy",
+            "version": "2.3.5",
+            "file": "numpy-2.3.5-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+            "sha256": "8cba086a43d54ca804ce711b2a940b16e452807acebe7852ff327f1ecd49b0d4",
+        }
+    ]
     try:
-        moved = build({**doc, "name": "numpy-moved"}, test_store_dir(),
-                      previous_lock=info.lock)
+        moved = build({**doc, "name": "numpy-moved"}, test_store_dir(), previous_lock=info.lock)
     except Exception as exc:  # noqa: BLE001
         from rsi.toolchain.testing import skip_or_fail
 

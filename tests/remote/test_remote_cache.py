@@ -18,10 +18,15 @@ from rsi.store import LocalStore
 def _diamond(url: str) -> dict:
     return {
         "in/a.txt": "alpha\n",
-        "BUILD.toml": command("up", cmd="tr a-z A-Z < $(SRCS) > $(OUT)", srcs=["in/a.txt"],
-                              outs=["a.out"])
-        + command("top", cmd="cat $(location :up) $(location :up) > $(OUT)", deps=[":up"],
-                  outs=["top.out"]),
+        "BUILD.toml": command(
+            "up", cmd="tr a-z A-Z < $(SRCS) > $(OUT)", srcs=["in/a.txt"], outs=["a.out"]
+        )
+        + command(
+            "top",
+            cmd="cat $(location :up) $(location :up) > $(OUT)",
+            deps=[":up"],
+            outs=["top.out"],
+        ),
     }
 
 
@@ -29,15 +34,26 @@ def _config(url: str, extra: str = "") -> str:
     return f'[workspace]\ndigest_function = "sha256"\nremote = "{url}"\n{extra}'
 
 
-def _action(store: LocalStore, text: bytes = b"hello\n", cmd: str = "cat in.txt > out.txt",
-            outputs: tuple[str, ...] = ("out.txt",)) -> Action:
+def _action(
+    store: LocalStore,
+    text: bytes = b"hello\n",
+    cmd: str = "cat in.txt > out.txt",
+    outputs: tuple[str, ...] = ("out.txt",),
+) -> Action:
     node = FileNode(store.put_bytes(text))
-    return Action(argv=("sh", "-c", cmd), inputs=(("in.txt", node),), outputs=outputs,
-                  digest_function=store.function, label="//t:x")
+    return Action(
+        argv=("sh", "-c", cmd),
+        inputs=(("in.txt", node),),
+        outputs=outputs,
+        digest_function=store.function,
+        label="//t:x",
+    )
 
 
 def _session(url: str, store: LocalStore, events: list | None = None, **kw) -> RemoteSession:
-    return RemoteSession(RemoteConfig(url, **kw), store, (events if events is not None else []).append)
+    return RemoteSession(
+        RemoteConfig(url, **kw), store, (events if events is not None else []).append
+    )
 
 
 def test_buildgrid_capabilities_choose_sha256(cache_server):
@@ -49,9 +65,12 @@ def test_buildgrid_capabilities_choose_sha256(cache_server):
 
 
 def test_workspace_without_a_digest_function_adopts_the_remotes_sha256(cache_server, tmp_path):
-    files = {"in/a.txt": "negotiated\n",
-             "BUILD.toml": command("only", cmd="cat $(SRCS) > $(OUT)", srcs=["in/a.txt"],
-                                   outs=["only.out"])}
+    files = {
+        "in/a.txt": "negotiated\n",
+        "BUILD.toml": command(
+            "only", cmd="cat $(SRCS) > $(OUT)", srcs=["in/a.txt"], outs=["only.out"]
+        ),
+    }
     ws = make_workspace(tmp_path, files, config=f'[workspace]\nremote = "{cache_server.url}"\n')
     run = build(ws, "//:only")
     assert run.executed == {"//:only"}
@@ -60,9 +79,11 @@ def test_workspace_without_a_digest_function_adopts_the_remotes_sha256(cache_ser
 
 
 def test_blake3_workspace_against_sha256_remote_is_a_clear_error(cache_server, tmp_path):
-    ws = make_workspace(tmp_path, _diamond(cache_server.url),
-                        config=f'[workspace]\ndigest_function = "blake3"\n'
-                               f'remote = "{cache_server.url}"\n')
+    ws = make_workspace(
+        tmp_path,
+        _diamond(cache_server.url),
+        config=f'[workspace]\ndigest_function = "blake3"\nremote = "{cache_server.url}"\n',
+    )
     run = build(ws, "//:top", expect=None)
     assert run.returncode != 0
     assert "hashes with blake3" in run.stderr and "offers only sha256" in run.stderr
@@ -79,7 +100,9 @@ def test_second_workspace_builds_from_the_remote_cache_with_zero_actions(cache_s
     run = build(second, "//:top")
     assert run.executed == set()
     assert {e["label"]: e["cache"] for e in run.finished()} == {
-        "//:up": "remote_hit", "//:top": "remote_hit"}
+        "//:up": "remote_hit",
+        "//:top": "remote_hit",
+    }
     assert (second / "out" / "top.out").read_text() == "ALPHA\nALPHA\n"
 
 
@@ -159,8 +182,9 @@ def test_unreachable_server_fails_with_a_clear_message(tmp_path):
 
 
 def test_unreachable_server_with_fallback_builds_locally_and_warns(tmp_path):
-    ws = make_workspace(tmp_path, _diamond(""), config=_config(
-        "grpc://127.0.0.1:9", "remote_fallback = true\n"))
+    ws = make_workspace(
+        tmp_path, _diamond(""), config=_config("grpc://127.0.0.1:9", "remote_fallback = true\n")
+    )
     run = build(ws, "//:top")
     assert run.executed == {"//:up", "//:top"}
     warnings = [e for e in run.events if e["kind"] in ("warning", "remote.warning")]
@@ -174,21 +198,27 @@ def test_server_dying_mid_build_leaves_nothing_half_written(tmp_path):
     with servers.BuildGridServer("cache") as server:
         producer = LocalStore(tmp_path / "p", "sha256")
         action = _action(producer, text=b"x" * (5 << 20))
-        action = Action(argv=("sh", "-c", "cat in.txt > out.txt"), inputs=action.inputs,
-                        outputs=("out.txt",), digest_function="sha256")
+        action = Action(
+            argv=("sh", "-c", "cat in.txt > out.txt"),
+            inputs=action.inputs,
+            outputs=("out.txt",),
+            digest_function="sha256",
+        )
         result = LocalExecutor().run(action, producer)
         assert RemoteCache(_session(server.url, producer)).put(action, result, producer)
         events: list = []
-        cache = RemoteCache(_session(server.url, store, events, fallback="local",
-                                     rpc_timeout_s=5))
+        cache = RemoteCache(_session(server.url, store, events, fallback="local", rpc_timeout_s=5))
         cache.session.check()
     # the server is gone now
     assert cache.get(action, store) is None
     assert events and events[-1]["event"] == "remote.warning"
     assert "unreachable" in events[-1]["message"] or "did not answer" in events[-1]["message"]
     assert list(store.tmp.iterdir()) == []
-    assert all(store.has_verified(type(d)(h, p.stat().st_size)) for h, p in store.iter_blobs()
-               for d in [result.outputs[0].digest])
+    assert all(
+        store.has_verified(type(d)(h, p.stat().st_size))
+        for h, p in store.iter_blobs()
+        for d in [result.outputs[0].digest]
+    )
 
 
 def test_result_metadata_survives_the_round_trip(cache_server, tmp_path):
