@@ -7,7 +7,7 @@ reach the key, so renaming a target or tagging it `exclusive` reuses its evidenc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from rsi.digest import DEFAULT_FUNCTION, Digest, FileNode, digest_value, merkle_directories
@@ -84,10 +84,6 @@ class Action:
     @property
     def exclusive(self) -> bool:
         return "exclusive" in self.tags
-
-
-def key_fields() -> list[str]:
-    return [f.name for f in fields(Action) if f.metadata.get("key", True)]
 
 
 @dataclass(frozen=True)

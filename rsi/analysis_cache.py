@@ -12,7 +12,7 @@ import os
 import pickle
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from rsi import __version__
 from rsi.digest import Digest, FileDigestMemo, digest_bytes, digest_value
@@ -94,15 +94,20 @@ class Tracker:
         return {k: v for k, v in self.__dict__.items() if k != "memo"}
 
 
-def _code_digest(memo: FileDigestMemo) -> str:
+def _code_digest(memo: FileDigestMemo, rule_modules: Iterable[str]) -> str:
     """Engine and rule-family source files, plus the interpreter's installed packages."""
     parts: list = [__version__, sys.version, sys.executable]
     roots = {Path(__file__).resolve().parent}
-    for mod in ("rules",):
-        m = sys.modules.get(mod)
-        if m is not None and getattr(m, "__file__", None):
-            roots.add(Path(m.__file__).resolve().parent)
+    for name in rule_modules:
+        # NB: the top-level package of every module that implements a rule, so helpers it
+        # imports from its own package count too
+        top = sys.modules.get(name.split(".")[0])
+        path = getattr(top, "__file__", None) if top is not None else None
+        if path:
+            roots.add(Path(path).resolve().parent)
     for root in sorted(roots):
+        if root.name in ("site-packages", "dist-packages"):
+            continue  # NB: a single-file module; its installed-packages dir is covered below
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
             for name in sorted(filenames):
@@ -110,7 +115,7 @@ def _code_digest(memo: FileDigestMemo) -> str:
                     full = os.path.join(dirpath, name)
                     parts.append([full, memo.digest(full).hash])
     for entry in sys.path:
-        if entry.endswith("site-packages"):
+        if entry.endswith(("site-packages", "dist-packages")):
             try:
                 parts.append([entry, os.stat(entry).st_mtime_ns])
             except OSError:
@@ -118,8 +123,9 @@ def _code_digest(memo: FileDigestMemo) -> str:
     return digest_value(parts).hash
 
 
-def cache_key(memo: FileDigestMemo, request: dict) -> str:
-    return digest_value({"schema": SCHEMA, "code": _code_digest(memo), **request}).hash
+def cache_key(memo: FileDigestMemo, request: dict, rule_modules: Iterable[str] = ()) -> str:
+    code = _code_digest(memo, rule_modules)
+    return digest_value({"schema": SCHEMA, "code": code, **request}).hash
 
 
 def load(store, key: str, walker) -> Any | None:

@@ -111,6 +111,7 @@ def load_graph(
             "store": str(store.root),
             "function": store.function,
         },
+        rule_modules={rule.impl.__module__ for rule in loader.rules.values()},
     )
     if use_cache:
         cached = analysis_cache.load(store, key, loader.packages_under)
@@ -133,22 +134,29 @@ def load_graph(
 
 
 def _clean_stale_scratch(store: LocalStore) -> None:
-    """Remove scratch folders left by a killed build (older than an hour, or its pid is gone)."""
+    """Remove scratch folders left by a killed build: those whose pid (in the name) is gone.
+
+    A live pid's folder is never touched, however old: a long action may still be using it.
+    Folders without a pid in the name are removed once older than a day.
+    """
+    from rsi.executors.base import remove_tree
+
     now = time.time()
     for entry in store.tmp.iterdir() if store.tmp.exists() else ():
         try:
             pid = int(entry.name.split("-")[1])
         except (IndexError, ValueError):
             pid = None
-        alive = pid is not None and _pid_alive(pid)
-        try:
-            old = now - entry.stat().st_mtime > 3600
-        except OSError:
-            continue
-        if not alive or old:
-            from rsi.executors.base import remove_tree
-
-            remove_tree(entry) if entry.is_dir() else entry.unlink(missing_ok=True)
+        if pid is not None:
+            if _pid_alive(pid):
+                continue
+        else:
+            try:
+                if now - entry.stat().st_mtime < 86400:
+                    continue
+            except OSError:
+                continue
+        remove_tree(entry) if entry.is_dir() else entry.unlink(missing_ok=True)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -271,6 +279,7 @@ def build(
                 outputs=outputs,
                 failed=failed,
             )
+        store.save_memos()
         c = events.counts
         report.counts = {
             "actions": len(wanted),
@@ -312,7 +321,6 @@ def _materialise(
             pass
         store.export_file(out.digest, dest, out.executable, atomic=True)
         written.append(str(dest))
-    store.save_memos()
     return written
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from rsi.action import ActionResult
 from rsi.canonical import canonical_bytes
@@ -141,6 +141,39 @@ def cache_stats(store: LocalStore) -> dict:
     }
 
 
+_DIGEST_TEXT = re.compile(r"^([0-9a-f]{64})/\d+$")
+
+
+def _logged_blobs(store: LocalStore) -> set[str]:
+    """Blobs named by any append-only log under `<store>/campaigns/` (candidate snapshots,
+    frozen project trees): gc roots, since a logged candidate may not have been built yet."""
+    found: set[str] = set()
+
+    def walk(value) -> None:
+        if isinstance(value, str):
+            m = _DIGEST_TEXT.match(value)
+            if m:
+                found.add(m.group(1))
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    for log in sorted((store.root / "campaigns").glob("*/*.jsonl")):
+        try:
+            lines = log.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                walk(json.loads(line))
+            except ValueError:
+                continue  # NB: a torn last line of a crashed writer
+    return found
+
+
 def cache_gc(store: LocalStore, keep_labels: set[str] | None, dry_run: bool) -> dict:
     """Keep action results of the workspace's targets (or named roots) and every blob they
     reference; remove the rest. Never removes a blob a kept result references."""
@@ -159,6 +192,7 @@ def cache_gc(store: LocalStore, keep_labels: set[str] | None, dry_run: bool) -> 
         kept_blobs.update(d.hash for d in result.blobs())
         kept_blobs.add(Digest.parse(entry["description"]).hash)
         new_index[action_id] = entry
+    kept_blobs |= _logged_blobs(store)
     removed_actions = [k.hash for k in store.iter_action_keys() if k.hash not in kept_keys]
     removed_blobs = []
     freed = 0
@@ -190,7 +224,3 @@ def cache_gc(store: LocalStore, keep_labels: set[str] | None, dry_run: bool) -> 
         "removed_blobs": removed_blobs,
         "freed_bytes": freed,
     }
-
-
-def scratch_size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -452,7 +452,14 @@ def cache_gc_cmd(ctx: click.Context, roots: tuple[str, ...], dry_run: bool, as_j
 
     ws = _workspace(ctx)
     loader = make_loader(ws)
-    keep = {str(lb) for lb in loader.expand(list(roots) or ["//..."])}
+    from rsi.errors import LabelError
+
+    try:
+        keep = {str(lb) for lb in loader.expand(list(roots) or ["//..."])}
+    except LabelError:
+        if roots:
+            raise
+        keep = set()  # NB: a workspace with no targets keeps only what logs name
     store = open_store(ws)
     with store.lock(exclusive=True):
         doc = cache_gc(store, keep, dry_run)

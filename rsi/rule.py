@@ -17,11 +17,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from rsi.attrs import Attr, Schema
-from rsi.digest import Digest, FileNode, SymlinkNode, TreeError, scan_tree
+from rsi.digest import Digest, SymlinkNode, TreeError, scan_tree
 from rsi.errors import DeclarationError
 from rsi.label import Label
-
-COMMON_ATTRS: dict[str, Attr] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +136,11 @@ class RuleContext:
         if rel.startswith("/") or norm.startswith(".."):
             raise self.error(f"{rel!r} is outside the package", field_name)
         full = self.package_dir / norm
+        if self.tracker is not None:
+            # NB: existence and the executable bit feed the action key via this artifact
+            self.tracker.stat(full)
+            if full.is_symlink():
+                self.tracker.stat(os.path.realpath(full))
         try:
             is_file = full.is_file()
         except OSError as exc:  # NB: e.g. a name too long; is_file only swallows ENOENT & co
@@ -280,7 +283,3 @@ def expand_make_vars(
         return " ".join(shlex.quote(p) for p in variables[name])
 
     return _MAKE_VAR.sub(sub, cmd)
-
-
-def input_node(artifact: Artifact, digest: Digest) -> FileNode:
-    return FileNode(digest, artifact.executable)

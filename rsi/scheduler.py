@@ -8,9 +8,12 @@ actions (timing) run with nothing else running. The scheduler never executes any
 
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -252,11 +255,26 @@ class Scheduler:
                     if served is None or not served.ok:
                         served, status = self._remote_get(action, build_event), "remote_hit"
                     if served is not None:
+                        if status == "remote_hit":
+                            # NB: keep it locally too, so the next build needs no round trip
+                            self._commits.append(
+                                (
+                                    action_id,
+                                    self._committer.submit(
+                                        self.store.put_action_result, action.key(), served
+                                    ),
+                                )
+                            )
                         counts["hit"] += 1
                         self._record(spec, action)
                         self.events.emit(
-                            "action_finished", build_event, action=action_id, label=spec.label,
-                            mnemonic=spec.mnemonic, key=str(action.key()), cache=status,
+                            "action_finished",
+                            build_event,
+                            action=action_id,
+                            label=spec.label,
+                            mnemonic=spec.mnemonic,
+                            key=str(action.key()),
+                            cache=status,
                             status="ok",
                         )
                         finish(action_id, Outcome(action_id, status, action.key(), served))
@@ -304,6 +322,11 @@ class Scheduler:
                         result = fut.result()
                     except RsiError as exc:
                         self._fail(spec.id, spec, action, exc, ev, finish)
+                        stopped = stopped or not self.keep_going
+                        continue
+                    except Exception as exc:  # NB: an executor's bug or a raw OS/SDK error
+                        err = ExecutionError(f"{type(exc).__name__}: {exc}")
+                        self._fail(spec.id, spec, action, err, ev, finish)
                         stopped = stopped or not self.keep_going
                         continue
                     if result.ok:
@@ -415,7 +438,13 @@ class Scheduler:
 
     def _execute(self, spec: ActionSpec, action: Action) -> ActionResult:
         self._upload_sources(spec, action)
-        result = self.executor.run(action, self.store, self.cancel)
+        if getattr(self.executor, "name", "") == "remote":
+            result = self.executor.run(action, self.store, self.cancel)
+        else:
+            # NB: `exclusive` must hold across every rsi process on this host (two agents, two
+            # CI jobs), not only inside this scheduler: timing actions take the host lock alone
+            with host_slot(exclusive=action.exclusive):
+                result = self.executor.run(action, self.store, self.cancel)
         if result.ok:
             # NB: the action-cache entry (temp, fsync, rename) is written by one committer
             # thread, off the critical path; dependents use the in-memory result meanwhile.
@@ -456,6 +485,24 @@ class Scheduler:
                 retryable=retryable,
             ),
         )
+
+
+HOST_LOCK = os.environ.get("RSI_HOST_LOCK", "/tmp/rsi-host.lock")
+
+
+@contextmanager
+def host_slot(exclusive: bool):
+    """Shared for ordinary actions, exclusive for timing actions, across processes."""
+    try:
+        fd = os.open(HOST_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield  # NB: no writable lock file (read-only /tmp): in-process exclusivity still holds
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
 
 
 def diff_descriptions(before: dict, after: dict) -> list[str]:

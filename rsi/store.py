@@ -8,7 +8,6 @@ read that serves content verifies it; a corrupt entry is deleted and reported, n
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -185,8 +184,12 @@ class LocalStore:
         return data
 
     def export_file(
-        self, digest: Digest, dest: str | os.PathLike, executable: bool = False,
-        *, atomic: bool = False,
+        self,
+        digest: Digest,
+        dest: str | os.PathLike,
+        executable: bool = False,
+        *,
+        atomic: bool = False,
     ) -> None:
         """Copy a blob out, verifying it on the way; never serves a corrupt blob.
 
@@ -301,7 +304,3 @@ class LocalStore:
             atomic_write_bytes(self._target_index_path(), json.dumps(index).encode(), fsync=False)
         except OSError as exc:
             raise store_write_error(self.root, exc) from exc
-
-
-def is_disk_full(exc: OSError) -> bool:
-    return exc.errno in (errno.ENOSPC, errno.EDQUOT)

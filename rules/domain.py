@@ -152,7 +152,7 @@ def _binding(ctx: RuleContext) -> Provider:
         toolchain=platform["toolchain"],
     )
     check_spec = json.dumps(spec, sort_keys=True, indent=1)
-    full = dict(spec, measure=a["measure"], assess=a["assess"])
+    full = dict(spec, measure=a["measure"], assess=a["assess"], action_timeout_s=a["timeout_s"])
     full_spec = json.dumps(full, sort_keys=True, indent=1)
     n = ctx.label.name
     check_spec_file = ctx.write(f"{n}/check_spec.json", check_spec)

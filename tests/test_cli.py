@@ -14,22 +14,35 @@ pytestmark = pytest.mark.usefixtures("bwrap")
 @pytest.fixture
 def ws(command, make_workspace, tmp_path):
     """gen (reads src.txt) -> use -> final; other is independent."""
-    return make_workspace(tmp_path, {
-        "src.txt": "hello\n",
-        "BUILD.toml": command("gen", cmd="tr a-z A-Z < $(SRCS) > $(OUT)", srcs=["src.txt"],
-                              outs=["gen.txt"])
-        + command("use", cmd="cat $(location :gen) > $(OUT); echo used >> $(OUT)",
-                  deps=[":gen"], outs=["use.txt"])
-        + command("other", cmd="echo other > $(OUT)", outs=["other.txt"]),
-        "sub/BUILD.toml": command("final", cmd="cat $(location //:use) > $(OUT)",
-                                  deps=["//:use"], outs=["final.txt"]),
-    })
+    return make_workspace(
+        tmp_path,
+        {
+            "src.txt": "hello\n",
+            "BUILD.toml": command(
+                "gen", cmd="tr a-z A-Z < $(SRCS) > $(OUT)", srcs=["src.txt"], outs=["gen.txt"]
+            )
+            + command(
+                "use",
+                cmd="cat $(location :gen) > $(OUT); echo used >> $(OUT)",
+                deps=[":gen"],
+                outs=["use.txt"],
+            )
+            + command("other", cmd="echo other > $(OUT)", outs=["other.txt"]),
+            "sub/BUILD.toml": command(
+                "final", cmd="cat $(location //:use) > $(OUT)", deps=["//:use"], outs=["final.txt"]
+            ),
+        },
+    )
 
 
 def _store_files(ws: Path) -> list[str]:
     root = ws / "cache"
-    return sorted(str(p.relative_to(root)) for sub in ("cas", "ac") for p in (root / sub).rglob("*")
-                  if p.is_file())
+    return sorted(
+        str(p.relative_to(root))
+        for sub in ("cas", "ac")
+        for p in (root / sub).rglob("*")
+        if p.is_file()
+    )
 
 
 # ------------------------------------------------------------------------------ build
@@ -54,8 +67,9 @@ def test_build_json_report_parses(build, ws):
 
 
 def test_build_exits_1_when_an_action_fails(build, command, make_workspace, run_rsi, tmp_path):
-    ws = make_workspace(tmp_path, {"BUILD.toml": command("bad", cmd="echo oops >&2; exit 4",
-                                                         outs=["o"])})
+    ws = make_workspace(
+        tmp_path, {"BUILD.toml": command("bad", cmd="echo oops >&2; exit 4", outs=["o"])}
+    )
     run = run_rsi(ws, "build", "//:bad")
     assert run.returncode == 1, run
     assert "//:bad: FAILED" in run.stdout
@@ -64,18 +78,21 @@ def test_build_exits_1_when_an_action_fails(build, command, make_workspace, run_
     assert report["ok"] is False and report["targets"]["//:bad"]["failed"]
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["build", "//:nope"], "no target //:nope"),
-    (["build", "not-a-label"], "not a label"),
-    (["build", "//missing:x"], "no package //missing"),
-    (["build", "--no-such-option", "//:gen"], "No such option"),
-    (["build"], "Missing argument"),
-    (["build", "--jobs", "0", "//:gen"], "--jobs"),
-    (["query", "deps(//:gen"], "cannot parse query"),
-    (["query", "kind(//:gen)"], "kind takes two arguments"),
-    (["graph", "--format", "svg", "//:gen"], "svg"),
-    (["cache", "show", "nothing-matches"], "nothing in the cache matches"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["build", "//:nope"], "no target //:nope"),
+        (["build", "not-a-label"], "not a label"),
+        (["build", "//missing:x"], "no package //missing"),
+        (["build", "--no-such-option", "//:gen"], "No such option"),
+        (["build"], "Missing argument"),
+        (["build", "--jobs", "0", "//:gen"], "--jobs"),
+        (["query", "deps(//:gen"], "cannot parse query"),
+        (["query", "kind(//:gen)"], "kind takes two arguments"),
+        (["graph", "--format", "svg", "//:gen"], "svg"),
+        (["cache", "show", "nothing-matches"], "nothing in the cache matches"),
+    ],
+)
 def test_usage_errors_exit_2(run_rsi, ws, args, needle):
     run = run_rsi(ws, *args)
     assert run.returncode == 2, run
@@ -153,8 +170,10 @@ def test_graph_dot_lists_nodes_and_dependency_edges(run_rsi, ws):
 def test_graph_json_parses(run_rsi, ws):
     doc = run_rsi(ws, "graph", "--format", "json", "//sub:final").json()
     assert doc["nodes"] == ["//:gen", "//:use", "//sub:final"]
-    assert {(e["from"], e["to"]) for e in doc["edges"]} == {("//:gen", "//:use"),
-                                                           ("//:use", "//sub:final")}
+    assert {(e["from"], e["to"]) for e in doc["edges"]} == {
+        ("//:gen", "//:use"),
+        ("//:use", "//sub:final"),
+    }
 
 
 def test_graph_of_actions(run_rsi, ws):
@@ -293,10 +312,40 @@ def test_version_and_help(run_rsi, ws):
 
 def test_json_outputs_all_parse(build, run_rsi, ws):
     build(ws, "//...")
-    for args in (["query", "//...", "--json"], ["graph", "--format", "json", "//..."],
-                 ["why", "//:gen", "--json"], ["cache", "ls", "--json"],
-                 ["cache", "show", "//:gen", "--json"], ["cache", "verify", "--json"],
-                 ["cache", "stats", "--json"], ["cache", "gc", "--dry-run", "--json"]):
+    for args in (
+        ["query", "//...", "--json"],
+        ["graph", "--format", "json", "//..."],
+        ["why", "//:gen", "--json"],
+        ["cache", "ls", "--json"],
+        ["cache", "show", "//:gen", "--json"],
+        ["cache", "verify", "--json"],
+        ["cache", "stats", "--json"],
+        ["cache", "gc", "--dry-run", "--json"],
+    ):
         run = run_rsi(ws, *args)
         assert run.returncode == 0, run
         json.loads(run.stdout)
+
+
+def test_cache_gc_keeps_blobs_a_campaign_log_names_even_before_they_are_built(
+    tmp_path, make_workspace, run_rsi
+):
+    """A candidate appended to a campaign's log but not built yet is referenced only by the
+    log; gc must treat every digest a log names as a root."""
+    from rsi.store import LocalStore
+
+    ws = make_workspace(tmp_path, {"BUILD.toml": ""})
+    store = LocalStore(ws / "cache")
+    logged = store.put_bytes(b"def kernel(x):\n    return x\n")
+    stray = store.put_bytes(b"nobody names me\n")
+    log = store.root / "campaigns" / "abc" / "log.jsonl"
+    log.parent.mkdir(parents=True)
+    log.write_text(
+        json.dumps({"kind": "candidate", "files": {"kernel.py": str(logged)}})
+        + "\n"
+        + '{"kind": "cand'
+    )  # NB: a torn last line from a crashed writer
+    run = run_rsi(ws, "cache", "gc", "--json")
+    assert run.returncode == 0, str(run)
+    assert store.has(logged)
+    assert not store.has(stray)

@@ -47,24 +47,46 @@ def _live_pids(marker: str) -> list[int]:
 
 
 def test_kill_9_mid_build_then_rebuild_finishes_clean_without_rerunning_finished_work(
-    build, command, make_workspace, rsi_argv, run_rsi, tmp_path,
+    build,
+    command,
+    make_workspace,
+    rsi_argv,
+    run_rsi,
+    tmp_path,
 ):
     marker = f"{uuid.uuid4().int % 10**6:06d}"
     n = 8
-    ws = make_workspace(tmp_path, {"BUILD.toml": "".join(
-        command(f"s{i}", cmd=f"sleep 0.3{marker}; echo {i} > $(OUT)", outs=[f"s{i}.txt"])
-        for i in range(n)
-    ) + command("sum", cmd="cat $(SRCS) " + " ".join(f"$(location :s{i})" for i in range(n))
-                + " > $(OUT)", deps=[f":s{i}" for i in range(n)], outs=["sum.txt"])})
+    ws = make_workspace(
+        tmp_path,
+        {
+            "BUILD.toml": "".join(
+                command(f"s{i}", cmd=f"sleep 0.3{marker}; echo {i} > $(OUT)", outs=[f"s{i}.txt"])
+                for i in range(n)
+            )
+            + command(
+                "sum",
+                cmd="cat $(SRCS) " + " ".join(f"$(location :s{i})" for i in range(n)) + " > $(OUT)",
+                deps=[f":s{i}" for i in range(n)],
+                outs=["sum.txt"],
+            )
+        },
+    )
     events = tmp_path / "killed.jsonl"
-    proc = subprocess.Popen([*rsi_argv, "build", "--jobs", "2", "--events", str(events), "//:sum"],
-                            cwd=ws, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*rsi_argv, "build", "--jobs", "2", "--events", str(events), "//:sum"],
+        cwd=ws,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     finished: set[str] = set()
     try:
         deadline = time.monotonic() + 60
         while len(finished) < 2 and proc.poll() is None and time.monotonic() < deadline:
-            finished = {e["label"] for e in _safe_events(events)
-                        if e["kind"] == "action_finished" and e.get("status") == "ok"}
+            finished = {
+                e["label"]
+                for e in _safe_events(events)
+                if e["kind"] == "action_finished" and e.get("status") == "ok"
+            }
             time.sleep(0.02)
         assert proc.poll() is None, "the build ended before it could be killed"
         assert len(finished) >= 2
@@ -112,8 +134,12 @@ def tiny_tmpfs(tmp_path):
     """A 1 MiB tmpfs (needs root and CAP_SYS_ADMIN), unmounted afterwards."""
     mount_point = tmp_path / "tiny"
     mount_point.mkdir()
-    got = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
-                         capture_output=True, text=True, check=False)
+    got = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if got.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {got.stderr.strip()}")
     try:
@@ -123,15 +149,24 @@ def tiny_tmpfs(tmp_path):
 
 
 def test_full_disk_is_a_clear_error_exit_1_and_leaves_no_half_written_entry(
-    build, command, make_workspace, run_rsi, tmp_path, tiny_tmpfs,
+    build,
+    command,
+    make_workspace,
+    run_rsi,
+    tmp_path,
+    tiny_tmpfs,
 ):
     big = os.urandom(3 << 20)  # more than the store's file system holds
-    ws = make_workspace(tmp_path, {
-        "big.bin": big,
-        "BUILD.toml": command("copy", cmd="cat $(SRCS) > $(OUT)", srcs=["big.bin"],
-                              outs=["copy.bin"])
-        + command("small", cmd="echo fine > $(OUT)", outs=["small.txt"]),
-    })
+    ws = make_workspace(
+        tmp_path,
+        {
+            "big.bin": big,
+            "BUILD.toml": command(
+                "copy", cmd="cat $(SRCS) > $(OUT)", srcs=["big.bin"], outs=["copy.bin"]
+            )
+            + command("small", cmd="echo fine > $(OUT)", outs=["small.txt"]),
+        },
+    )
     run = build(ws, "//:copy", store=tiny_tmpfs, expect=1)
     text = run.stdout + run.stderr
     assert "No space left on device" in text
@@ -140,7 +175,8 @@ def test_full_disk_is_a_clear_error_exit_1_and_leaves_no_half_written_entry(
     assert report["targets"]["//:copy"]["ok"] is False
     assert_store_whole(tiny_tmpfs)
     assert list((tiny_tmpfs / "ac").rglob("*.*")) == [] and not any(
-        p.is_file() for p in (tiny_tmpfs / "ac").rglob("*"))
+        p.is_file() for p in (tiny_tmpfs / "ac").rglob("*")
+    )
     verify = run_rsi(ws, "--store", str(tiny_tmpfs), "cache", "verify")
     assert verify.returncode == 0, verify
     ok = build(ws, "//:small", store=tiny_tmpfs)  # what fits still builds
@@ -148,10 +184,21 @@ def test_full_disk_is_a_clear_error_exit_1_and_leaves_no_half_written_entry(
 
 
 def test_action_filling_the_disk_fails_without_caching_anything(
-    build, command, make_workspace, run_rsi, tmp_path, tiny_tmpfs,
+    build,
+    command,
+    make_workspace,
+    run_rsi,
+    tmp_path,
+    tiny_tmpfs,
 ):
-    ws = make_workspace(tmp_path, {"BUILD.toml": command(
-        "huge", cmd="head -c 3000000 /dev/zero > $(OUT)", outs=["huge.bin"])})
+    ws = make_workspace(
+        tmp_path,
+        {
+            "BUILD.toml": command(
+                "huge", cmd="head -c 3000000 /dev/zero > $(OUT)", outs=["huge.bin"]
+            )
+        },
+    )
     run = build(ws, "//:huge", store=tiny_tmpfs, expect=1)
     assert run.json()["targets"]["//:huge"]["ok"] is False
     assert [e["status"] for e in run.finished()] == ["failed"]
@@ -176,7 +223,11 @@ def shared_tmp():
 
 
 def test_unwritable_store_is_a_clear_error_exit_1_and_leaves_no_entry(
-    build, command, make_workspace, run_rsi, shared_tmp,
+    build,
+    command,
+    make_workspace,
+    run_rsi,
+    shared_tmp,
 ):
     if os.geteuid() == 0:
         if shutil.which("setpriv") is None:
@@ -184,10 +235,13 @@ def test_unwritable_store_is_a_clear_error_exit_1_and_leaves_no_entry(
         as_user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
     else:
         as_user = []
-    ws = make_workspace(shared_tmp, {
-        "src.txt": "data\n",
-        "BUILD.toml": command("t", cmd="cat $(SRCS) > $(OUT)", srcs=["src.txt"], outs=["t"]),
-    })
+    ws = make_workspace(
+        shared_tmp,
+        {
+            "src.txt": "data\n",
+            "BUILD.toml": command("t", cmd="cat $(SRCS) > $(OUT)", srcs=["src.txt"], outs=["t"]),
+        },
+    )
     assert run_rsi(ws, "cache", "stats").returncode == 0  # creates the store
     if as_user:
         subprocess.run(["chown", "-R", "65534:65534", str(shared_tmp)], check=True)
@@ -202,3 +256,20 @@ def test_unwritable_store_is_a_clear_error_exit_1_and_leaves_no_entry(
     assert not any(p.is_file() for p in (ws / "cache" / "ac").rglob("*"))
     assert_store_whole(ws / "cache")
     assert run_rsi(ws, "cache", "verify", user=as_user).returncode == 0
+
+
+def test_a_live_builds_old_scratch_folder_is_never_swept(tmp_path, make_workspace, build):
+    """Another build's long action keeps its scratch folder however old; a dead pid's goes."""
+    ws = make_workspace(
+        tmp_path, {"BUILD.toml": '[t]\nrule = "command"\nouts = ["o"]\ncmd = "echo > $(OUT)"\n'}
+    )
+    tmp = ws / "cache" / "tmp"
+    tmp.mkdir(parents=True)
+    live = tmp / f"scratch-{os.getpid()}-abc"
+    dead = tmp / "scratch-999999999-abc"
+    for folder in (live, dead):
+        folder.mkdir()
+        os.utime(folder, (time.time() - 7200, time.time() - 7200))
+    build(ws, "//:t")
+    assert live.exists()
+    assert not dead.exists()

@@ -55,27 +55,59 @@ def task_spec(task: str, **overrides) -> dict:
 
 
 def run_harness(script: str, args: list[str], cwd: Path, timeout: float = 300):
-    return subprocess.run([sys.executable, "-I", "-B", str(HARNESS / script), *args], cwd=cwd,
-                          check=False, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-I", "-B", str(HARNESS / script), *args],
+        cwd=cwd,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _check(tmp_path: Path, task: str, impl: Path, spec: dict, name: str = "check"):
     spec_path = tmp_path / f"{name}.spec.json"
     spec_path.write_text(json.dumps(spec))
     out = tmp_path / f"{name}.json"
-    proc = run_harness("check.py", ["--task", str(TASKS / task), "--impl", str(impl),
-                                    "--spec", str(spec_path), "--out", str(out)], tmp_path)
+    proc = run_harness(
+        "check.py",
+        [
+            "--task",
+            str(TASKS / task),
+            "--impl",
+            str(impl),
+            "--spec",
+            str(spec_path),
+            "--out",
+            str(out),
+        ],
+        tmp_path,
+    )
     return proc, out
 
 
-def _measure(tmp_path: Path, task: str, baseline: Path, candidate: Path, spec: dict,
-             name: str = "measure"):
+def _measure(
+    tmp_path: Path, task: str, baseline: Path, candidate: Path, spec: dict, name: str = "measure"
+):
     spec_path = tmp_path / f"{name}.spec.json"
     spec_path.write_text(json.dumps(spec))
     out = tmp_path / f"{name}.json"
-    proc = run_harness("measure.py", ["--task", str(TASKS / task), "--baseline", str(baseline),
-                                      "--candidate", str(candidate), "--spec", str(spec_path),
-                                      "--out", str(out)], tmp_path)
+    proc = run_harness(
+        "measure.py",
+        [
+            "--task",
+            str(TASKS / task),
+            "--baseline",
+            str(baseline),
+            "--candidate",
+            str(candidate),
+            "--spec",
+            str(spec_path),
+            "--out",
+            str(out),
+        ],
+        tmp_path,
+    )
     return proc, out
 
 
@@ -88,8 +120,11 @@ def test_peak_bandwidth_is_double_data_rate_times_bus_width_and_null_when_unknow
     assert C.peak_bandwidth_gb_s(None, 5120) is None
     assert C.peak_bandwidth_gb_s(2_619_000, None) is None
     assert C.peak_bandwidth_gb_s(0, 5120) is None  # unknown is null, never 0
-    facts = {"memory_clock_khz": 2_619_000, "memory_bus_width_bits": 5120,
-             "memory_clock_khz_source": "torch"}
+    facts = {
+        "memory_clock_khz": 2_619_000,
+        "memory_bus_width_bits": 5120,
+        "memory_clock_khz_source": "torch",
+    }
     assert C.peak_bandwidth(facts) == (pytest.approx(3352.32), "torch")
     # no clock from torch or the driver: nvidia-smi's maximum memory clock with the bus width
     no_clock = {"memory_clock_khz": None, "memory_bus_width_bits": 6144}
@@ -101,13 +136,19 @@ def test_peak_bandwidth_is_double_data_rate_times_bus_width_and_null_when_unknow
 
 def test_achieved_bandwidth_is_bytes_over_median_time_and_fraction_of_peak():
     bw = C.bandwidth(3_000_000, 1500.0, 4000.0)  # 3 MB in 1.5 us = 2000 GB/s
-    assert bw == {"median_ns": 1500.0, "achieved_gb_s": pytest.approx(2000.0),
-                  "fraction": pytest.approx(0.5)}
+    assert bw == {
+        "median_ns": 1500.0,
+        "achieved_gb_s": pytest.approx(2000.0),
+        "fraction": pytest.approx(0.5),
+    }
     cpu = C.bandwidth(3_000_000, 1500.0, None)
     assert cpu["achieved_gb_s"] == pytest.approx(2000.0) and cpu["fraction"] is None
     for median in (None, 0.0):
         assert C.bandwidth(3_000_000, median, 4000.0) == {
-            "median_ns": median, "achieved_gb_s": None, "fraction": None}
+            "median_ns": median,
+            "achieved_gb_s": None,
+            "fraction": None,
+        }
 
 
 def test_bytes_per_call_counts_every_input_and_the_output():
@@ -121,10 +162,16 @@ def test_bytes_per_call_counts_every_input_and_the_output():
 
 
 def test_l2_flush_is_twice_the_reported_l2_or_twice_the_documented_default():
-    assert C.l2_flush_bytes({"l2_cache_bytes": 50 * 2**20, "l2_cache_bytes_source": "torch"}) \
-        == (100 * 2**20, 50 * 2**20, "torch")
+    assert C.l2_flush_bytes({"l2_cache_bytes": 50 * 2**20, "l2_cache_bytes_source": "torch"}) == (
+        100 * 2**20,
+        50 * 2**20,
+        "torch",
+    )
     assert C.l2_flush_bytes({"l2_cache_bytes": None}) == (
-        2 * C.DEFAULT_L2_BYTES, C.DEFAULT_L2_BYTES, "default")
+        2 * C.DEFAULT_L2_BYTES,
+        C.DEFAULT_L2_BYTES,
+        "default",
+    )
     assert C.l2_flush_bytes(None)[0] == 2 * C.DEFAULT_L2_BYTES >= 2 * 126 * 2**20
 
 
@@ -133,8 +180,16 @@ def test_l2_flush_is_twice_the_reported_l2_or_twice_the_documented_default():
 
 def test_fingerprint_on_a_cpu_has_every_field_and_null_gpu_fields():
     fp = C.fingerprint({"device": "cpu", "toolchain": "host-python@abc"})
-    for key in ("device", "cpu_model", "python", "numpy", "torch", "cuda", "toolchain",
-                *C.GPU_FINGERPRINT_KEYS):
+    for key in (
+        "device",
+        "cpu_model",
+        "python",
+        "numpy",
+        "torch",
+        "cuda",
+        "toolchain",
+        *C.GPU_FINGERPRINT_KEYS,
+    ):
         assert key in fp, key
     assert all(fp[k] is None for k in C.GPU_FINGERPRINT_KEYS)
     assert fp["device"] == "cpu" and fp["toolchain"] == "host-python@abc"
@@ -143,17 +198,19 @@ def test_fingerprint_on_a_cpu_has_every_field_and_null_gpu_fields():
         assert fp["cpu_model"]
 
 
-SMI_ROWS = ("NVIDIA H100 80GB HBM3, GPU-aaaaaaaa-0000-0000-0000-000000000000, 550.54.15, "
-            "345, 2619, 1980, 2619",
-            "NVIDIA H200, GPU-bbbbbbbb-0000-0000-0000-000000000000, 550.54.15, [N/A], 3201, "
-            "1980, 3201")
+SMI_ROWS = (
+    "NVIDIA H100 80GB HBM3, GPU-aaaaaaaa-0000-0000-0000-000000000000, 550.54.15, "
+    "345, 2619, 1980, 2619",
+    "NVIDIA H200, GPU-bbbbbbbb-0000-0000-0000-000000000000, 550.54.15, [N/A], 3201, 1980, 3201",
+)
 FAKE_SMI = (
     "#!/bin/sh\n"
     'case "$*" in\n'
     "  *--query-gpu=name,uuid,driver_version,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem"
     "*)\n" + "".join(f"    echo '{row}'\n" for row in SMI_ROWS) + "    ;;\n"
     "  *) exit 9 ;;\n"
-    "esac\n")
+    "esac\n"
+)
 
 
 def test_nvidia_smi_rows_are_parsed_and_matched_to_the_device_by_uuid(tmp_path, monkeypatch):
@@ -165,11 +222,17 @@ def test_nvidia_smi_rows_are_parsed_and_matched_to_the_device_by_uuid(tmp_path, 
     rows = C.nvidia_smi()
     assert [r["name"] for r in rows] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
     assert rows[1]["clocks.sm"] is None and rows[1]["clocks.max.mem"] == 3201
-    facts = {"name": "NVIDIA H200", "uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000000",
-             "compute_capability": "9.0", "total_memory_bytes": 150_000_000_000,
-             "sm_clock_khz": 1_980_000, "memory_clock_khz": None,
-             "memory_clock_khz_source": None, "memory_bus_width_bits": 6144,
-             "l2_cache_bytes": 50 * 2**20}
+    facts = {
+        "name": "NVIDIA H200",
+        "uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000000",
+        "compute_capability": "9.0",
+        "total_memory_bytes": 150_000_000_000,
+        "sm_clock_khz": 1_980_000,
+        "memory_clock_khz": None,
+        "memory_clock_khz_source": None,
+        "memory_bus_width_bits": 6144,
+        "l2_cache_bytes": 50 * 2**20,
+    }
     fp = C.fingerprint({"device": "cuda", "toolchain": "t@1"}, facts, rows)
     assert fp["gpu_name"] == "NVIDIA H200" and fp["gpu_uuid"].startswith("GPU-bbbbbbbb")
     assert fp["gpu_driver"] == "550.54.15"
@@ -202,11 +265,14 @@ def test_cuda_spec_without_cuda_is_a_harness_fault_not_a_cpu_run(tmp_path, scrip
     assert not out.exists()
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"device": "tpu"}, "spec device must be one of"),
-    ({"measure": {"bytes_per_call": 0}}, "bytes_per_call must be a positive integer"),
-    ({"toolchain": 7}, "spec toolchain must be a string"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"device": "tpu"}, "spec device must be one of"),
+        ({"measure": {"bytes_per_call": 0}}, "bytes_per_call must be a positive integer"),
+        ({"toolchain": 7}, "spec toolchain must be a string"),
+    ],
+)
 def test_bad_accelerator_fields_are_harness_faults(tmp_path, overrides, message):
     proc, out = _check(tmp_path, "silu_mul", SILU / "baseline", task_spec("silu_mul", **overrides))
     assert proc.returncode == 2 and message in proc.stderr and not out.exists()
@@ -237,8 +303,11 @@ def test_device_inputs_keep_the_view_geometry_and_the_input_digest():
 def test_materialise_output_copies_from_the_expected_device_only():
     out = torch.arange(6, dtype=torch.float32).reshape(2, 3).t()
     arr, meta = C.materialise_output(out, "torch", "cpu")
-    assert meta["device"] == "cpu" and arr.flags["C_CONTIGUOUS"] and arr.tolist() == [
-        [0, 3], [1, 4], [2, 5]]
+    assert (
+        meta["device"] == "cpu"
+        and arr.flags["C_CONTIGUOUS"]
+        and arr.tolist() == [[0, 3], [1, 4], [2, 5]]
+    )
     arr, meta = C.materialise_output(out, "torch", "cuda")  # a CPU tensor on a cuda spec
     assert arr is None and meta["device"] == "cpu" and meta["problem"] is None
 
@@ -262,10 +331,18 @@ class _FakeEvent:
 
 def _simulated_cuda(monkeypatch, calls: list[str]) -> None:
     """Stand-ins for the torch.cuda calls the arm makes; tensors stay on the CPU."""
-    props = types.SimpleNamespace(name="Simulated GPU", uuid="1234abcd-0000", major=9, minor=0,
-                                  total_memory=80 * 2**30, multi_processor_count=132,
-                                  clock_rate=1_980_000, memory_clock_rate=2_619_000,
-                                  memory_bus_width=5120, L2_cache_size=2**20)
+    props = types.SimpleNamespace(
+        name="Simulated GPU",
+        uuid="1234abcd-0000",
+        major=9,
+        minor=0,
+        total_memory=80 * 2**30,
+        multi_processor_count=132,
+        clock_rate=1_980_000,
+        memory_clock_rate=2_619_000,
+        memory_bus_width=5120,
+        L2_cache_size=2**20,
+    )
     monkeypatch.setattr(torch.cuda, "init", lambda: calls.append("init"))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
@@ -273,18 +350,31 @@ def _simulated_cuda(monkeypatch, calls: list[str]) -> None:
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
 
 
-def _arm(tmp_path: Path, impl: Path, warmups: int = 2, samples: int = 4,
-         workloads_path: Path = SILU / "workloads.py") -> dict:
+def _arm(
+    tmp_path: Path,
+    impl: Path,
+    warmups: int = 2,
+    samples: int = 4,
+    workloads_path: Path = SILU / "workloads.py",
+) -> dict:
     timer = _load("timer")
     io_dir = tmp_path / "arm"
     io_dir.mkdir(exist_ok=True)
     case = {"name": "w", "shape": [8, 64], "dtype": "bfloat16", "kind": "normal"}
-    job = {"framework": "torch", "device": "cpu", "entry": {"module": "kernel",
-                                                            "function": "silu_mul"},
-           "threads": 1, "workload": case, "probe_indices": [0, 5, 17],
-           "expected": {"shape": [8, 32], "dtype": "bfloat16", "device": "cpu"}}
-    item = {"impl_dir": str(impl), "warmup_seeds": list(range(100, 100 + warmups)),
-            "timed_seeds": list(range(samples))}
+    job = {
+        "framework": "torch",
+        "device": "cpu",
+        "entry": {"module": "kernel", "function": "silu_mul"},
+        "threads": 1,
+        "workload": case,
+        "probe_indices": [0, 5, 17],
+        "expected": {"shape": [8, 32], "dtype": "bfloat16", "device": "cpu"},
+    }
+    item = {
+        "impl_dir": str(impl),
+        "warmup_seeds": list(range(100, 100 + warmups)),
+        "timed_seeds": list(range(samples)),
+    }
     workloads = C.load_module_from_path(workloads_path, "workloads")
     timer.run_arm_cuda(job, item, workloads, io_dir)
     return json.loads((io_dir / "result.json").read_text())
@@ -306,8 +396,9 @@ def test_gpu_arm_times_by_events_after_an_l2_flush_on_fresh_inputs(tmp_path, mon
     assert C.peak_bandwidth(result["device"])[0] == pytest.approx(3352.32)
     loaded = C.load_module_from_path(SILU / "workloads.py", "workloads")
     case = {"name": "w", "shape": [8, 64], "dtype": "bfloat16", "kind": "normal"}
-    assert result["input_digests"] == [C.inputs_digest(loaded.make_inputs(dict(case), s))
-                                       for s in range(4)]  # a fresh input per call
+    assert result["input_digests"] == [
+        C.inputs_digest(loaded.make_inputs(dict(case), s)) for s in range(4)
+    ]  # a fresh input per call
     assert len(set(result["output_digests"])) == 4
     assert (tmp_path / "arm" / "last_out.npy").exists()
 
@@ -317,12 +408,20 @@ def test_device_facts_fall_back_to_the_driver_and_stay_null_when_nobody_knows(mo
     props = torch.cuda.get_device_properties(0)
     monkeypatch.setattr(props, "memory_clock_rate", 0)  # not exposed: reads as 0
     monkeypatch.delattr(props, "L2_cache_size")
-    monkeypatch.setattr(C, "_driver_attributes", lambda index: {
-        "memory_clock_khz": None, "memory_bus_width_bits": None, "l2_cache_bytes": 40 * 2**20})
+    monkeypatch.setattr(
+        C,
+        "_driver_attributes",
+        lambda index: {
+            "memory_clock_khz": None,
+            "memory_bus_width_bits": None,
+            "l2_cache_bytes": 40 * 2**20,
+        },
+    )
     facts = C.cuda_device_facts(torch)
     assert facts["memory_clock_khz"] is None and facts["memory_clock_khz_source"] is None
-    assert facts["memory_bus_width_bits"] == 5120 and facts["memory_bus_width_bits_source"] == \
-        "torch"
+    assert (
+        facts["memory_bus_width_bits"] == 5120 and facts["memory_bus_width_bits_source"] == "torch"
+    )
     assert facts["l2_cache_bytes"] == 40 * 2**20 and facts["l2_cache_bytes_source"] == "driver"
     assert C.l2_flush_bytes(facts) == (80 * 2**20, 40 * 2**20, "driver")
     fp = C.fingerprint({"device": "cuda"}, facts, None)
@@ -337,7 +436,8 @@ def test_gpu_arm_rejects_a_candidate_that_writes_into_its_input(tmp_path, monkey
     (impl / "kernel.py").write_text(
         "import torch\n\ndef silu_mul(x):\n    d = x.shape[-1] // 2\n"
         "    x[..., :d] = torch.nn.functional.silu(x[..., :d])\n"
-        "    return x[..., :d].mul(x[..., d:])\n")
+        "    return x[..., :d].mul(x[..., d:])\n"
+    )
     result = _arm(tmp_path, impl)
     assert result["outcome"] == "invalid" and result["problem"] == "input_modified"
 
@@ -369,8 +469,9 @@ def _analyze(*labels: str):
         blobs[str(digest)] = data
         return digest
 
-    graph = analyze(Loader(ROOT, load_rules()), [Label.parse(lb) for lb in labels],
-                    store_put=put, settings={})
+    graph = analyze(
+        Loader(ROOT, load_rules()), [Label.parse(lb) for lb in labels], store_put=put, settings={}
+    )
     return graph, blobs
 
 
@@ -379,10 +480,10 @@ def test_gpu_binding_asks_for_an_accelerator_only_where_the_device_is_used(task)
     graph, blobs = _analyze(f"//tasks/{task}:verdict_gpu", f"//tasks/{task}:verdict")
     by_mnemonic: dict[str, list[dict]] = {}
     for spec in graph.actions.values():
-        by_mnemonic.setdefault(f"{spec.label.split(':')[1].split('#')[0]}#{spec.mnemonic}",
-                               []).append(dict(spec.platform))
-    for name in ("gpu#BaselineCheck", "gpu#Calibrate", "verdict_gpu#Check",
-                 "verdict_gpu#Measure"):
+        by_mnemonic.setdefault(
+            f"{spec.label.split(':')[1].split('#')[0]}#{spec.mnemonic}", []
+        ).append(dict(spec.platform))
+    for name in ("gpu#BaselineCheck", "gpu#Calibrate", "verdict_gpu#Check", "verdict_gpu#Measure"):
         assert [p.get("accelerator") for p in by_mnemonic[name]] == ["cuda"], name
     for name in ("verdict_gpu#Assess", "verdict_gpu#Render", "cpu#Calibrate", "verdict#Measure"):
         assert all("accelerator" not in p for p in by_mnemonic[name]), name
@@ -402,8 +503,14 @@ def _action_of(task: str, mnemonic: str):
 
     graph, _ = _analyze(f"//tasks/{task}:verdict_gpu")
     (spec,) = [a for a in graph.actions.values() if a.mnemonic == mnemonic]
-    return Action(argv=spec.argv, outputs=spec.outputs, env=spec.env, platform=spec.platform,
-                  label=spec.label, mnemonic=spec.mnemonic)
+    return Action(
+        argv=spec.argv,
+        outputs=spec.outputs,
+        env=spec.env,
+        platform=spec.platform,
+        label=spec.label,
+        mnemonic=spec.mnemonic,
+    )
 
 
 def test_docker_executor_requests_gpus_for_a_gpu_binding_and_not_for_its_assess():
@@ -413,12 +520,12 @@ def test_docker_executor_requests_gpus_for_a_gpu_binding_and_not_for_its_assess(
     executor = DockerExecutor.__new__(DockerExecutor)  # NB: container_kwargs needs no engine
     executor.memory, executor.pids_limit, executor.tmpfs_size = "4g", 1024, "1g"
     info = types.SimpleNamespace(env={})
-    measure = executor.container_kwargs(_action_of("silu_mul", "Measure"), info, Path("/x"),
-                                        ["out"])
+    measure = executor.container_kwargs(
+        _action_of("silu_mul", "Measure"), info, Path("/x"), ["out"]
+    )
     (request,) = measure["device_requests"]
     assert request["Count"] == -1 and request["Capabilities"] == [["gpu"]]
-    assess = executor.container_kwargs(_action_of("silu_mul", "Assess"), info, Path("/x"),
-                                       ["out"])
+    assess = executor.container_kwargs(_action_of("silu_mul", "Assess"), info, Path("/x"), ["out"])
     assert "device_requests" not in assess
 
 
@@ -444,8 +551,9 @@ def test_local_bwrap_sandbox_binds_nvidia_devices_for_accelerator_actions(monkey
 # ---------------------------------------------------------------- the silu_mul task on the CPU
 
 
-@pytest.mark.parametrize("impl", ["baseline", "candidates/fast", "candidates/gain20",
-                                  "candidates/same"])
+@pytest.mark.parametrize(
+    "impl", ["baseline", "candidates/fast", "candidates/gain20", "candidates/same"]
+)
 def test_silu_mul_baseline_and_good_candidates_pass_every_case(tmp_path, impl):
     spec = task_spec("silu_mul", toolchain="host-python@test")
     proc, out = _check(tmp_path, "silu_mul", SILU / impl, spec)
@@ -469,9 +577,12 @@ def test_silu_mul_wrong_controls_fail_as_wrong_output(tmp_path, impl):
 
 
 def test_cpu_measure_reports_bandwidth_with_a_null_peak_and_assess_carries_it(tmp_path):
-    spec = task_spec("silu_mul", toolchain="host-python@test",
-                     measure={"pairs": 4, "samples": 3, "warmups": 1},
-                     assess={"min_pairs": 3, "bootstrap_resamples": 200})
+    spec = task_spec(
+        "silu_mul",
+        toolchain="host-python@test",
+        measure={"pairs": 4, "samples": 3, "warmups": 1},
+        assess={"min_pairs": 3, "bootstrap_resamples": 200},
+    )
     base, fast = SILU / "baseline", SILU / "candidates" / "fast"
     runs = {}
     for name, cand in (("calibration", base), ("samples", fast)):
@@ -496,10 +607,24 @@ def test_cpu_measure_reports_bandwidth_with_a_null_peak_and_assess_carries_it(tm
     spec_path = tmp_path / "assess.spec.json"
     spec_path.write_text(json.dumps(spec))
     out = tmp_path / "verdict.json"
-    proc = run_harness("assess.py", ["--spec", str(spec_path), "--samples", str(runs["samples"]),
-                                     "--check", str(checks["check"]), "--baseline-check",
-                                     str(checks["baseline_check"]), "--calibration",
-                                     str(runs["calibration"]), "--out", str(out)], tmp_path)
+    proc = run_harness(
+        "assess.py",
+        [
+            "--spec",
+            str(spec_path),
+            "--samples",
+            str(runs["samples"]),
+            "--check",
+            str(checks["check"]),
+            "--baseline-check",
+            str(checks["baseline_check"]),
+            "--calibration",
+            str(runs["calibration"]),
+            "--out",
+            str(out),
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     verdict = json.loads(out.read_text())
     assert verdict["bandwidth"]["achieved_gb_s"] == bw["candidate"]["achieved_gb_s"]
@@ -509,8 +634,9 @@ def test_cpu_measure_reports_bandwidth_with_a_null_peak_and_assess_carries_it(tm
 
 
 def test_bytes_per_call_from_the_spec_wins(tmp_path):
-    spec = task_spec("silu_mul", measure={"pairs": 1, "samples": 2, "warmups": 0,
-                                          "bytes_per_call": 12345})
+    spec = task_spec(
+        "silu_mul", measure={"pairs": 1, "samples": 2, "warmups": 0, "bytes_per_call": 12345}
+    )
     proc, out = _measure(tmp_path, "silu_mul", SILU / "baseline", SILU / "baseline", spec)
     assert proc.returncode == 0, proc.stderr
     bw = json.loads(out.read_text())["bandwidth"]
@@ -523,9 +649,20 @@ def test_calibration_from_another_kind_of_device_does_not_apply():
     assert assess._hardware({"fingerprint": fp}) == ("cuda", "NVIDIA H200")
     same_model = dict(fp, gpu_uuid="GPU-2")
     assert assess._hardware({"fingerprint": same_model}) == assess._hardware({"fingerprint": fp})
-    assert assess._hardware({"fingerprint": dict(fp, gpu_name="NVIDIA A100")}) != \
-        assess._hardware({"fingerprint": fp})
+    assert assess._hardware({"fingerprint": dict(fp, gpu_name="NVIDIA A100")}) != assess._hardware(
+        {"fingerprint": fp}
+    )
     assert assess._hardware({}) == ()  # older evidence says nothing, matches anything
+
+
+def test_calibration_from_another_cpu_model_does_not_apply():
+    """A noise floor measured on another CPU model (say, served from a shared cache) is not
+    this host's noise floor."""
+    assess = _load("assess")
+    here = {"device": "cpu", "cpu_model": "AMD EPYC", "gpu_name": None}
+    there = dict(here, cpu_model="Intel Xeon Platinum 8480")
+    assert assess._hardware({"fingerprint": here}) == ("cpu", "AMD EPYC")
+    assert assess._hardware({"fingerprint": there}) != assess._hardware({"fingerprint": here})
 
 
 # ------------------------------------------------------------- the real thing, on a real GPU
@@ -548,8 +685,7 @@ def _gpu_workspace(tmp_path: Path, make_workspace, tasks: tuple[str, ...]) -> Pa
 
 @needs_cuda
 @pytest.mark.parametrize("task", ["rmsnorm", "silu_mul"])
-def test_gpu_verdict_builds_for_real_with_cuda_event_timing(tmp_path, make_workspace, build,
-                                                           task):
+def test_gpu_verdict_builds_for_real_with_cuda_event_timing(tmp_path, make_workspace, build, task):
     ws = _gpu_workspace(tmp_path, make_workspace, (task,))
     build(ws, f"//tasks/{task}:verdict_gpu", timeout=3600)
     out = ws / "out" / "tasks" / task
@@ -588,8 +724,11 @@ def test_gpu_verdict_builds_for_real_with_cuda_event_timing(tmp_path, make_works
 @needs_cuda
 def test_gpu_check_judges_outputs_on_the_device(tmp_path):
     spec = task_spec("silu_mul", device="cuda")
-    for impl, status in (("baseline", "ok"), ("candidates/fast", "ok"),
-                         ("candidates/wrong_half", "candidate_failure")):
+    for impl, status in (
+        ("baseline", "ok"),
+        ("candidates/fast", "ok"),
+        ("candidates/wrong_half", "candidate_failure"),
+    ):
         proc, out = _check(tmp_path, "silu_mul", SILU / impl, spec, impl.replace("/", "_"))
         assert proc.returncode == 0, proc.stderr
         doc = json.loads(out.read_text())
@@ -600,7 +739,8 @@ def test_gpu_check_judges_outputs_on_the_device(tmp_path):
     impl.mkdir()
     (impl / "kernel.py").write_text(
         "import torch.nn.functional as F\n\ndef silu_mul(x):\n    d = x.shape[-1] // 2\n"
-        "    return (F.silu(x[..., :d]) * x[..., d:]).cpu()\n")
+        "    return (F.silu(x[..., :d]) * x[..., d:]).cpu()\n"
+    )
     proc, out = _check(tmp_path, "silu_mul", impl, spec, "host")
     doc = json.loads(out.read_text())
     assert doc["failure_kind"] == "wrong_type" and doc["reasons"][0]["code"] == "wrong_device"

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -41,28 +42,60 @@ def task_spec(task: str, **overrides) -> dict:
 
 
 def run_harness(script: str, args: list[str], cwd: Path, timeout: float = 120):
-    return subprocess.run([sys.executable, "-I", "-B", str(HARNESS / script), *args], cwd=cwd,
-                          check=False, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-I", "-B", str(HARNESS / script), *args],
+        cwd=cwd,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def check(tmp_path: Path, task: str, impl: Path, spec: dict, name: str = "check") -> dict:
     spec_path = tmp_path / f"{name}.spec.json"
     spec_path.write_text(json.dumps(spec))
     out = tmp_path / f"{name}.json"
-    proc = run_harness("check.py", ["--task", str(TASKS / task), "--impl", str(impl),
-                                    "--spec", str(spec_path), "--out", str(out)], tmp_path)
+    proc = run_harness(
+        "check.py",
+        [
+            "--task",
+            str(TASKS / task),
+            "--impl",
+            str(impl),
+            "--spec",
+            str(spec_path),
+            "--out",
+            str(out),
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text())
 
 
-def measure(tmp_path: Path, task: str, baseline: Path, candidate: Path, spec: dict,
-            name: str = "measure") -> dict:
+def measure(
+    tmp_path: Path, task: str, baseline: Path, candidate: Path, spec: dict, name: str = "measure"
+) -> dict:
     spec_path = tmp_path / f"{name}.spec.json"
     spec_path.write_text(json.dumps(spec))
     out = tmp_path / f"{name}.json"
-    proc = run_harness("measure.py", ["--task", str(TASKS / task), "--baseline", str(baseline),
-                                      "--candidate", str(candidate), "--spec", str(spec_path),
-                                      "--out", str(out)], tmp_path)
+    proc = run_harness(
+        "measure.py",
+        [
+            "--task",
+            str(TASKS / task),
+            "--baseline",
+            str(baseline),
+            "--candidate",
+            str(candidate),
+            "--spec",
+            str(spec_path),
+            "--out",
+            str(out),
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text())
 
@@ -80,9 +113,13 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
-TINY_MEASURE = {"workload": {"name": "tiny", "shape": [8, 64], "dtype": "float32",
-                             "kind": "normal"},
-                "warmups": 2, "samples": 4, "pairs": 2, "value_checks": 2}
+TINY_MEASURE = {
+    "workload": {"name": "tiny", "shape": [8, 64], "dtype": "float32", "kind": "normal"},
+    "warmups": 2,
+    "samples": 4,
+    "pairs": 2,
+    "value_checks": 2,
+}
 SOFTMAX_FAST_CASES = ["normal_f32", "large_f32", "transposed_f32"]
 
 
@@ -97,8 +134,9 @@ def softmax_spec(cases: list[str] | None = None, **overrides) -> dict:
 # --------------------------------------------------------------------------------- correctness
 
 
-@pytest.mark.parametrize("impl", ["baseline", "candidates/fast", "candidates/gain20",
-                                  "candidates/same"])
+@pytest.mark.parametrize(
+    "impl", ["baseline", "candidates/fast", "candidates/gain20", "candidates/same"]
+)
 def test_softmax_baseline_and_good_candidates_pass_every_case(tmp_path, impl):
     doc = check(tmp_path, "softmax", TASKS / "softmax" / impl, softmax_spec())
     assert doc["status"] == "ok" and doc["failure_kind"] is None, doc["reasons"]
@@ -107,10 +145,13 @@ def test_softmax_baseline_and_good_candidates_pass_every_case(tmp_path, impl):
     assert all(c["max_abs_err"] is not None for c in doc["cases"])
 
 
-@pytest.mark.parametrize("impl, failing_case, reason", [
-    ("wrong_axis", "normal_f32", "out_of_tolerance"),
-    ("no_max_subtraction", "large_f32", "non_finite"),
-])
+@pytest.mark.parametrize(
+    "impl, failing_case, reason",
+    [
+        ("wrong_axis", "normal_f32", "out_of_tolerance"),
+        ("no_max_subtraction", "large_f32", "non_finite"),
+    ],
+)
 def test_softmax_wrong_controls_fail_as_wrong_output(tmp_path, impl, failing_case, reason):
     doc = check(tmp_path, "softmax", TASKS / "softmax" / "candidates" / impl, softmax_spec())
     assert doc["status"] == "candidate_failure"
@@ -120,8 +161,9 @@ def test_softmax_wrong_controls_fail_as_wrong_output(tmp_path, impl, failing_cas
 
 
 def test_no_max_subtraction_overflows_on_large_magnitudes_only(tmp_path):
-    doc = check(tmp_path, "softmax", TASKS / "softmax" / "candidates" / "no_max_subtraction",
-                softmax_spec())
+    doc = check(
+        tmp_path, "softmax", TASKS / "softmax" / "candidates" / "no_max_subtraction", softmax_spec()
+    )
     by_name = {c["name"]: c for c in doc["cases"]}
     assert by_name["normal_f32"]["passed"]
     assert not by_name["large_f64"]["passed"] and not by_name["negative_large_f32"]["passed"]
@@ -130,20 +172,29 @@ def test_no_max_subtraction_overflows_on_large_magnitudes_only(tmp_path):
 def test_rmsnorm_baseline_and_fast_pass_every_case(tmp_path):
     spec = task_spec("rmsnorm")
     for impl in ("baseline", "candidates/fast"):
-        doc = check(tmp_path, "rmsnorm", TASKS / "rmsnorm" / impl, spec,
-                    name=impl.replace("/", "_"))
+        doc = check(
+            tmp_path, "rmsnorm", TASKS / "rmsnorm" / impl, spec, name=impl.replace("/", "_")
+        )
         assert doc["status"] == "ok", doc["reasons"]
         assert doc["n_passed"] == len(spec["cases"])
 
 
-@pytest.mark.parametrize("impl, failing_case", [
-    ("no_eps", "zeros_f32"), ("ignore_weight", "normal_f32"), ("wrong_axis", "normal_f32"),
-    ("zeros", "normal_bf16"),
-])
+@pytest.mark.parametrize(
+    "impl, failing_case",
+    [
+        ("no_eps", "zeros_f32"),
+        ("ignore_weight", "normal_f32"),
+        ("wrong_axis", "normal_f32"),
+        ("zeros", "normal_bf16"),
+    ],
+)
 def test_rmsnorm_wrong_controls_fail_as_wrong_output(tmp_path, impl, failing_case):
     spec = task_spec("rmsnorm")
-    spec["cases"] = [c for c in spec["cases"]
-                     if c["name"] in ("normal_f32", "normal_bf16", "zeros_f32", "tiny_f32")]
+    spec["cases"] = [
+        c
+        for c in spec["cases"]
+        if c["name"] in ("normal_f32", "normal_bf16", "zeros_f32", "tiny_f32")
+    ]
     doc = check(tmp_path, "rmsnorm", TASKS / "rmsnorm" / "candidates" / impl, spec)
     assert doc["status"] == "candidate_failure" and doc["failure_kind"] == "wrong_output"
     assert not next(c for c in doc["cases"] if c["name"] == failing_case)["passed"]
@@ -152,8 +203,10 @@ def test_rmsnorm_wrong_controls_fail_as_wrong_output(tmp_path, impl, failing_cas
 # ----------------------------------------------------------------------------- hostile checks
 
 
-@pytest.mark.parametrize("name, kind", [("rmsnorm_modifies_input", "input_modified"),
-                                        ("rmsnorm_parameter", "wrong_type")])
+@pytest.mark.parametrize(
+    "name, kind",
+    [("rmsnorm_modifies_input", "input_modified"), ("rmsnorm_parameter", "wrong_type")],
+)
 def test_torch_hostile_candidate_fails_on_a_strided_input(tmp_path, name, kind):
     spec = task_spec("rmsnorm")
     spec["cases"] = [c for c in spec["cases"] if c["name"] == "transposed_f32"]
@@ -161,19 +214,22 @@ def test_torch_hostile_candidate_fails_on_a_strided_input(tmp_path, name, kind):
     assert doc["failure_kind"] == kind
 
 
-@pytest.mark.parametrize("name, kind, reason", [
-    ("syntax_error", "syntax_error", "syntax_error"),
-    ("import_error", "import_error", "import_error"),
-    ("raises", "exception", "exception"),
-    ("crash", "crash", "crash"),
-    ("kills_runner", "crash", "crash"),
-    ("modifies_input", "input_modified", "input_modified"),
-    ("subclass", "wrong_type", "wrong_type"),
-    ("lazy", "wrong_type", "wrong_type"),
-    ("wrong_type", "wrong_type", "wrong_type"),
-    ("wrong_dtype", "wrong_dtype", "wrong_dtype"),
-    ("wrong_shape", "wrong_shape", "wrong_shape"),
-])
+@pytest.mark.parametrize(
+    "name, kind, reason",
+    [
+        ("syntax_error", "syntax_error", "syntax_error"),
+        ("import_error", "import_error", "import_error"),
+        ("raises", "exception", "exception"),
+        ("crash", "crash", "crash"),
+        ("kills_runner", "crash", "crash"),
+        ("modifies_input", "input_modified", "input_modified"),
+        ("subclass", "wrong_type", "wrong_type"),
+        ("lazy", "wrong_type", "wrong_type"),
+        ("wrong_type", "wrong_type", "wrong_type"),
+        ("wrong_dtype", "wrong_dtype", "wrong_dtype"),
+        ("wrong_shape", "wrong_shape", "wrong_shape"),
+    ],
+)
 def test_hostile_candidate_fails_check_with_its_kind(tmp_path, name, kind, reason):
     doc = check(tmp_path, "softmax", HOSTILE / name, softmax_spec(SOFTMAX_FAST_CASES))
     assert doc["status"] == "candidate_failure"
@@ -216,9 +272,20 @@ def test_check_without_an_oracle_is_a_harness_fault(tmp_path):
     (task / "workloads.py").write_text((TASKS / "softmax" / "workloads.py").read_text())
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(softmax_spec(["normal_f32"])))
-    proc = run_harness("check.py", ["--task", str(task), "--impl",
-                                    str(TASKS / "softmax" / "baseline"), "--spec", str(spec_path),
-                                    "--out", str(tmp_path / "out.json")], tmp_path)
+    proc = run_harness(
+        "check.py",
+        [
+            "--task",
+            str(task),
+            "--impl",
+            str(TASKS / "softmax" / "baseline"),
+            "--spec",
+            str(spec_path),
+            "--out",
+            str(tmp_path / "out.json"),
+        ],
+        tmp_path,
+    )
     assert proc.returncode != 0 and "oracle.py" in proc.stderr
     assert not (tmp_path / "out.json").exists()
 
@@ -228,8 +295,13 @@ def test_check_without_an_oracle_is_a_harness_fault(tmp_path):
 
 def test_measure_records_paired_raw_samples_with_alternating_order(tmp_path):
     base = TASKS / "softmax" / "baseline"
-    doc = measure(tmp_path, "softmax", base, TASKS / "softmax" / "candidates" / "fast",
-                  softmax_spec(measure=dict(TINY_MEASURE, pairs=3)))
+    doc = measure(
+        tmp_path,
+        "softmax",
+        base,
+        TASKS / "softmax" / "candidates" / "fast",
+        softmax_spec(measure=dict(TINY_MEASURE, pairs=3)),
+    )
     assert doc["status"] == "ok" and not doc["calibration"]
     assert [p["order"][0] for p in doc["pairs"]] == ["baseline", "candidate", "baseline"]
     for pair in doc["pairs"]:
@@ -241,13 +313,19 @@ def test_measure_records_paired_raw_samples_with_alternating_order(tmp_path):
     assert len(set(seeds)) == len(seeds)
 
 
-@pytest.mark.parametrize("name, code", [("replay", "stale_output"),
-                                        ("modifies_input", "input_modified"),
-                                        ("raises", "exception"),
-                                        ("wrong_type", "wrong_type")])
+@pytest.mark.parametrize(
+    "name, code",
+    [
+        ("replay", "stale_output"),
+        ("modifies_input", "input_modified"),
+        ("raises", "exception"),
+        ("wrong_type", "wrong_type"),
+    ],
+)
 def test_hostile_candidate_arm_is_invalid(tmp_path, name, code):
-    doc = measure(tmp_path, "softmax", TASKS / "softmax" / "baseline", HOSTILE / name,
-                  softmax_spec())
+    doc = measure(
+        tmp_path, "softmax", TASKS / "softmax" / "baseline", HOSTILE / name, softmax_spec()
+    )
     assert doc["status"] == "candidate_invalid"
     assert doc["invalid"]["candidate"][0]["code"] == code
     assert doc["invalid"]["baseline"] == []
@@ -255,13 +333,21 @@ def test_hostile_candidate_arm_is_invalid(tmp_path, name, code):
 
 @pytest.mark.parametrize("name", ["memo_identity", "memo_content"])
 def test_memoising_candidate_gains_nothing(tmp_path, name):
-    spec = softmax_spec(measure=dict(TINY_MEASURE, pairs=4, samples=6,
-                                     workload={"name": "m", "shape": [64, 1024],
-                                               "dtype": "float32", "kind": "normal"}))
+    spec = softmax_spec(
+        measure=dict(
+            TINY_MEASURE,
+            pairs=4,
+            samples=6,
+            workload={"name": "m", "shape": [64, 1024], "dtype": "float32", "kind": "normal"},
+        )
+    )
     doc = measure(tmp_path, "softmax", TASKS / "softmax" / "baseline", HOSTILE / name, spec)
     assert doc["status"] == "ok"
-    ratios = [np.median(p["arms"]["baseline"]["samples_ns"])
-              / np.median(p["arms"]["candidate"]["samples_ns"]) for p in doc["pairs"]]
+    ratios = [
+        np.median(p["arms"]["baseline"]["samples_ns"])
+        / np.median(p["arms"]["candidate"]["samples_ns"])
+        for p in doc["pairs"]
+    ]
     assert np.median(ratios) < 1.5  # a memo hit would be many times faster
 
 
@@ -270,24 +356,44 @@ def test_memoising_candidate_gains_nothing(tmp_path, name):
 
 def _assess(tmp_path, spec, samples, cand_check, base_check, calib):
     paths = {}
-    for name, doc in (("spec", spec), ("samples", samples), ("check", cand_check),
-                      ("baseline_check", base_check), ("calibration", calib)):
+    for name, doc in (
+        ("spec", spec),
+        ("samples", samples),
+        ("check", cand_check),
+        ("baseline_check", base_check),
+        ("calibration", calib),
+    ):
         paths[name] = tmp_path / f"assess_{name}.json"
         paths[name].write_text(json.dumps(doc))
     out = tmp_path / "verdict.json"
-    proc = run_harness("assess.py", ["--spec", str(paths["spec"]), "--samples",
-                                     str(paths["samples"]), "--check", str(paths["check"]),
-                                     "--baseline-check", str(paths["baseline_check"]),
-                                     "--calibration", str(paths["calibration"]),
-                                     "--out", str(out)], tmp_path)
+    proc = run_harness(
+        "assess.py",
+        [
+            "--spec",
+            str(paths["spec"]),
+            "--samples",
+            str(paths["samples"]),
+            "--check",
+            str(paths["check"]),
+            "--baseline-check",
+            str(paths["baseline_check"]),
+            "--calibration",
+            str(paths["calibration"]),
+            "--out",
+            str(out),
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text()), out.read_bytes()
 
 
 def test_assess_gives_fail_inconclusive_and_is_deterministic(tmp_path):
-    spec = softmax_spec(["normal_f32", "large_f32"],
-                        measure=dict(TINY_MEASURE, pairs=5, samples=4),
-                        assess={"min_pairs": 3, "bootstrap_resamples": 500})
+    spec = softmax_spec(
+        ["normal_f32", "large_f32"],
+        measure=dict(TINY_MEASURE, pairs=5, samples=4),
+        assess={"min_pairs": 3, "bootstrap_resamples": 500},
+    )
     base_dir = TASKS / "softmax" / "baseline"
     wrong_dir = TASKS / "softmax" / "candidates" / "no_max_subtraction"
     base_check = check(tmp_path, "softmax", base_dir, spec, name="bc")
@@ -332,12 +438,22 @@ def test_synthetic_twenty_percent_gain_is_detected_and_aa_noise_is_not():
     def noise():
         return rng.normal(0.0, 0.03, 15)
 
-    gain = [stats.log_ratio(stats.arm_value(1e5 * np.exp(noise()), "latency", None),
-                            stats.arm_value(1e5 / 1.2 * np.exp(noise()), "latency", None),
-                            "minimize") for _ in range(12)]
-    same = [stats.log_ratio(stats.arm_value(1e5 * np.exp(noise()), "latency", None),
-                            stats.arm_value(1e5 * np.exp(noise()), "latency", None),
-                            "minimize") for _ in range(12)]
+    gain = [
+        stats.log_ratio(
+            stats.arm_value(1e5 * np.exp(noise()), "latency", None),
+            stats.arm_value(1e5 / 1.2 * np.exp(noise()), "latency", None),
+            "minimize",
+        )
+        for _ in range(12)
+    ]
+    same = [
+        stats.log_ratio(
+            stats.arm_value(1e5 * np.exp(noise()), "latency", None),
+            stats.arm_value(1e5 * np.exp(noise()), "latency", None),
+            "minimize",
+        )
+        for _ in range(12)
+    ]
     floor = stats.noise_floor(same, 0.95, 2000, seed=1)
     threshold = stats.pass_threshold(floor["delta"], 0.05)
     assert stats.speedup(gain, 0.95, 2000, seed=2)["lo"] > threshold
@@ -352,3 +468,51 @@ def test_bootstrap_is_deterministic_for_a_seed_and_throughput_inverts():
     assert stats.log_ratio(2.0, 1.0, "minimize") == pytest.approx(np.log(2))
     assert stats.log_ratio(1.0, 2.0, "maximize") == pytest.approx(np.log(2))
     assert stats.arm_value([1e9, 1e9], "throughput", 10) == pytest.approx(10.0)
+
+
+def test_a_slow_candidate_is_its_own_timeout_within_the_actions_limit(tmp_path):
+    """With the action's limit in the spec, arms are capped to fit it: a candidate that is
+    merely slow fails its arm (`timeout`), instead of timing the whole action out, which the
+    engine would treat as a retryable infrastructure fault forever."""
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "kernel.py").write_text(
+        "import time\nimport numpy as np\n\n\ndef softmax(x):\n    time.sleep(2.0)\n"
+        "    e = np.exp(x - x.max(axis=-1, keepdims=True))\n"
+        "    return e / e.sum(axis=-1, keepdims=True)\n"
+    )
+    spec = json.loads((TASKS / "softmax" / "harness_spec.example.json").read_text())
+    spec["measure"].update(pairs=2, samples=2, warmups=0)
+    spec["call_timeout_s"] = 30
+    spec["action_timeout_s"] = 200  # => arms capped at (0.9*200 - 30 - 120) / 4 - 10 = -2.5 -> 1 s
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    out = tmp_path / "samples.json"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-B",
+            str(HARNESS / "measure.py"),
+            "--task",
+            str(TASKS / "softmax"),
+            "--baseline",
+            str(TASKS / "softmax" / "baseline"),
+            "--candidate",
+            str(slow),
+            "--spec",
+            str(spec_path),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - started < 0.9 * 200
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "candidate_invalid"
+    assert "timeout" in {r["code"] for r in doc["invalid"]["candidate"]}
+    assert not doc["invalid"]["baseline"]

@@ -34,8 +34,14 @@ def executor(bwrap) -> LocalExecutor:
 
 
 def sh(script: str, *, outputs=("o",), inputs=(), env=(PATH,), timeout_s: float = 60) -> Action:
-    return Action(argv=("/bin/sh", "-c", script), inputs=tuple(inputs), outputs=tuple(outputs),
-                  env=tuple(env), timeout_s=timeout_s, label="//test:action")
+    return Action(
+        argv=("/bin/sh", "-c", script),
+        inputs=tuple(inputs),
+        outputs=tuple(outputs),
+        env=tuple(env),
+        timeout_s=timeout_s,
+        label="//test:action",
+    )
 
 
 def file_input(store: LocalStore, path: str, data: bytes, executable: bool = False):
@@ -66,8 +72,10 @@ def test_each_action_gets_a_fresh_empty_scratch_folder(store, executor):
 
 
 def test_inputs_are_materialised_at_their_paths(store, executor):
-    inputs = [file_input(store, "pkg/data.txt", b"payload\n"),
-              file_input(store, "tools/run.sh", b"#!/bin/sh\necho ran\n", executable=True)]
+    inputs = [
+        file_input(store, "pkg/data.txt", b"payload\n"),
+        file_input(store, "tools/run.sh", b"#!/bin/sh\necho ran\n", executable=True),
+    ]
     result = executor.run(sh("cat pkg/data.txt > o; ./tools/run.sh >> o", inputs=inputs), store)
     assert output(store, result) == b"payload\nran\n"
 
@@ -81,16 +89,19 @@ def test_symlink_inputs_are_materialised_as_links(store, executor):
 # ------------------------------------------------------------------------------ read-only
 
 
-@pytest.mark.parametrize("input_path,out", [("in.txt", "o"), ("pkg/in.txt", "pkg/o"),
-                                            ("src/in.txt", "o")])
+@pytest.mark.parametrize(
+    "input_path,out", [("in.txt", "o"), ("pkg/in.txt", "pkg/o"), ("src/in.txt", "o")]
+)
 def test_writing_to_an_input_fails_and_the_stored_input_is_unchanged(
     store, executor, input_path, out
 ):
     path, node = file_input(store, input_path, b"precious\n")
-    script = (f"(echo evil > {path}) 2>/dev/null && echo wrote > {out} || echo refused > {out};"
-              f"(rm -f {path}) 2>/dev/null; (chmod 666 {path}) 2>/dev/null;"
-              f"(echo evil >> {path}) 2>/dev/null && echo appended >> {out};"
-              f"cat {path} >> {out}")
+    script = (
+        f"(echo evil > {path}) 2>/dev/null && echo wrote > {out} || echo refused > {out};"
+        f"(rm -f {path}) 2>/dev/null; (chmod 666 {path}) 2>/dev/null;"
+        f"(echo evil >> {path}) 2>/dev/null && echo appended >> {out};"
+        f"cat {path} >> {out}"
+    )
     result = executor.run(sh(script, inputs=[(path, node)], outputs=[out]), store)
     assert output(store, result, out) == b"refused\nprecious\n"
     assert store.read_bytes(node.digest) == b"precious\n"
@@ -126,9 +137,11 @@ def test_no_network_even_to_a_host_listener(store, executor):
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=5):  # the listener is real
             server.accept()[0].close()
-        probe = ("import socket\ntry:\n"
-                 f"    socket.create_connection(('127.0.0.1', {port}), timeout=5)\n"
-                 "    print('connected')\nexcept OSError as e:\n    print('failed', e.errno)\n")
+        probe = (
+            "import socket\ntry:\n"
+            f"    socket.create_connection(('127.0.0.1', {port}), timeout=5)\n"
+            "    print('connected')\nexcept OSError as e:\n    print('failed', e.errno)\n"
+        )
         inputs = [file_input(store, "probe.py", probe.encode())]
         result = executor.run(sh("/usr/bin/python3 probe.py > o", inputs=inputs), store)
         text = output(store, result).decode()
@@ -162,8 +175,9 @@ def test_output_whose_folder_was_replaced_by_a_file_fails_naming_it(store, execu
 
 
 def test_output_executable_bit_is_recorded(store, executor):
-    result = executor.run(sh("echo '#!/bin/sh' > o; chmod +x o; echo data > d",
-                             outputs=["o", "d"]), store)
+    result = executor.run(
+        sh("echo '#!/bin/sh' > o; chmod +x o; echo data > d", outputs=["o", "d"]), store
+    )
     assert result.ok
     assert result.output_map["o"].executable is True
     assert result.output_map["d"].executable is False
@@ -246,3 +260,13 @@ def test_timeout_kills_the_whole_tree_including_a_detached_grandchild(store, san
     finally:
         for pid in _running_pids(marker):  # NB: only our own uniquely-marked sleeps
             os.kill(pid, 9)
+
+
+def test_an_action_cannot_pass_its_failure_off_as_a_sandbox_fault(store):
+    """bwrap reports the child's start on --json-status-fd; text on stderr proves nothing."""
+    from rsi.executors.local import sandbox_mode
+
+    if sandbox_mode() != "bwrap":
+        pytest.skip("bubblewrap is not usable here")
+    result = LocalExecutor(sandbox="bwrap").run(sh("echo 'bwrap: pretend' >&2; exit 1"), store)
+    assert result.exit_code == 1 and not result.ok

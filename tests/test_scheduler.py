@@ -16,25 +16,43 @@ ALL = {"//:leaf_a", "//:leaf_b", "//:mid", "//:top"}
 @pytest.fixture
 def diamond(command, make_workspace, tmp_path):
     """leaf_a -> mid -> top <- leaf_b, each leaf reading one source file."""
-    return make_workspace(tmp_path, {
-        "in/a.txt": "alpha\n",
-        "in/b.txt": "beta\n",
-        "BUILD.toml": command("leaf_a", cmd="tr a-z A-Z < $(SRCS) > $(OUT)", srcs=["in/a.txt"],
-                              outs=["a.out"])
-        + command("leaf_b", cmd="tr a-z A-Z < $(SRCS) > $(OUT)", srcs=["in/b.txt"],
-                  outs=["b.out"])
-        + command("mid", cmd="sed s/^/mid:/ $(location :leaf_a) > $(OUT)", deps=[":leaf_a"],
-                  outs=["mid.out"])
-        + command("top", cmd="cat $(location :mid) $(location :leaf_b) > $(OUT)",
-                  deps=[":mid", ":leaf_b"], outs=["top.out"]),
-    })
+    return make_workspace(
+        tmp_path,
+        {
+            "in/a.txt": "alpha\n",
+            "in/b.txt": "beta\n",
+            "BUILD.toml": command(
+                "leaf_a", cmd="tr a-z A-Z < $(SRCS) > $(OUT)", srcs=["in/a.txt"], outs=["a.out"]
+            )
+            + command(
+                "leaf_b", cmd="tr a-z A-Z < $(SRCS) > $(OUT)", srcs=["in/b.txt"], outs=["b.out"]
+            )
+            + command(
+                "mid",
+                cmd="sed s/^/mid:/ $(location :leaf_a) > $(OUT)",
+                deps=[":leaf_a"],
+                outs=["mid.out"],
+            )
+            + command(
+                "top",
+                cmd="cat $(location :mid) $(location :leaf_b) > $(OUT)",
+                deps=[":mid", ":leaf_b"],
+                outs=["top.out"],
+            ),
+        },
+    )
 
 
 def test_first_build_runs_everything_and_writes_outputs(build, diamond):
     run = build(diamond, "//:top")
     assert run.executed == ALL
-    assert run.json()["counts"] == {"actions": 4, "cached": 0, "executed": 4, "failed": 0,
-                                    "skipped": 0}
+    assert run.json()["counts"] == {
+        "actions": 4,
+        "cached": 0,
+        "executed": 4,
+        "failed": 0,
+        "skipped": 0,
+    }
     assert (diamond / "out" / "top.out").read_text() == "mid:ALPHA\nBETA\n"
 
 
@@ -82,15 +100,26 @@ def test_reverting_a_change_is_served_from_the_cache(build, diamond):
 
 
 def test_early_cutoff_keeps_downstream_cached_when_output_is_identical(
-    build, command, make_workspace, tmp_path,
+    build,
+    command,
+    make_workspace,
+    tmp_path,
 ):
-    ws = make_workspace(tmp_path, {
-        "src.txt": "12345\n",
-        "BUILD.toml": command("length", cmd="wc -c < $(SRCS) > $(OUT)", srcs=["src.txt"],
-                              outs=["len.txt"])
-        + command("report", cmd="echo length=`cat $(location :length)` > $(OUT)",
-                  deps=[":length"], outs=["report.txt"]),
-    })
+    ws = make_workspace(
+        tmp_path,
+        {
+            "src.txt": "12345\n",
+            "BUILD.toml": command(
+                "length", cmd="wc -c < $(SRCS) > $(OUT)", srcs=["src.txt"], outs=["len.txt"]
+            )
+            + command(
+                "report",
+                cmd="echo length=`cat $(location :length)` > $(OUT)",
+                deps=[":length"],
+                outs=["report.txt"],
+            ),
+        },
+    )
     build(ws, "//:report")
     (ws / "src.txt").write_text("54321\n")  # same length: `length` reruns, same output
     run = build(ws, "//:report")
@@ -116,6 +145,7 @@ def test_dependency_outputs_not_consumed_by_a_target_do_not_rebuild_it(build, di
 
 # --------------------------------------------------------------------------- salt
 
+
 def test_salt_in_rsi_toml_invalidates_every_key(build, diamond):
     build(diamond, "//:top")
     (diamond / "rsi.toml").write_text('[workspace]\nsalt = "v2"\n')
@@ -134,6 +164,7 @@ def test_salt_on_the_command_line_invalidates_every_key(build, diamond):
 
 # --------------------------------------------------------------------------- parallelism
 
+
 def _interval(path) -> tuple[int, int]:
     start, end = (int(x) for x in path.read_text().split())
     assert start <= end
@@ -149,8 +180,12 @@ def timed(command):
     """A target whose action records when it started and ended (ns), sleeping in between."""
 
     def target(name: str, sleep: float, **extra) -> str:
-        return command(name, cmd=f"date +%s%N > $(OUT); sleep {sleep}; date +%s%N >> $(OUT)",
-                       outs=[f"{name}.t"], **extra)
+        return command(
+            name,
+            cmd=f"date +%s%N > $(OUT); sleep {sleep}; date +%s%N >> $(OUT)",
+            outs=[f"{name}.t"],
+            **extra,
+        )
 
     return target
 
@@ -165,26 +200,36 @@ def test_jobs_2_runs_independent_actions_in_parallel(build, make_workspace, time
 
 
 def test_exclusive_action_never_overlaps_another(build, make_workspace, timed, tmp_path):
-    ws = make_workspace(tmp_path, {"BUILD.toml": timed("bench", 0.3, tags=["exclusive"])
-                                   + "".join(timed(f"n{i}", 0.5) for i in range(3))})
+    ws = make_workspace(
+        tmp_path,
+        {
+            "BUILD.toml": timed("bench", 0.3, tags=["exclusive"])
+            + "".join(timed(f"n{i}", 0.5) for i in range(3))
+        },
+    )
     run = build(ws, "--jobs", "4", "//:all")
     assert len(run.executed) == 4
     bench = _interval(ws / "out" / "bench.t")
     others = [_interval(ws / "out" / f"n{i}.t") for i in range(3)]
     assert not any(_overlap(bench, other) for other in others)
-    assert any(_overlap(a, b) for i, a in enumerate(others) for b in others[i + 1:])
+    assert any(_overlap(a, b) for i, a in enumerate(others) for b in others[i + 1 :])
     started = [e for e in run.events if e["kind"] == "action_started"]
     assert [e["exclusive"] for e in started if e["label"] == "//:bench"] == [True]
 
 
 # --------------------------------------------------------------------------- failures
 
+
 @pytest.fixture
 def failing(command, make_workspace, tmp_path):
-    return make_workspace(tmp_path, {"BUILD.toml": command("a_fail", cmd="exit 3", outs=["a"])
-                                     + command("b_ok", cmd="echo ok > $(OUT)", outs=["b"])
-                                     + command("c_down", cmd="cat $(SRCS) > $(OUT)",
-                                               deps=[":a_fail"], outs=["c"])})
+    return make_workspace(
+        tmp_path,
+        {
+            "BUILD.toml": command("a_fail", cmd="exit 3", outs=["a"])
+            + command("b_ok", cmd="echo ok > $(OUT)", outs=["b"])
+            + command("c_down", cmd="cat $(SRCS) > $(OUT)", deps=[":a_fail"], outs=["c"])
+        },
+    )
 
 
 def test_without_keep_going_the_build_stops_at_the_first_failure(build, failing):
@@ -218,6 +263,7 @@ def test_failed_action_is_not_cached(build, failing):
 
 # --------------------------------------------------------------------------- event stream
 
+
 def test_event_stream_lines_have_schema_id_parent_and_kind(build, read_events, diamond):
     run = build(diamond, "//:top")
     events = run.events
@@ -248,8 +294,10 @@ def test_miss_says_which_input_changed(build, diamond):
 
 def test_miss_says_which_env_changed(build, command, make_workspace, tmp_path):
     def ws_with(mode: str):
-        return make_workspace(tmp_path, {"BUILD.toml": command(
-            "t", cmd="echo $MODE > $(OUT)", outs=["t"], env={"MODE": mode})})
+        return make_workspace(
+            tmp_path,
+            {"BUILD.toml": command("t", cmd="echo $MODE > $(OUT)", outs=["t"], env={"MODE": mode})},
+        )
 
     ws = ws_with("fast")
     build(ws, "//:t")
@@ -288,20 +336,54 @@ def test_identical_actions_of_two_targets_are_shared_and_run_once(tmp_path, make
     from rsi.errors import DeclarationError
 
     def impl(ctx):
-        out = ctx.action(argv=["sh", "-c", f"echo {ctx.attrs['text']} > shared.txt"],
-                         inputs=[], outputs=["shared.txt"], mnemonic="Write")
+        out = ctx.action(
+            argv=["sh", "-c", f"echo {ctx.attrs['text']} > shared.txt"],
+            inputs=[],
+            outputs=["shared.txt"],
+            mnemonic="Write",
+        )
         return Provider(files=out)
 
     writer = Rule("writer", {"text": attr("string", "")}, impl, doc="test")
-    (ws / "BUILD.toml").write_text('[a]\nrule = "writer"\ntext = "same"\n'
-                                   '[b]\nrule = "writer"\ntext = "same"\n'
-                                   '[c]\nrule = "writer"\ntext = "other"\n')
+    (ws / "BUILD.toml").write_text(
+        '[a]\nrule = "writer"\ntext = "same"\n'
+        '[b]\nrule = "writer"\ntext = "same"\n'
+        '[c]\nrule = "writer"\ntext = "other"\n'
+    )
     store = LocalStore(tmp_path / "store")
     loader = Loader(ws, {**load_rules(), "writer": writer})
-    graph = analyze(loader, [Label("", "a"), Label("", "b")], store_put=store.put_bytes,
-                    settings={})
+    graph = analyze(
+        loader, [Label("", "a"), Label("", "b")], store_put=store.put_bytes, settings={}
+    )
     assert len(graph.actions) == 1
     assert graph.actions_for([Label("", "a")]) == graph.actions_for([Label("", "b")])
     with pytest.raises(DeclarationError, match="also declared by //:a"):
-        analyze(Loader(ws, {**load_rules(), "writer": writer}),
-                [Label("", "a"), Label("", "c")], store_put=store.put_bytes, settings={})
+        analyze(
+            Loader(ws, {**load_rules(), "writer": writer}),
+            [Label("", "a"), Label("", "c")],
+            store_put=store.put_bytes,
+            settings={},
+        )
+
+
+def test_changing_a_sources_mode_or_deleting_it_is_seen_through_the_analysis_cache(
+    tmp_path, make_workspace, build, run_rsi
+):
+    """Existence and the executable bit are read at analysis; a cached analysis must notice."""
+    ws = make_workspace(
+        tmp_path,
+        {
+            "run.sh": "echo hi\n",
+            "BUILD.toml": '[t]\nrule = "command"\nsrcs = ["run.sh"]\nouts = ["o"]\n'
+            'cmd = "ls -l $(SRCS) | cut -c1-10 > $(OUT)"\n',
+        },
+    )
+    build(ws, "//:t")
+    os.chmod(ws / "run.sh", 0o755)
+    again = build(ws, "//:t")
+    assert again.executed == {"//:t"}
+    assert any("executable bit" in w for w in again.why("//:t"))
+    assert (ws / "out" / "o").read_text().startswith("-r-x")
+    (ws / "run.sh").unlink()
+    gone = run_rsi(ws, "build", "//:t")
+    assert gone.returncode == 2 and "run.sh" in gone.stderr

@@ -95,6 +95,33 @@ def collect_outputs(
     return tuple(found), failure
 
 
+class BwrapStatus:
+    """bwrap's `--json-status-fd`: it reports the sandboxed child's pid once the sandbox is up,
+    so a failure before that is the sandbox's (infrastructure), after it the action's own.
+    (Matching "bwrap:" on stderr would let an action fake an infrastructure fault.)"""
+
+    def __init__(self) -> None:
+        self._read, self.fd = os.pipe()
+        os.set_blocking(self._read, False)
+
+    def args(self) -> list[str]:
+        return ["--json-status-fd", str(self.fd)]
+
+    def spawned(self) -> None:
+        os.close(self.fd)
+
+    def started(self) -> bool:
+        chunks = []
+        try:
+            while chunk := os.read(self._read, 65536):
+                chunks.append(chunk)
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(self._read)
+        return b"child-pid" in b"".join(chunks)
+
+
 class _Trash:
     """Removes finished scratch folders on a background thread.
 

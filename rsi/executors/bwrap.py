@@ -21,6 +21,7 @@ from rsi.action import Action, ActionResult
 from rsi.errors import ExecutionError
 from rsi.executors.base import (
     TRASH,
+    BwrapStatus,
     collect_outputs,
     host_facts,
     materialise_inputs,
@@ -151,6 +152,8 @@ class BwrapExecutor:
             os.chmod(exec_dir, 0o755)
             cmd = self.command(action, root, exec_dir, writable, action_environment(info, action))
             stdout_path, stderr_path = scratch / "stdout", scratch / "stderr"
+            status = BwrapStatus()
+            cmd = [cmd[0], *status.args(), *cmd[1:]]
             with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
                 t0 = time.perf_counter()
                 try:
@@ -162,18 +165,18 @@ class BwrapExecutor:
                         stdout=out,
                         stderr=err,
                         start_new_session=True,
+                        pass_fds=(status.fd,),
                         **_drop_privileges(),
                     )
                 except OSError as exc:
                     raise ExecutionError(f"cannot start bwrap: {exc}") from exc
+                finally:
+                    status.spawned()
                 timed_out = LocalExecutor._wait(proc, action.timeout_s, cancel)
                 wall = time.perf_counter() - t0
-            if proc.returncode == 1 and not timed_out:
-                head = stderr_path.read_bytes()[:300]
-                if head.startswith(b"bwrap:"):
-                    raise ExecutionError(
-                        f"sandbox failed to start: {head.decode(errors='replace')}"
-                    )
+            if not status.started() and not timed_out:
+                head = stderr_path.read_bytes()[:300].decode(errors="replace")
+                raise ExecutionError(f"sandbox failed to start: {head}")
             outputs, failure = collect_outputs(action, store, exec_dir)
             if timed_out:
                 failure = f"timed out after {action.timeout_s:g}s; sandbox killed"

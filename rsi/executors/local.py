@@ -29,6 +29,7 @@ from rsi.executors.base import (
     materialise_inputs,
     readonly_units,
     TRASH,
+    BwrapStatus,
 )
 from rsi.store import LocalStore
 
@@ -179,6 +180,9 @@ class LocalExecutor:
                 # group; this token in its environment is how the sweep below finds it
                 token = uuid.uuid4().hex
                 env[SWEEP_VAR] = token
+            status = BwrapStatus() if self.sandbox == "bwrap" else None
+            if status is not None:
+                cmd = [cmd[0], *status.args(), *cmd[1:]]
             with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
                 t0 = time.perf_counter()
                 try:
@@ -190,21 +194,22 @@ class LocalExecutor:
                         stdout=out,
                         stderr=err,
                         start_new_session=True,
+                        pass_fds=(status.fd,) if status else (),
                     )
                 except OSError as exc:
                     raise ExecutionError(f"cannot start {cmd[0]}: {exc}") from exc
+                finally:
+                    if status is not None:
+                        status.spawned()
                 try:
                     timed_out = self._wait(proc, action.timeout_s, cancel)
                 finally:
                     if token is not None:
                         sweep_processes(token, exec_dir)
                 wall = time.perf_counter() - t0
-            if self.sandbox == "bwrap" and proc.returncode == 1 and not timed_out:
-                head = stderr_path.read_bytes()[:200]
-                if head.startswith(b"bwrap:"):
-                    raise ExecutionError(
-                        f"sandbox failed to start: {head.decode(errors='replace')}"
-                    )
+            if status is not None and not status.started() and not timed_out:
+                head = stderr_path.read_bytes()[:300].decode(errors="replace")
+                raise ExecutionError(f"sandbox failed to start: {head}")
             outputs, failure = collect_outputs(action, store, exec_dir)
             if failure and proc.returncode != 0 and not timed_out:
                 failure = f"exited with code {proc.returncode}; {failure}"

@@ -43,12 +43,16 @@ def _policy(measure: dict) -> dict:
 
 
 def _hardware(doc: dict) -> tuple:
-    """The kind of device a measurement ran on: (device, GPU model); the model is null on CPUs.
+    """The kind of device a measurement ran on: (device, model): the GPU model on a GPU, the
+    CPU model on a CPU, so a noise floor measured on another kind of host never applies.
 
     Another unit of the same model is the same kind (its noise floor applies); evidence without
     a fingerprint says nothing and matches anything."""
     fp = doc.get("fingerprint")
-    return (fp.get("device"), fp.get("gpu_name")) if fp else ()
+    if not fp:
+        return ()
+    device = fp.get("device")
+    return (device, fp.get("gpu_name") if device != "cpu" else fp.get("cpu_model"))
 
 
 def bandwidth_summary(samples: dict) -> dict:

@@ -213,6 +213,12 @@ def _run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict, wo
     probe_rng = np.random.default_rng(C.derive_seed(mseed, "probes"))
     probe_idx = np.sort(probe_rng.choice(ref0.size, size=n_probe, replace=False))
     arm_timeout = m["arm_timeout_s"] or (float(spec["call_timeout_s"]) * (n_warm + n_samples) + 60)
+    if spec.get("action_timeout_s"):
+        # NB: every arm must fit in the action's own limit, or a merely slow candidate would
+        # time the whole action out: an infrastructure fault, retried forever. Capped, a slow
+        # arm is that arm's timeout: the candidate's failure (or an inconclusive baseline).
+        budget = 0.9 * float(spec["action_timeout_s"]) - 30 - float(spec["startup_timeout_s"])
+        arm_timeout = max(1.0, min(arm_timeout, budget / (2 * n_pairs) - 10))
     items, pairs = [], []
     for i in range(n_pairs):
         order = list(ARMS) if i % 2 == 0 else list(reversed(ARMS))
