@@ -7,6 +7,7 @@ import os
 import platform
 import queue
 import shutil
+import signal
 import socket
 import stat
 import threading
@@ -154,6 +155,37 @@ class _Trash:
 
 
 TRASH = _Trash()
+
+
+def finish_result(
+    store: LocalStore,
+    *,
+    exit_code: int,
+    timed_out: bool,
+    outputs: tuple[OutputFile, ...],
+    failure: str | None,
+    stdout_path: Path,
+    stderr_path: Path,
+    executor: str,
+    host: dict,
+    started: float,
+    wall_s: float,
+) -> ActionResult:
+    """The result every executor returns: logs kept in the store, the exit code named when
+    the action also left a declared output missing, a timeout reported as SIGKILL."""
+    if failure and exit_code != 0 and not timed_out:
+        failure = f"exited with code {exit_code}; {failure}"
+    return ActionResult(
+        exit_code=-signal.SIGKILL if timed_out else exit_code,
+        outputs=outputs,
+        stdout=store.put_log(stdout_path),
+        stderr=store.put_log(stderr_path),
+        timed_out=timed_out,
+        failure=failure,
+        executor=executor,
+        host=host,
+        timing={"started": started, "wall_s": round(wall_s, 6)},
+    )
 
 
 def remove_tree(path: Path) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -22,6 +21,7 @@ from rsi.errors import ExecutionError
 from rsi.executors.base import (
     TRASH,
     BwrapStatus,
+    finish_result,
     collect_outputs,
     host_facts,
     materialise_inputs,
@@ -180,16 +180,18 @@ class BwrapExecutor:
             outputs, failure = collect_outputs(action, store, exec_dir)
             if timed_out:
                 failure = f"timed out after {action.timeout_s:g}s; sandbox killed"
-            return ActionResult(
-                exit_code=-signal.SIGKILL if timed_out else proc.returncode,
-                outputs=outputs if not failure or outputs else (),
-                stdout=store.put_log(stdout_path),
-                stderr=store.put_log(stderr_path),
+            return finish_result(
+                store,
+                exit_code=proc.returncode,
                 timed_out=timed_out,
-                failure=failure if (failure or proc.returncode == 0) else None,
+                outputs=outputs,
+                failure=failure,
+                stdout_path=stdout_path,
+                stderr_path=stderr_path,
                 executor=self.name,
                 host={**host_facts(), "sandbox": "bwrap", "rootfs": str(info.rootfs)},
-                timing={"started": started, "wall_s": round(wall, 6)},
+                started=started,
+                wall_s=wall,
             )
         finally:
             TRASH.put(scratch)

@@ -23,7 +23,13 @@ import requests
 
 from rsi.action import Action, ActionResult
 from rsi.errors import ExecutionError
-from rsi.executors.base import TRASH, collect_outputs, host_facts, materialise_inputs
+from rsi.executors.base import (
+    TRASH,
+    collect_outputs,
+    finish_result,
+    host_facts,
+    materialise_inputs,
+)
 from rsi.store import LocalStore
 from rsi.toolchain.build import ToolchainInfo, find_toolchain
 from rsi.toolchain.image import ensure_loaded
@@ -253,13 +259,14 @@ class DockerExecutor:
                     f"out of memory: the kernel killed the action at the container's "
                     f"memory limit ({memory_limit(action, self.memory)})"
                 )
-            return ActionResult(
-                exit_code=-signal.SIGKILL if timed_out else exit_code,
-                outputs=outputs if not failure or outputs else (),
-                stdout=store.put_log(stdout_path),
-                stderr=store.put_log(stderr_path),
+            return finish_result(
+                store,
+                exit_code=exit_code,
                 timed_out=timed_out,
-                failure=failure if (failure or exit_code == 0) else None,
+                outputs=outputs,
+                failure=failure,
+                stdout_path=stdout_path,
+                stderr_path=stderr_path,
                 executor=self.name,
                 host={
                     **host_facts(),
@@ -268,7 +275,8 @@ class DockerExecutor:
                     "image": image,
                     "oom_killed": oom,
                 },
-                timing={"started": started, "wall_s": round(wall, 6)},
+                started=started,
+                wall_s=wall,
             )
         finally:
             if container is not None:

@@ -30,6 +30,7 @@ from rsi.executors.base import (
     readonly_units,
     TRASH,
     BwrapStatus,
+    finish_result,
 )
 from rsi.store import LocalStore
 
@@ -211,22 +212,20 @@ class LocalExecutor:
                 head = stderr_path.read_bytes()[:300].decode(errors="replace")
                 raise ExecutionError(f"sandbox failed to start: {head}")
             outputs, failure = collect_outputs(action, store, exec_dir)
-            if failure and proc.returncode != 0 and not timed_out:
-                failure = f"exited with code {proc.returncode}; {failure}"
             if timed_out:
                 failure = f"timed out after {action.timeout_s:g}s; process tree killed"
-            stdout = store.put_log(stdout_path)
-            stderr = store.put_log(stderr_path)
-            return ActionResult(
-                exit_code=proc.returncode if not timed_out else -signal.SIGKILL,
-                outputs=outputs if not failure or outputs else (),
-                stdout=stdout,
-                stderr=stderr,
+            return finish_result(
+                store,
+                exit_code=proc.returncode,
                 timed_out=timed_out,
-                failure=failure if (failure or proc.returncode == 0) else None,
+                outputs=outputs,
+                failure=failure,
+                stdout_path=stdout_path,
+                stderr_path=stderr_path,
                 executor=self.name,
                 host={**host_facts(), "sandbox": self.sandbox},
-                timing={"started": started, "wall_s": round(wall, 6)},
+                started=started,
+                wall_s=wall,
             )
         finally:
             TRASH.put(scratch)
