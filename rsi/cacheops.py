@@ -7,9 +7,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from rsi.action import ActionResult
-from rsi.canonical import canonical_bytes
-from rsi.digest import Digest, digest_bytes, digest_file
+from rsi.digest import Digest, digest_file
 from rsi.errors import RsiError, UsageError
 from rsi.store import LocalStore
 
@@ -106,11 +104,7 @@ def cache_verify(store: LocalStore) -> VerifyReport:
         report.actions += 1
         path = store._ac_path(key)
         try:
-            doc = json.loads(path.read_bytes())
-            body = doc["result"]
-            if doc.get("integrity") != digest_bytes(canonical_bytes(body), store.function).hash:
-                raise ValueError("integrity")
-            result = ActionResult.from_json(body)
+            result = store.parse_action_result(path.read_bytes())
             missing = [d for d in result.blobs() if not store.has(d)]
             if missing:
                 raise ValueError("missing blobs")

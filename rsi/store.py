@@ -244,11 +244,7 @@ class LocalStore:
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc}") from exc
         try:
-            doc = json.loads(raw)
-            body = doc["result"]
-            if doc.get("integrity") != digest_bytes(canonical_bytes(body), self.function).hash:
-                raise ValueError("integrity mismatch")
-            result = ActionResult.from_json(body)
+            result = self.parse_action_result(raw)
         except (ValueError, KeyError, TypeError):
             self._quarantine(path)
             self.corrupt_seen.append(str(key))
@@ -262,6 +258,14 @@ class LocalStore:
                 if log is not None and not self.has(log):
                     return None
         return result
+
+    def parse_action_result(self, raw: bytes) -> ActionResult:
+        """An action-cache entry's result; ValueError/KeyError/TypeError when it is corrupt."""
+        doc = json.loads(raw)
+        body = doc["result"]
+        if doc.get("integrity") != digest_bytes(canonical_bytes(body), self.function).hash:
+            raise ValueError("integrity mismatch")
+        return ActionResult.from_json(body)
 
     def put_action_result(self, key: Digest, result: ActionResult) -> None:
         body = result.to_json()
