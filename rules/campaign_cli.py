@@ -1,5 +1,5 @@
 """Campaign commands for agents and people: `rsi candidate add`, `rsi round`, `rsi campaign
-status|start|stop|final`. Registered through the `rsi.commands` entry point.
+status|start|stop|abandon|final`. Registered through the `rsi.commands` entry point.
 
 These commands are the only writers of a campaign's log and the only place the clock is read:
 budget and deadline are checked here, under the log's lock. Everything they report about a
@@ -8,8 +8,10 @@ round comes from the round's targets (built, or looked up in the cache), never f
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -20,9 +22,23 @@ import click
 
 from rsi.errors import DeclarationError, RsiError, UsageError
 from rsi.label import Label
-from rules.campaign import (DEFAULT_EXCLUDE, HARNESS_DIR, CampaignLog, Policy, State,
-                            ended_reason, in_scope, manifest_digest, policy_of, project_spec,
-                            state_of, walk_files)
+from rules.campaign import (
+    DEFAULT_EXCLUDE,
+    HARNESS_DIR,
+    JUDGE_CAMPAIGN_SCRIPTS,
+    JUDGE_STEPS,
+    CampaignLog,
+    Policy,
+    State,
+    ended_reason,
+    in_scope,
+    manifest_digest,
+    policy_of,
+    project_spec,
+    state_of,
+    walk_files,
+)
+from rules.domain import HARNESS_SCRIPTS
 
 ROUND_SCHEMA = "rsi.round/1"
 ADD_SCHEMA = "rsi.candidate.add/1"
@@ -30,9 +46,15 @@ STATUS_SCHEMA = "rsi.campaign.status/1"
 FINAL_SCHEMA = "rsi.campaign.final_result/1"
 STOP_SCHEMA = "rsi.campaign.stop/1"
 START_SCHEMA = "rsi.campaign.start/1"
+ABANDON_SCHEMA = "rsi.campaign.abandon/1"
+JUDGE_SCHEMA = "rsi.campaign.judge/1"
 EXIT_REFUSED = 3
-USAGE_KEYS = {"tokens": ("input", "output", "cached"), "calls": None, "wall_s": None,
-              "device_s": None}
+USAGE_KEYS = {
+    "tokens": ("input", "output", "cached"),
+    "calls": None,
+    "wall_s": None,
+    "device_s": None,
+}
 
 
 class CampaignClosed(RsiError):
@@ -43,6 +65,13 @@ class CampaignClosed(RsiError):
     def __init__(self, code: str, message: str, *, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.code = code
+
+
+class JudgeChanged(DeclarationError):
+    """What judges the campaign's rounds (binding specs, task runtime and baseline, harness
+    scripts) differs from what was recorded at its start: rounds and the final are refused."""
+
+    code = "judge_changed"
 
 
 # =============================================================================== the campaign
@@ -92,11 +121,17 @@ def open_campaign(ws, text: str) -> Campaign:
     label = Label.parse(text, _current_package(ws))
     target = loader.target(label)
     if target.rule.name != "campaign":
-        campaigns = [str(t.label) for t in loader.package(label.package).values()
-                     if t.rule.name == "campaign"]
-        raise UsageError(f"{label} is a target of rule {target.rule.name}, not a campaign",
-                         hint=("campaigns in this package: " + ", ".join(campaigns))
-                         if campaigns else "declare one with rule = \"campaign\"")
+        campaigns = [
+            str(t.label)
+            for t in loader.package(label.package).values()
+            if t.rule.name == "campaign"
+        ]
+        raise UsageError(
+            f"{label} is a target of rule {target.rule.name}, not a campaign",
+            hint=("campaigns in this package: " + ", ".join(campaigns))
+            if campaigns
+            else 'declare one with rule = "campaign"',
+        )
     policy = policy_of(target.attrs, target.file, str(label))
     binding = loader.target(target.attrs["binding"], wanted_by=target, field="binding")
     if binding.rule.name == "binding":
@@ -105,11 +140,16 @@ def open_campaign(ws, text: str) -> Campaign:
     elif binding.rule.name == "external_project":
         kind, scope = "project", list(binding.attrs["editable"])
     else:
-        raise DeclarationError(f"{binding.label} is a {binding.rule.name} target",
-                               file=target.file, target=str(label), field="binding",
-                               hint="point binding at a `binding` or `external_project` target")
-    return Campaign(ws, label, target, policy, kind, binding, scope,
-                    CampaignLog(ws.store_dir.resolve(), label))
+        raise DeclarationError(
+            f"{binding.label} is a {binding.rule.name} target",
+            file=target.file,
+            target=str(label),
+            field="binding",
+            hint="point binding at a `binding` or `external_project` target",
+        )
+    return Campaign(
+        ws, label, target, policy, kind, binding, scope, CampaignLog(ws.store_dir.resolve(), label)
+    )
 
 
 def effective_policy(camp: Campaign, state: State) -> Policy:
@@ -130,11 +170,19 @@ def _project_drift(camp: Campaign, state: State) -> list[str]:
     try:
         live = project_spec(camp.binding.attrs, lambda m, f, h=None: DeclarationError(m))
     except DeclarationError as exc:
-        return [f"{camp.binding.label} is now invalid ({exc.message}); the campaign keeps the "
-                "judge it started with"]
+        return [
+            f"{camp.binding.label} is now invalid ({exc.message}); the campaign keeps the "
+            "judge it started with"
+        ]
     changed = sorted(k for k in set(live) | set(recorded) if live.get(k) != recorded.get(k))
-    return [f"{camp.binding.label} changed since the start ({', '.join(changed)}); the campaign "
-            "keeps the judge it started with"] if changed else []
+    return (
+        [
+            f"{camp.binding.label} changed since the start ({', '.join(changed)}); the campaign "
+            "keeps the judge it started with"
+        ]
+        if changed
+        else []
+    )
 
 
 def _check_policy_unchanged(camp: Campaign, state: State) -> None:
@@ -148,9 +196,234 @@ def _check_policy_unchanged(camp: Campaign, state: State) -> None:
         raise DeclarationError(
             f"the campaign's declaration changed since it started ({', '.join(changed)}); a "
             "campaign's binding and budget are fixed at its start",
-            file=camp.target.file, target=str(camp.label), field=changed[0],
+            file=camp.target.file,
+            target=str(camp.label),
+            field=changed[0],
             hint=f"restore the declaration as it was ({json.dumps(was, sort_keys=True)}), or "
-                 "declare a new campaign under another name")
+            "declare a new campaign under another name",
+        )
+
+
+# ================================================================================= the judge
+
+
+def _artifact_digest(store, art) -> str:
+    if art.digest is not None:
+        return str(art.digest)
+    if art.symlink is not None:
+        return f"symlink:{art.symlink}"
+    return str(store.file_memo.digest(art.source))
+
+
+def current_judge(camp: Campaign, store) -> dict:
+    """Digests of everything that decides a round's verdict, the selection and the final, as
+    the workspace holds them now: for a catalog task the binding's spec blobs (spec.json,
+    check_spec.json: task contract, cases, tolerances, toolchain, measurement policy), the
+    task's runtime and baseline files; for both kinds the harness scripts that judge. (An
+    external project's commands, policy and tree are frozen at the start in full.)"""
+    harness: set[str] = set(JUDGE_CAMPAIGN_SCRIPTS[camp.kind])
+    doc: dict[str, Any] = {"schema": JUDGE_SCHEMA, "binding": str(camp.binding.label)}
+    if camp.kind == "task":
+        from rsi.build import load_graph
+
+        for step in JUDGE_STEPS:
+            harness.update(HARNESS_SCRIPTS[step])
+        with store.lock(exclusive=False):
+            _, graph = load_graph(camp.ws, [str(camp.binding.label)], store)
+        info = graph.providers[camp.binding.label].info
+        doc["spec"] = {
+            "spec.json": _artifact_digest(store, info["spec_file"]),
+            "check_spec.json": _artifact_digest(store, info["check_spec_file"]),
+        }
+        doc["runtime"] = {a.path: _artifact_digest(store, a) for a in info["runtime"]}
+        doc["baseline"] = {a.path: _artifact_digest(store, a) for a in info["baseline"]}
+    doc["harness"] = {
+        name: str(store.file_memo.digest(HARNESS_DIR / name)) for name in sorted(harness)
+    }
+    return doc
+
+
+def _flat(doc: Any, prefix: str = "", depth: int = 2) -> dict[str, Any]:
+    if not isinstance(doc, dict) or depth == 0:
+        return {prefix: doc}
+    out: dict[str, Any] = {}
+    for k, v in doc.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k), depth - 1))
+    return out
+
+
+def _spec_fields(store, was: str, now: str) -> list[str]:
+    """The spec fields that differ between two spec blobs (best effort: [] when unreadable)."""
+    from rsi.digest import Digest
+
+    try:
+        old, new = (_flat(json.loads(store.read_bytes(Digest.parse(d)))) for d in (was, now))
+    except (RsiError, ValueError, TypeError):
+        return []
+    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
+
+def judge_changes(recorded: dict, current: dict, store=None) -> list[str]:
+    """One line per difference, naming the part and the file (and a spec's changed fields)."""
+    changes = []
+    if recorded.get("binding") not in (None, current.get("binding")):
+        changes.append(f"binding {recorded['binding']} is now {current.get('binding')}")
+    names = {
+        "spec": "spec",
+        "runtime": "task runtime file",
+        "baseline": "baseline file",
+        "harness": "harness script",
+    }
+    for part, noun in names.items():
+        was, now = recorded.get(part) or {}, current.get(part) or {}
+        for key in sorted(set(was) | set(now)):
+            if was.get(key) == now.get(key):
+                continue
+            shown = str(HARNESS_DIR / key) if part == "harness" else key
+            if key not in was:
+                changes.append(f"{noun} {shown} was added")
+            elif key not in now:
+                changes.append(f"{noun} {shown} was removed")
+            else:
+                fields = (
+                    _spec_fields(store, was[key], now[key])
+                    if (part == "spec" and store is not None)
+                    else []
+                )
+                changes.append(
+                    f"{noun} {shown} changed" + (f" ({', '.join(fields)})" if fields else "")
+                )
+    return changes
+
+
+def judge_status(camp: Campaign, state: State, store) -> dict:
+    """`unchanged`, `changed` (with `changes`), `unrecorded` (a log from before judges were
+    recorded) or `unknown` (the binding cannot be analysed now: `error`)."""
+    recorded = (state.start or {}).get("judge")
+    if not recorded:
+        return {
+            "state": "unrecorded" if state.start or state.candidates else "not_started",
+            "changes": [],
+        }
+    try:
+        changes = judge_changes(recorded, current_judge(camp, store), store)
+    except RsiError as exc:
+        return {"state": "unknown", "changes": [], "error": exc.message}
+    return {"state": "changed" if changes else "unchanged", "changes": changes}
+
+
+def _check_judge_unchanged(camp: Campaign, state: State, store) -> None:
+    """Refuse to judge anything under a judge other than the one recorded at the start."""
+    if not (state.start or {}).get("judge"):
+        return
+    judge = judge_status(camp, state, store)
+    if judge["state"] == "unknown":
+        raise JudgeChanged(
+            f"the judge of {camp.label} cannot be checked against the one recorded at its "
+            f"start: {judge['error']}",
+            file=camp.target.file,
+            target=str(camp.label),
+            field="binding",
+            hint="fix the binding's declaration as it was at the start",
+        )
+    if judge["state"] == "changed":
+        raise JudgeChanged(
+            f"the judge of {camp.label} changed since the campaign started: "
+            f"{'; '.join(judge['changes'])}. A campaign's judge (its binding's specs, the task's "
+            "runtime and baseline, the harness scripts) is fixed at its start; rounds and the "
+            "final are refused so that no round is silently re-judged under another judge",
+            file=camp.target.file,
+            target=str(camp.label),
+            field="binding",
+            hint="restore what changed (e.g. `git checkout -- FILE`) to go on with this "
+            "campaign, or declare a new campaign (another name) to judge under the new "
+            "binding",
+        )
+
+
+# ==================================================================== attempts (derived state)
+
+
+ATTEMPTS_SCHEMA = "rsi.campaign.attempts/1"
+
+
+class Attempts:
+    """The last build attempt of each round (and of the final) by `rsi round` / `rsi campaign
+    final`: `building` (with its pid), `done` or `failed` (with the failed actions' messages).
+
+    Derived, disposable state next to the log (`attempts.json`): it only lets `rsi campaign
+    status` tell a round whose last build faulted (retryable) or was killed from one never
+    built. The log stays the only source of truth, and a missing or unreadable file is simply
+    no history. Written whole (temp file + rename) under its own lock; a failure to write it
+    never fails a command."""
+
+    def __init__(self, log: CampaignLog) -> None:
+        self.path = log.dir / "attempts.json"
+        self.lock_path = log.dir / "attempts.lock"
+
+    def read(self) -> dict[str, dict]:
+        try:
+            doc = json.loads(self.path.read_bytes())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(doc, dict) or doc.get("schema") != ATTEMPTS_SCHEMA:
+            return {}
+        last = doc.get("last")
+        return (
+            {k: v for k, v in last.items() if isinstance(v, dict)} if isinstance(last, dict) else {}
+        )
+
+    def record(self, key: str, outcome: str, **detail: Any) -> None:
+        """Set the last attempt of `key` (`round-N` or `final`)."""
+        from rsi.fsutil import atomic_write_bytes
+
+        entry = {
+            "outcome": outcome,
+            "time": time.time(),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            **detail,
+        }
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                last = self.read()
+                last[key] = entry
+                atomic_write_bytes(
+                    self.path,
+                    (
+                        json.dumps(
+                            {"schema": ATTEMPTS_SCHEMA, "last": last}, sort_keys=True, default=str
+                        )
+                        + "\n"
+                    ).encode(),
+                )
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # NB: disposable state; the log and the cache are what count
+
+
+def attempt_state(attempt: dict | None) -> str:
+    """What the last attempt says of a round that has no verdict in the cache."""
+    if not attempt:
+        return "not_built"
+    outcome = attempt.get("outcome")
+    if outcome == "building":
+        if attempt.get("host") != socket.gethostname():
+            return "building"
+        try:
+            os.kill(int(attempt.get("pid")), 0)
+        except ProcessLookupError:
+            return "interrupted"
+        except (PermissionError, TypeError, ValueError, OverflowError):
+            return "building"
+        return "building"
+    if outcome in ("failed", "not_built"):
+        return "failed_retryable"
+    return "not_built"  # NB: built once, but its result is no longer in the cache
 
 
 # ============================================================================ budget and time
@@ -168,33 +441,51 @@ def budget_doc(policy: Policy, state: State, now: float) -> dict:
     if policy.deadline_s is not None and started is not None:
         close_at = started + policy.deadline_s - policy.final_reserve_s
         final_at = started + policy.deadline_s
-    final_allowed = (reason is not None and reason in policy.stop_on
-                     and (final_at is None or now < final_at) and used > 0)
+    final_allowed = (
+        reason is not None
+        and reason in policy.stop_on
+        and (final_at is None or now < final_at)
+        and used > 0
+    )
     return {
-        "mode": policy.mode, "max_rounds": policy.max_rounds, "rounds_used": used,
+        "mode": policy.mode,
+        "max_rounds": policy.max_rounds,
+        "rounds_used": used,
         "rounds_left": 0 if reason else policy.max_rounds - used,
-        "deadline_s": policy.deadline_s, "final_reserve_s": policy.final_reserve_s,
-        "started_at": started, "started_at_iso": _iso(started),
-        "rounds_close_at": close_at, "final_deadline_at": final_at,
-        "seconds_left_for_rounds": None if close_at is None or reason
+        "deadline_s": policy.deadline_s,
+        "final_reserve_s": policy.final_reserve_s,
+        "started_at": started,
+        "started_at_iso": _iso(started),
+        "rounds_close_at": close_at,
+        "final_deadline_at": final_at,
+        "seconds_left_for_rounds": None
+        if close_at is None or reason
         else round(max(0.0, close_at - now), 3),
         "seconds_left_for_final": None if final_at is None else round(max(0.0, final_at - now), 3),
-        "state": "ended" if reason else "open", "ended_by": reason,
-        "stop_on": list(policy.stop_on), "final_allowed": final_allowed,
+        "state": "ended" if reason else "open",
+        "ended_by": reason,
+        "stop_on": list(policy.stop_on),
+        "final_allowed": final_allowed,
     }
 
 
 def _refusal(camp: Campaign, state: State, now: float) -> CampaignClosed | None:
     p, name = camp.policy, str(camp.label)
     if state.stop is not None:
-        return CampaignClosed("campaign_stopped", f"{name} was stopped ({state.stop['reason']}) "
-                              f"at {_iso(state.stop['time'])}; it takes no more rounds",
-                              hint=f"build its final: rsi campaign final {name}")
+        return CampaignClosed(
+            "campaign_stopped",
+            f"{name} was stopped ({state.stop['reason']}) "
+            f"at {_iso(state.stop['time'])}; it takes no more rounds",
+            hint=f"build its final: rsi campaign final {name}",
+        )
     used = len(state.candidates)
     if used >= p.max_rounds:
-        return CampaignClosed("budget_exhausted", f"{name} has used all {p.max_rounds} rounds "
-                              f"({p.mode} {p.max_rounds}); it takes no more rounds",
-                              hint=f"build its final: rsi campaign final {name}")
+        return CampaignClosed(
+            "budget_exhausted",
+            f"{name} has used all {p.max_rounds} rounds "
+            f"({p.mode} {p.max_rounds}); it takes no more rounds",
+            hint=f"build its final: rsi campaign final {name}",
+        )
     if ended_reason(p, state, now) == "deadline":
         close_at = state.started_at + p.deadline_s - p.final_reserve_s
         return CampaignClosed(
@@ -203,7 +494,8 @@ def _refusal(camp: Campaign, state: State, now: float) -> CampaignClosed | None:
             f"minus final_reserve_s {p.final_reserve_s:g} after the start at "
             f"{_iso(state.started_at)}); it takes no more rounds",
             hint=f"the final may start until {_iso(state.started_at + p.deadline_s)}: "
-                 f"rsi campaign final {name}")
+            f"rsi campaign final {name}",
+        )
     return None
 
 
@@ -212,8 +504,12 @@ def _refusal(camp: Campaign, state: State, now: float) -> CampaignClosed | None:
 
 def parse_usage(path: str | None) -> dict:
     """Validated usage; every value a number >= 0 or null, missing values null (never 0)."""
-    blank = {"tokens": {"input": None, "output": None, "cached": None}, "calls": None,
-             "wall_s": None, "device_s": None}
+    blank = {
+        "tokens": {"input": None, "output": None, "cached": None},
+        "calls": None,
+        "wall_s": None,
+        "device_s": None,
+    }
     if path is None:
         return blank
     where = "stdin" if path == "-" else path
@@ -225,37 +521,46 @@ def parse_usage(path: str | None) -> dict:
     except ValueError as exc:
         raise UsageError(f"--usage {where}: not JSON: {exc}") from None
     if not isinstance(doc, dict):
-        raise UsageError(f"--usage {where}: expected a JSON object",
-                         hint='e.g. {"tokens": {"input": 1200, "output": 300, "cached": null}, '
-                              '"calls": 3, "wall_s": 41.5, "device_s": null}')
+        raise UsageError(
+            f"--usage {where}: expected a JSON object",
+            hint='e.g. {"tokens": {"input": 1200, "output": 300, "cached": null}, '
+            '"calls": 3, "wall_s": 41.5, "device_s": null}',
+        )
 
     def number(value: Any, field_name: str, integer: bool) -> Any:
         if value is None:
             return None
-        ok = (isinstance(value, int) if integer else isinstance(value, (int, float)))
+        ok = isinstance(value, int) if integer else isinstance(value, (int, float))
         if isinstance(value, bool) or not ok or value < 0 or value != value:
-            raise UsageError(f"--usage {where}: field {field_name!r} must be a "
-                             f"{'whole' if integer else ''} number >= 0 or null, got {value!r}")
+            raise UsageError(
+                f"--usage {where}: field {field_name!r} must be a "
+                f"{'whole' if integer else ''} number >= 0 or null, got {value!r}"
+            )
         return value
 
     unknown = sorted(set(doc) - set(USAGE_KEYS))
     if unknown:
-        raise UsageError(f"--usage {where}: unknown field(s) {unknown}",
-                         hint="known fields: tokens.input, tokens.output, tokens.cached, calls, "
-                              "wall_s, device_s")
+        raise UsageError(
+            f"--usage {where}: unknown field(s) {unknown}",
+            hint="known fields: tokens.input, tokens.output, tokens.cached, calls, "
+            "wall_s, device_s",
+        )
     out = dict(blank, tokens=dict(blank["tokens"]))
     tokens = doc.get("tokens")
     if tokens is not None:
         if not isinstance(tokens, dict) or set(tokens) - set(USAGE_KEYS["tokens"]):
-            raise UsageError(f"--usage {where}: tokens must be an object with input, output, "
-                             "cached")
+            raise UsageError(
+                f"--usage {where}: tokens must be an object with input, output, cached"
+            )
         for k in USAGE_KEYS["tokens"]:
             out["tokens"][k] = number(tokens.get(k), f"tokens.{k}", True)
     t = out["tokens"]
     if t["cached"] is not None and t["input"] is not None and t["cached"] > t["input"]:
-        raise UsageError(f"--usage {where}: tokens.cached ({t['cached']}) exceeds tokens.input "
-                         f"({t['input']})", hint="cached tokens are the part of the input served "
-                         "from a prompt cache; count them in input too (never added twice)")
+        raise UsageError(
+            f"--usage {where}: tokens.cached ({t['cached']}) exceeds tokens.input ({t['input']})",
+            hint="cached tokens are the part of the input served "
+            "from a prompt cache; count them in input too (never added twice)",
+        )
     out["calls"] = number(doc.get("calls"), "calls", True)
     out["wall_s"] = number(doc.get("wall_s"), "wall_s", False)
     out["device_s"] = number(doc.get("device_s"), "device_s", False)
@@ -270,19 +575,31 @@ def freeze_project(camp: Campaign, store) -> dict:
         root = camp.ws.root / b.label.package / root
     root = root.resolve()
     if not root.is_dir():
-        raise DeclarationError(f"the project folder {root} does not exist", file=b.file,
-                               target=str(b.label), field="root",
-                               hint="root is absolute or relative to the package folder")
+        raise DeclarationError(
+            f"the project folder {root} does not exist",
+            file=b.file,
+            target=str(b.label),
+            field="root",
+            hint="root is absolute or relative to the package folder",
+        )
     exclude = DEFAULT_EXCLUDE + tuple(b.attrs["exclude"])
     found = walk_files(root, exclude, skip=(camp.ws.store_dir, camp.ws.out_dir))
     for pat in b.attrs["protocol"]:
         if pat not in found and not (pat.endswith("/") and any(r.startswith(pat) for r in found)):
-            raise DeclarationError(f"protocol file {pat!r} is not in {root}", file=b.file,
-                                   target=str(b.label), field="protocol")
+            raise DeclarationError(
+                f"protocol file {pat!r} is not in {root}",
+                file=b.file,
+                target=str(b.label),
+                field="protocol",
+            )
     for pat in b.attrs["editable"]:
         if not any(in_scope(r, [pat]) for r in found):
-            raise DeclarationError(f"editable pattern {pat!r} matches no file in {root}",
-                                   file=b.file, target=str(b.label), field="editable")
+            raise DeclarationError(
+                f"editable pattern {pat!r} matches no file in {root}",
+                file=b.file,
+                target=str(b.label),
+                field="editable",
+            )
     files, exe = {}, []
     for rel, path in sorted(found.items()):
         files[rel] = str(store.put_file(path))
@@ -292,26 +609,38 @@ def freeze_project(camp: Campaign, store) -> dict:
     protocol = {rel: d for rel, d in files.items() if in_scope(rel, b.attrs["protocol"])}
 
     def error(message: str, field_name: str, hint: str | None = None) -> DeclarationError:
-        return DeclarationError(message, file=b.file, target=str(b.label), field=field_name,
-                                hint=hint)
+        return DeclarationError(
+            message, file=b.file, target=str(b.label), field=field_name, hint=hint
+        )
 
-    return {"root": str(root), "files": files, "executable": exe, "manifest": manifest,
-            "protocol": protocol, "n_files": len(files), "spec": project_spec(b.attrs, error)}
+    return {
+        "root": str(root),
+        "files": files,
+        "executable": exe,
+        "manifest": manifest,
+        "protocol": protocol,
+        "n_files": len(files),
+        "spec": project_spec(b.attrs, error),
+    }
 
 
 def snapshot_candidate(camp: Campaign, src: Path, state: State, store) -> dict:
     from rsi.digest import digest_file
 
     if not src.is_dir():
-        raise UsageError(f"--from {src}: not a folder",
-                         hint="pass the folder holding the candidate's editable files")
+        raise UsageError(
+            f"--from {src}: not a folder",
+            hint="pass the folder holding the candidate's editable files",
+        )
     if camp.kind == "task":
         found = walk_files(src)
         outside = sorted(r for r in found if r not in camp.scope)
         if outside:
-            raise UsageError(f"--from {src}: {', '.join(outside)} lie outside the editable scope "
-                             f"({', '.join(camp.scope)})",
-                             hint="a candidate folder holds only (some of) the editable files")
+            raise UsageError(
+                f"--from {src}: {', '.join(outside)} lie outside the editable scope "
+                f"({', '.join(camp.scope)})",
+                hint="a candidate folder holds only (some of) the editable files",
+            )
         take, ignored = found, []
         base_files, base_exe = {}, []
     else:
@@ -322,12 +651,19 @@ def snapshot_candidate(camp: Campaign, src: Path, state: State, store) -> dict:
         take = {r: p for r, p in found.items() if in_scope(r, scope)}
         base_files = {r: d for r, d in project["files"].items() if in_scope(r, scope)}
         base_exe = [r for r in project.get("executable", []) if r in base_files]
-        ignored = sorted(r for r, p in found.items() if not in_scope(r, scope) and (
-            r not in project["files"] or str(digest_file(p, store.function))
-            != project["files"][r]))
+        ignored = sorted(
+            r
+            for r, p in found.items()
+            if not in_scope(r, scope)
+            and (
+                r not in project["files"]
+                or str(digest_file(p, store.function)) != project["files"][r]
+            )
+        )
     if not take:
-        raise UsageError(f"--from {src}: no file of the editable scope "
-                         f"({', '.join(camp.scope)}) is there")
+        raise UsageError(
+            f"--from {src}: no file of the editable scope ({', '.join(camp.scope)}) is there"
+        )
     files, exe = dict(base_files), set(base_exe)
     for rel, path in sorted(take.items()):
         files[rel] = str(store.put_file(path))
@@ -335,9 +671,12 @@ def snapshot_candidate(camp: Campaign, src: Path, state: State, store) -> dict:
         if os.access(path, os.X_OK):
             exe.add(rel)
     executable = sorted(exe)
-    return {"files": files, "executable": executable,
-            "digest": manifest_digest(files, executable),
-            "ignored_outside_scope": ignored}
+    return {
+        "files": files,
+        "executable": executable,
+        "digest": manifest_digest(files, executable),
+        "ignored_outside_scope": ignored,
+    }
 
 
 # ============================================================================== log commands
@@ -351,6 +690,7 @@ def add_candidate(camp: Campaign, src: Path, hypothesis: str | None, usage: dict
     with camp.log.locked():
         state = state_of(camp.log.read())
         _check_policy_unchanged(camp, state)
+        _check_judge_unchanged(camp, state, store)
         now = time.time()
         started = False
         if state.start is None and not state.candidates:
@@ -359,28 +699,59 @@ def add_candidate(camp: Campaign, src: Path, hypothesis: str | None, usage: dict
             state = state_of(camp.log.read())
         snap = snapshot_candidate(camp, src.resolve(), state, store)
         for number, cand in enumerate(state.candidates, 1):
-            if cand["digest"] == snap["digest"]:
-                return {"round": number, "entry": cand, "added": False, "started": started,
-                        "ignored_outside_scope": snap["ignored_outside_scope"], "state": state}
+            # NB: an abandoned round is given up on: the same content may come back as a new one
+            if cand["digest"] == snap["digest"] and number not in state.abandoned:
+                return {
+                    "round": number,
+                    "entry": cand,
+                    "added": False,
+                    "started": started,
+                    "ignored_outside_scope": snap["ignored_outside_scope"],
+                    "state": state,
+                }
         refused = _refusal(camp, state, now)
         if refused is not None:
             if refused.code == "deadline_reached" and state.stop is None:
                 camp.log.append({"kind": "stop", "time": now, "reason": "deadline"})
             raise refused
-        entry = camp.log.append({
-            "kind": "candidate", "time": now, "digest": snap["digest"], "files": snap["files"],
-            "executable": snap["executable"], "hypothesis": hypothesis or None, "usage": usage,
-            "source": str(src.resolve())})
+        entry = camp.log.append(
+            {
+                "kind": "candidate",
+                "time": now,
+                "digest": snap["digest"],
+                "files": snap["files"],
+                "executable": snap["executable"],
+                "hypothesis": hypothesis or None,
+                "usage": usage,
+                "source": str(src.resolve()),
+            }
+        )
         state = state_of(camp.log.read())
-        return {"round": len(state.candidates), "entry": entry, "added": True, "started": started,
-                "ignored_outside_scope": snap["ignored_outside_scope"], "state": state}
+        return {
+            "round": len(state.candidates),
+            "entry": entry,
+            "added": True,
+            "started": started,
+            "ignored_outside_scope": snap["ignored_outside_scope"],
+            "state": state,
+        }
 
 
 def _append_start(camp: Campaign, store, now: float) -> dict:
     project = freeze_project(camp, store) if camp.kind == "project" else None
-    return camp.log.append({"kind": "start", "time": now, "campaign": str(camp.label),
-                            "binding": str(camp.target.attrs["binding"]), "work": camp.kind,
-                            "policy": camp.policy.to_json(), "project": project})
+    # NB: the judge is fixed before any candidate is measured: a later change is refused
+    return camp.log.append(
+        {
+            "kind": "start",
+            "time": now,
+            "campaign": str(camp.label),
+            "binding": str(camp.target.attrs["binding"]),
+            "work": camp.kind,
+            "policy": camp.policy.to_json(),
+            "project": project,
+            "judge": current_judge(camp, store),
+        }
+    )
 
 
 # ============================================================================ reading results
@@ -396,8 +767,11 @@ def _artifact_evidence(ws, store, graph, outcomes, art) -> dict:
     out = result.output_map.get(art.path) if result else None
     if out is None:
         return {"digest": None, "path": None, "blob": None}
-    return {"digest": str(out.digest), "path": str(ws.out_dir / art.path),
-            "blob": str(store.blob_path(out.digest))}
+    return {
+        "digest": str(out.digest),
+        "path": str(ws.out_dir / art.path),
+        "blob": str(store.blob_path(out.digest)),
+    }
 
 
 def _read_json_output(store, graph, outcomes, art) -> dict | None:
@@ -428,34 +802,86 @@ def best_summary(store, graph, outcomes, label: Label) -> dict:
         return {"state": "unavailable", "detail": "no round has been submitted"}
     doc = _read_json_output(store, graph, outcomes, graph.providers[label].info["best"])
     if doc is None:
-        return {"state": "unavailable", "label": str(label),
-                "detail": "not built: some round has no evidence yet (still running, or its "
-                          "last attempt failed: retry it with `rsi round CAMPAIGN --round N`)"}
+        return {
+            "state": "unavailable",
+            "label": str(label),
+            "detail": "not built: some round has no evidence yet (still running, or its "
+            "last attempt failed: retry it with `rsi round CAMPAIGN --round N`, "
+            "or give up on a round that keeps faulting with `rsi campaign "
+            "abandon CAMPAIGN --round N --reason TEXT`)",
+        }
     sel = doc["selected"]
     if sel is None:
-        return {"state": "none", "label": str(label), "detail": "no round has passed yet",
-                "n_rounds": doc["n_rounds"]}
-    return {"state": "selected", "label": str(label), "round": sel["round"],
-            "round_label": sel["label"], "candidate_digest": sel["candidate_digest"],
-            "speedup": sel["speedup"], "verdict": sel["verdict"], "n_rounds": doc["n_rounds"],
-            "n_eligible": doc["n_eligible"], "rule": doc["rule"]}
+        return {
+            "state": "none",
+            "label": str(label),
+            "detail": "no round has passed yet",
+            "n_rounds": doc["n_rounds"],
+        }
+    return {
+        "state": "selected",
+        "label": str(label),
+        "round": sel["round"],
+        "round_label": sel["label"],
+        "candidate_digest": sel["candidate_digest"],
+        "speedup": sel["speedup"],
+        "verdict": sel["verdict"],
+        "n_rounds": doc["n_rounds"],
+        "n_eligible": doc["n_eligible"],
+        "rule": doc["rule"],
+    }
 
 
-ROUND_FIELDS = ("verdict", "reasons", "speedup", "noise_floor", "threshold", "min_improvement",
-                "n_pairs", "metric", "direction", "correctness", "candidate", "usage",
-                "submitted_at")
+ROUND_FIELDS = (
+    "verdict",
+    "reasons",
+    "speedup",
+    "noise_floor",
+    "threshold",
+    "min_improvement",
+    "n_pairs",
+    "metric",
+    "direction",
+    "correctness",
+    "candidate",
+    "usage",
+    "submitted_at",
+)
 
 
-def round_document(camp: Campaign, number: int, graph, outcomes, store, *, cache: str | None,
-                   failed: list[dict], added: bool | None, state: State, now: float) -> dict:
+def round_document(
+    camp: Campaign,
+    number: int,
+    graph,
+    outcomes,
+    store,
+    *,
+    cache: str | None,
+    failed: list[dict],
+    added: bool | None,
+    state: State,
+    now: float,
+) -> dict:
     label = camp.round_label(number)
     prov = graph.providers[label]
     round_doc = _read_json_output(store, graph, outcomes, prov.info["doc"])
-    evidence = {name: _artifact_evidence(camp.ws, store, graph, outcomes, prov.info[key])
-                for name, key in (("round", "doc"), ("verdict", "verdict"), ("check", "check"),
-                                  ("samples", "samples"), ("table", "table"))}
-    doc: dict[str, Any] = {"schema": ROUND_SCHEMA, "campaign": str(camp.label), "round": number,
-                           "label": str(label), "kind": camp.kind}
+    evidence = {
+        name: _artifact_evidence(camp.ws, store, graph, outcomes, prov.info[key])
+        for name, key in (
+            ("round", "doc"),
+            ("verdict", "verdict"),
+            ("check", "check"),
+            ("samples", "samples"),
+            ("table", "table"),
+        )
+    }
+    doc: dict[str, Any] = {
+        "schema": ROUND_SCHEMA,
+        "campaign": str(camp.label),
+        "round": number,
+        "label": str(label),
+        "kind": camp.kind,
+    }
     if round_doc is not None:
         doc["state"] = "done"
         doc.update({k: round_doc.get(k) for k in ROUND_FIELDS})
@@ -463,8 +889,11 @@ def round_document(camp: Campaign, number: int, graph, outcomes, store, *, cache
         entry = state.candidates[number - 1]
         doc["state"] = "failed" if failed else "not_built"
         doc.update({k: None for k in ROUND_FIELDS})
-        doc["candidate"] = {"digest": entry["digest"], "files": entry["files"],
-                            "hypothesis": entry.get("hypothesis")}
+        doc["candidate"] = {
+            "digest": entry["digest"],
+            "files": entry["files"],
+            "hypothesis": entry.get("hypothesis"),
+        }
         doc["usage"], doc["submitted_at"] = entry.get("usage"), entry["time"]
     doc["retryable"] = doc["state"] != "done"
     doc["cache"] = cache
@@ -472,11 +901,23 @@ def round_document(camp: Campaign, number: int, graph, outcomes, store, *, cache
     doc["evidence"] = evidence
     doc["errors"] = failed
     if doc["state"] != "done":
-        doc["hint"] = (f"no verdict yet (an infrastructure fault or an interrupted build is never "
-                       f"cached): retry with `rsi round {camp.label} --round {number}`")
+        doc["hint"] = (
+            f"no verdict yet (an infrastructure fault or an interrupted build is never "
+            f"cached): retry with `rsi round {camp.label} --round {number}`; if it "
+            f"keeps faulting, `rsi campaign abandon {camp.label} --round {number} "
+            "--reason TEXT` stops it from blocking best, final and report"
+        )
     doc["budget"] = budget_doc(effective_policy(camp, state), state, now)
     doc["best"] = best_summary(store, graph, outcomes, camp.sub("best"))
     return doc
+
+
+def _attempt_message(errors: list[dict]) -> str | None:
+    if not errors:
+        return None
+    first = next((e for e in errors if e.get("status") != "skipped"), errors[0])
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{first['action']}: {first['status']}: {first['message']}{more}"
 
 
 def _build(camp: Campaign, labels: list[Label], events) -> Any:
@@ -487,8 +928,10 @@ def _build(camp: Campaign, labels: list[Label], events) -> Any:
 
 
 def _failures(report, label: Label) -> list[dict]:
-    return [{"action": f["action"], "status": f["status"], "message": f["message"]}
-            for f in report.targets.get(str(label), {}).get("failed", [])]
+    return [
+        {"action": f["action"], "status": f["status"], "message": f["message"]}
+        for f in report.targets.get(str(label), {}).get("failed", [])
+    ]
 
 
 # ================================================================================== output
@@ -500,22 +943,25 @@ def _emit_json(doc: dict) -> None:
 
 def _fail_json(schema: str, campaign: str, exc: RsiError) -> None:
     code = getattr(exc, "code", None) or type(exc).__name__
-    _emit_json({"schema": schema, "campaign": campaign, "state": "refused"
-                if isinstance(exc, CampaignClosed) else "error",
-                "error": {"code": code, "message": exc.message, "hint": exc.hint}})
+    _emit_json(
+        {
+            "schema": schema,
+            "campaign": campaign,
+            "state": "refused" if isinstance(exc, CampaignClosed) else "error",
+            "error": {"code": code, "message": exc.message, "hint": exc.hint},
+        }
+    )
     sys.exit(exc.exit_code)
 
 
 def _fmt_speed(sp: dict | None) -> str:
     if not sp:
         return "speedup: null"
-    return (f"speedup {sp['point']:.3f}x [{sp['lo']:.3f}, {sp['hi']:.3f}] at "
-            f"{sp['confidence']:.0%}")
+    return f"speedup {sp['point']:.3f}x [{sp['lo']:.3f}, {sp['hi']:.3f}] at {sp['confidence']:.0%}"
 
 
 def _budget_line(b: dict) -> str:
-    parts = [f"rounds {b['rounds_used']}/{b['max_rounds']} ({b['mode']}), "
-             f"{b['rounds_left']} left"]
+    parts = [f"rounds {b['rounds_used']}/{b['max_rounds']} ({b['mode']}), {b['rounds_left']} left"]
     if b["seconds_left_for_rounds"] is not None:
         parts.append(f"{b['seconds_left_for_rounds']:.0f}s left for rounds")
     if b["seconds_left_for_final"] is not None:
@@ -540,16 +986,31 @@ def candidate() -> None:
 
 @candidate.command("add")
 @click.argument("campaign")
-@click.option("--from", "src", required=True, type=click.Path(file_okay=False),
-              help="Folder holding the candidate's editable files (for an external project: "
-                   "the working copy; only the editable scope is taken).")
+@click.option(
+    "--from",
+    "src",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Folder holding the candidate's editable files (for an external project: "
+    "the working copy; only the editable scope is taken).",
+)
 @click.option("--hypothesis", help="Why this candidate should be faster (kept in the log).")
-@click.option("--usage", "usage_file", help="JSON file ('-' for stdin) with what producing "
-              "this candidate cost: tokens {input, output, cached}, calls, wall_s, device_s.")
+@click.option(
+    "--usage",
+    "usage_file",
+    help="JSON file ('-' for stdin) with what producing "
+    "this candidate cost: tokens {input, output, cached}, calls, wall_s, device_s.",
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def candidate_add(ctx: click.Context, campaign: str, src: str, hypothesis: str | None,
-                  usage_file: str | None, as_json: bool) -> None:
+def candidate_add(
+    ctx: click.Context,
+    campaign: str,
+    src: str,
+    hypothesis: str | None,
+    usage_file: str | None,
+    as_json: bool,
+) -> None:
     """Append a candidate to CAMPAIGN's log and print its round's label.
 
     The same content submitted again names the existing round and adds nothing. Refused (exit 3)
@@ -565,33 +1026,60 @@ def candidate_add(ctx: click.Context, campaign: str, src: str, hypothesis: str |
         raise
     label = str(camp.round_label(res["round"]))
     if as_json:
-        _emit_json({"schema": ADD_SCHEMA, "campaign": str(camp.label), "round": res["round"],
-                    "label": label, "added": res["added"], "digest": res["entry"]["digest"],
-                    "ignored_outside_scope": res["ignored_outside_scope"],
-                    "budget": budget_doc(camp.policy, res["state"], time.time())})
+        _emit_json(
+            {
+                "schema": ADD_SCHEMA,
+                "campaign": str(camp.label),
+                "round": res["round"],
+                "label": label,
+                "added": res["added"],
+                "digest": res["entry"]["digest"],
+                "ignored_outside_scope": res["ignored_outside_scope"],
+                "budget": budget_doc(camp.policy, res["state"], time.time()),
+            }
+        )
         return
     if not res["added"]:
         click.echo(f"rsi: note: identical to round {res['round']}; nothing was added", err=True)
     for rel in res["ignored_outside_scope"]:
-        click.echo(f"rsi: note: ignored {rel} (outside the editable scope, differs from the "
-                   "frozen baseline)", err=True)
+        click.echo(
+            f"rsi: note: ignored {rel} (outside the editable scope, differs from the "
+            "frozen baseline)",
+            err=True,
+        )
     click.echo(label)
 
 
 @click.command("round")
 @click.argument("campaign")
-@click.option("--from", "src", type=click.Path(file_okay=False),
-              help="Submit this folder as a new candidate, then build its round.")
-@click.option("--round", "number", type=click.IntRange(1), help="Build (or retry) an existing "
-              "round instead.")
+@click.option(
+    "--from",
+    "src",
+    type=click.Path(file_okay=False),
+    help="Submit this folder as a new candidate, then build its round.",
+)
+@click.option(
+    "--round", "number", type=click.IntRange(1), help="Build (or retry) an existing round instead."
+)
 @click.option("--hypothesis", help="Why this candidate should be faster.")
 @click.option("--usage", "usage_file", help="JSON file ('-' for stdin) with the agent's usage.")
-@click.option("--events", type=click.File("w"), help="Also write the build's event stream "
-              "(JSON lines) to this file.")
+@click.option(
+    "--events",
+    type=click.File("w"),
+    help="Also write the build's event stream (JSON lines) to this file.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one rsi.round/1 document.")
 @click.pass_context
-def round_cmd(ctx: click.Context, campaign: str, src: str | None, number: int | None,
-              hypothesis: str | None, usage_file: str | None, events, as_json: bool) -> None:
+def round_cmd(
+    ctx: click.Context,
+    campaign: str,
+    src: str | None,
+    number: int | None,
+    hypothesis: str | None,
+    usage_file: str | None,
+    events,
+    as_json: bool,
+) -> None:
     """Submit a candidate and build its round in one call (or rebuild round N).
 
     \b
@@ -604,7 +1092,10 @@ def round_cmd(ctx: click.Context, campaign: str, src: str | None, number: int | 
     try:
         if (src is None) == (number is None):
             raise UsageError("give exactly one of --from DIR (a new candidate) or --round N")
+        from rsi.build import open_store
+
         camp = open_campaign(_workspace(ctx), campaign)
+        store = open_store(camp.ws)
         added = None
         if src is not None:
             res = add_candidate(camp, Path(src), hypothesis, parse_usage(usage_file))
@@ -612,17 +1103,43 @@ def round_cmd(ctx: click.Context, campaign: str, src: str | None, number: int | 
         else:
             state = state_of(camp.log.read())
             if number > len(state.candidates):
-                raise UsageError(f"{camp.label} has {len(state.candidates)} round(s); there is "
-                                 f"no round {number}")
-        report = _build(camp, [camp.round_label(number), camp.sub("best")], events)
-        from rsi.build import open_store
-
-        store = open_store(camp.ws)
+                raise UsageError(
+                    f"{camp.label} has {len(state.candidates)} round(s); there is no round {number}"
+                )
+            _check_judge_unchanged(camp, state, store)
+            gave_up = state.abandoned.get(number)
+            if gave_up is not None:
+                raise CampaignClosed(
+                    "round_abandoned",
+                    f"round {number} of {camp.label} was abandoned at "
+                    f"{_iso(gave_up['time'])} ({gave_up.get('reason') or 'no reason given'}); "
+                    "it is never built for the campaign again",
+                    hint=f"submit a new candidate: rsi round {camp.label} --from DIR",
+                )
+        attempts, key = Attempts(camp.log), f"round-{number}"
+        attempts.record(key, "building")
+        try:
+            report = _build(camp, [camp.round_label(number), camp.sub("best")], events)
+        except RsiError as exc:
+            attempts.record(key, "failed", errors=[], message=exc.message)
+            raise
         state = state_of(camp.log.read())
         rt = report.targets[str(camp.round_label(number))]
-        doc = round_document(camp, number, report.graph, report.outcomes, store,
-                             cache=rt["cache"], failed=_failures(report, camp.round_label(number)),
-                             added=added, state=state, now=time.time())
+        doc = round_document(
+            camp,
+            number,
+            report.graph,
+            report.outcomes,
+            store,
+            cache=rt["cache"],
+            failed=_failures(report, camp.round_label(number)),
+            added=added,
+            state=state,
+            now=time.time(),
+        )
+        attempts.record(
+            key, doc["state"], errors=doc["errors"], message=_attempt_message(doc["errors"])
+        )
     except RsiError as exc:
         if as_json:
             _fail_json(ROUND_SCHEMA, campaign, exc)
@@ -632,8 +1149,9 @@ def round_cmd(ctx: click.Context, campaign: str, src: str | None, number: int | 
     else:
         if added is False:
             click.echo(f"rsi: note: identical to round {number}; nothing was added", err=True)
-        click.echo(f"{doc['label']}: {doc['state']}" + (f" ({doc['cache']})" if doc["cache"]
-                                                         else ""))
+        click.echo(
+            f"{doc['label']}: {doc['state']}" + (f" ({doc['cache']})" if doc["cache"] else "")
+        )
         if doc["state"] == "done" and doc["evidence"]["table"]["path"]:
             click.echo(Path(doc["evidence"]["table"]["path"]).read_text().rstrip())
         for err in doc["errors"]:
@@ -647,7 +1165,7 @@ def round_cmd(ctx: click.Context, campaign: str, src: str | None, number: int | 
 
 @click.group("campaign")
 def campaign_group() -> None:
-    """Inspect and steer campaigns (status, start, stop, final)."""
+    """Inspect and steer campaigns (status, start, stop, abandon, final)."""
 
 
 @campaign_group.command("status")
@@ -673,22 +1191,36 @@ def campaign_status(ctx: click.Context, campaign: str, as_json: bool) -> None:
     click.echo(_budget_line(doc["budget"]))
     for r in doc["rounds"]:
         sp = f"  {_fmt_speed(r['speedup'])}" if r["speedup"] else ""
-        click.echo(f"  round {r['round']}: {r['verdict'] or r['state']}{sp}"
-                   + (f"  — {r['hypothesis']}" if r["hypothesis"] else ""))
+        what = r["state"] if r["state"] != "done" else r["verdict"]
+        if r["state"] == "abandoned":
+            what += f" ({r['abandoned']['reason']})"
+        elif r["state"] == "failed_retryable" and (r["last_attempt"] or {}).get("message"):
+            what += f" ({r['last_attempt']['message'].splitlines()[0][:120]})"
+        click.echo(
+            f"  round {r['round']}: {what}{sp}"
+            + (f"  — {r['hypothesis']}" if r["hypothesis"] else "")
+        )
     click.echo(_best_line(doc["best"]))
     fin = doc["final"]
-    click.echo(f"final: {fin['state']}" + (f" {fin['verdict']}" if fin.get("verdict") else "")
-               + (f" ({fin['detail']})" if fin.get("detail") else ""))
+    click.echo(
+        f"final: {fin['state']}"
+        + (f" {fin['verdict']}" if fin.get("verdict") else "")
+        + (f" ({fin['detail']})" if fin.get("detail") else "")
+    )
     totals = doc["usage"]["totals"]
-    click.echo("usage: " + ", ".join(f"{k}={'null' if v is None else v}"
-                                     for k, v in totals.items()))
+    click.echo(
+        "usage: " + ", ".join(f"{k}={'null' if v is None else v}" for k, v in totals.items())
+    )
+    for warning in doc["warnings"]:
+        click.echo(f"warning: {warning}")
 
 
 def _harness_module(stem: str):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"_rsi_campaign_{stem}",
-                                                  HARNESS_DIR / f"{stem}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"_rsi_campaign_{stem}", HARNESS_DIR / f"{stem}.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -701,21 +1233,53 @@ def status_document(camp: Campaign, store) -> dict:
     graph, outcomes = None, {}
     if n:
         with store.lock(exclusive=False):
-            graph, outcomes = cached_outcomes(camp.ws, store, [
-                *(camp.round_label(i) for i in range(1, n + 1)), camp.sub("best"),
-                camp.sub("final")])
+            graph, outcomes = cached_outcomes(
+                camp.ws,
+                store,
+                [
+                    *(camp.round_label(i) for i in range(1, n + 1)),
+                    camp.sub("best"),
+                    camp.sub("final"),
+                ],
+            )
+    attempts = Attempts(camp.log).read()
     rounds = []
     for i, entry in enumerate(state.candidates, 1):
-        doc = _read_json_output(store, graph, outcomes,
-                                graph.providers[camp.round_label(i)].info["doc"])
-        rounds.append({"round": i, "label": str(camp.round_label(i)),
-                       "state": "done" if doc else "not_built",
-                       "verdict": doc["verdict"] if doc else None,
-                       "speedup": doc["speedup"] if doc else None,
-                       "failure_kind": doc["correctness"]["failure_kind"] if doc else None,
-                       "candidate_digest": entry["digest"],
-                       "hypothesis": entry.get("hypothesis"), "submitted_at": entry["time"],
-                       "usage": entry.get("usage")})
+        doc = _read_json_output(
+            store, graph, outcomes, graph.providers[camp.round_label(i)].info["doc"]
+        )
+        gave_up = state.abandoned.get(i)
+        last = attempts.get(f"round-{i}")
+        if gave_up is not None:
+            rstate = "abandoned"
+        elif doc:
+            rstate = "done"
+        else:
+            rstate = attempt_state(last)
+        row = {
+            "round": i,
+            "label": str(camp.round_label(i)),
+            "state": rstate,
+            "retryable": rstate not in ("done", "abandoned"),
+            "verdict": doc["verdict"] if doc else None,
+            "speedup": doc["speedup"] if doc else None,
+            "failure_kind": doc["correctness"]["failure_kind"] if doc else None,
+            "candidate_digest": entry["digest"],
+            "hypothesis": entry.get("hypothesis"),
+            "submitted_at": entry["time"],
+            "usage": entry.get("usage"),
+            "last_attempt": None
+            if not last
+            else {
+                "outcome": last.get("outcome"),
+                "time": last.get("time"),
+                "message": last.get("message"),
+                "errors": last.get("errors") or [],
+            },
+        }
+        if gave_up is not None:
+            row["abandoned"] = {"time": gave_up["time"], "reason": gave_up.get("reason")}
+        rounds.append(row)
     final = {"state": "not_started", "label": None}
     if n:
         flabel = camp.sub("final")
@@ -723,16 +1287,34 @@ def status_document(camp: Campaign, store) -> dict:
         pending = graph.providers[flabel].info["state"] == "pending"
         if pending:
             still_open = not ended_reason(effective_policy(camp, state), state)
-            final = {"state": "pending", "label": str(flabel),
-                     "detail": "the campaign is still open" if still_open
-                     else "the campaign ended by a reason it does not accept"}
+            final = {
+                "state": "pending",
+                "label": str(flabel),
+                "detail": "the campaign is still open"
+                if still_open
+                else "the campaign ended by a reason it does not accept",
+            }
         elif fdoc is None:
-            final = {"state": "not_built", "label": str(flabel),
-                     "detail": f"run `rsi campaign final {camp.label}`"}
+            last = attempts.get("final")
+            fstate = attempt_state(last)
+            why = ((last or {}).get("message") or "no message").splitlines()[0]
+            detail = {
+                "failed_retryable": f"its last build failed ({why}); run `rsi campaign "
+                f"final {camp.label}` again",
+                "interrupted": "its last build was interrupted; run `rsi campaign final "
+                f"{camp.label}` again",
+                "building": "being built now",
+            }.get(fstate, f"run `rsi campaign final {camp.label}`")
+            final = {"state": fstate, "label": str(flabel), "detail": detail}
         else:
-            final = {"state": fdoc["state"], "label": str(flabel), "verdict": fdoc.get("verdict"),
-                     "speedup": fdoc.get("speedup"), "selected": fdoc.get("selected"),
-                     "reasons": fdoc.get("reasons")}
+            final = {
+                "state": fdoc["state"],
+                "label": str(flabel),
+                "verdict": fdoc.get("verdict"),
+                "speedup": fdoc.get("speedup"),
+                "selected": fdoc.get("selected"),
+                "reasons": fdoc.get("reasons"),
+            }
     usage = _harness_module("report").usage_totals([r["usage"] or {} for r in rounds])
     project = (state.start or {}).get("project")
     drift = _project_drift(camp, state)
@@ -740,19 +1322,48 @@ def status_document(camp: Campaign, store) -> dict:
         _check_policy_unchanged(camp, state)
     except DeclarationError as exc:
         drift.append(exc.message)
+    judge = judge_status(camp, state, store)
+    if judge["state"] == "changed":
+        drift.append(
+            f"the judge changed since the start ({'; '.join(judge['changes'])}): "
+            "rounds and the final are refused (and rounds shown here are looked up "
+            "under the current judge); restore what changed, or declare a new campaign"
+        )
+    elif judge["state"] == "unknown":
+        drift.append(f"the judge cannot be checked against the start: {judge['error']}")
+    elif judge["state"] == "unrecorded":
+        drift.append(
+            "no judge was recorded at this campaign's start (an older rsi): changes to "
+            "the binding's files cannot be detected"
+        )
     policy = effective_policy(camp, state)
     return {
-        "schema": STATUS_SCHEMA, "campaign": str(camp.label), "kind": camp.kind,
-        "binding": str(camp.target.attrs["binding"]), "log": str(camp.log.path),
-        "budget": budget_doc(policy, state, now), "rounds": rounds,
-        "counts": {v: sum(1 for r in rounds if r["verdict"] == v)
-                   for v in ("PASS", "FAIL", "INCONCLUSIVE")},
+        "schema": STATUS_SCHEMA,
+        "campaign": str(camp.label),
+        "kind": camp.kind,
+        "binding": str(camp.target.attrs["binding"]),
+        "log": str(camp.log.path),
+        "budget": budget_doc(policy, state, now),
+        "rounds": rounds,
+        "counts": {
+            **{
+                v: sum(1 for r in rounds if r["verdict"] == v and r["state"] == "done")
+                for v in ("PASS", "FAIL", "INCONCLUSIVE")
+            },
+            "abandoned": len(state.abandoned),
+        },
+        "judge": judge,
         "best": best_summary(store, graph, outcomes, camp.sub("best")),
-        "final": final, "usage": usage,
-        "frozen": None if not project else {"root": project["root"],
-                                            "manifest": project["manifest"],
-                                            "n_files": project["n_files"],
-                                            "protocol": project["protocol"]},
+        "final": final,
+        "usage": usage,
+        "frozen": None
+        if not project
+        else {
+            "root": project["root"],
+            "manifest": project["manifest"],
+            "n_files": project["n_files"],
+            "protocol": project["protocol"],
+        },
         "warnings": drift,
     }
 
@@ -781,21 +1392,33 @@ def campaign_start(ctx: click.Context, campaign: str, as_json: bool) -> None:
             _fail_json(START_SCHEMA, campaign, exc)
         raise
     project = (state.start or {}).get("project")
-    doc = {"schema": START_SCHEMA, "campaign": str(camp.label), "started": new,
-           "started_at": state.started_at, "log": str(camp.log.path),
-           "frozen": None if not project else {"root": project["root"],
-                                               "manifest": project["manifest"],
-                                               "n_files": project["n_files"],
-                                               "protocol": project["protocol"]},
-           "budget": budget_doc(camp.policy, state, time.time())}
+    doc = {
+        "schema": START_SCHEMA,
+        "campaign": str(camp.label),
+        "started": new,
+        "started_at": state.started_at,
+        "log": str(camp.log.path),
+        "frozen": None
+        if not project
+        else {
+            "root": project["root"],
+            "manifest": project["manifest"],
+            "n_files": project["n_files"],
+            "protocol": project["protocol"],
+        },
+        "budget": budget_doc(camp.policy, state, time.time()),
+    }
     if as_json:
         _emit_json(doc)
     else:
-        click.echo(f"{camp.label}: {'started' if new else 'already started'} at "
-                   f"{_iso(state.started_at)}")
+        click.echo(
+            f"{camp.label}: {'started' if new else 'already started'} at {_iso(state.started_at)}"
+        )
         if project:
-            click.echo(f"  frozen {project['n_files']} files of {project['root']} "
-                       f"(manifest {project['manifest']})")
+            click.echo(
+                f"  frozen {project['n_files']} files of {project['root']} "
+                f"(manifest {project['manifest']})"
+            )
 
 
 @campaign_group.command("stop")
@@ -814,13 +1437,17 @@ def campaign_stop(ctx: click.Context, campaign: str, as_json: bool) -> None:
             if reason is None:
                 if "agent" not in camp.policy.stop_on:
                     raise CampaignClosed(
-                        "stop_not_accepted", f"{camp.label} does not accept an early stop "
+                        "stop_not_accepted",
+                        f"{camp.label} does not accept an early stop "
                         f"(stop_on = {list(camp.policy.stop_on)}, rounds {camp.policy.mode} "
                         f"{camp.policy.max_rounds}); {len(state.candidates)} round(s) used",
-                        hint="submit the remaining rounds, or wait for the deadline")
+                        hint="submit the remaining rounds, or wait for the deadline",
+                    )
                 if not state.candidates:
-                    raise CampaignClosed("no_rounds", f"{camp.label} has no round yet; a "
-                                         "campaign stops after at least one")
+                    raise CampaignClosed(
+                        "no_rounds",
+                        f"{camp.label} has no round yet; a campaign stops after at least one",
+                    )
                 camp.log.append({"kind": "stop", "time": now, "reason": "agent"})
                 stopped = True
             else:
@@ -832,14 +1459,99 @@ def campaign_stop(ctx: click.Context, campaign: str, as_json: bool) -> None:
         if as_json:
             _fail_json(STOP_SCHEMA, campaign, exc)
         raise
-    doc = {"schema": STOP_SCHEMA, "campaign": str(camp.label), "stopped_now": stopped,
-           "budget": budget_doc(camp.policy, state, time.time())}
+    doc = {
+        "schema": STOP_SCHEMA,
+        "campaign": str(camp.label),
+        "stopped_now": stopped,
+        "budget": budget_doc(camp.policy, state, time.time()),
+    }
     if as_json:
         _emit_json(doc)
     else:
         b = doc["budget"]
-        click.echo(f"{camp.label}: {'stopped' if stopped else 'already ended'} "
-                   f"({b['ended_by']}); final allowed: {'yes' if b['final_allowed'] else 'no'}")
+        click.echo(
+            f"{camp.label}: {'stopped' if stopped else 'already ended'} "
+            f"({b['ended_by']}); final allowed: {'yes' if b['final_allowed'] else 'no'}"
+        )
+
+
+@campaign_group.command("abandon")
+@click.argument("campaign")
+@click.option(
+    "--round", "number", type=click.IntRange(1), required=True, help="The round to give up on."
+)
+@click.option("--reason", required=True, help="Why (kept in the log and the report).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def campaign_abandon(
+    ctx: click.Context, campaign: str, number: int, reason: str, as_json: bool
+) -> None:
+    """Give up on round N of CAMPAIGN, one without a verdict that keeps faulting.
+
+    An `abandon` entry is appended to the log (crash-safe, like every entry). The round still
+    counts against the budget, is never selected, and no longer blocks best, final and report.
+    Refused (exit 3) for a round that already has a verdict; asking again is a no-op.
+    """
+    from rsi.build import open_store
+
+    try:
+        if not reason.strip():
+            raise UsageError("--reason must say why the round is abandoned")
+        camp = open_campaign(_workspace(ctx), campaign)
+        store = open_store(camp.ws)
+        with camp.log.locked():
+            state = state_of(camp.log.read())
+            if number > len(state.candidates):
+                raise UsageError(
+                    f"{camp.label} has {len(state.candidates)} round(s); there is no round {number}"
+                )
+            _check_policy_unchanged(camp, state)
+            _check_judge_unchanged(camp, state, store)
+            entry = state.abandoned.get(number)
+            now_ = entry is None
+            if now_:
+                label = camp.round_label(number)
+                with store.lock(exclusive=False):
+                    graph, outcomes = cached_outcomes(camp.ws, store, [label])
+                doc = _read_json_output(store, graph, outcomes, graph.providers[label].info["doc"])
+                if doc is not None:
+                    raise CampaignClosed(
+                        "round_has_verdict",
+                        f"round {number} of {camp.label} has a verdict "
+                        f"({doc['verdict']}); only a round without one can be abandoned",
+                        hint="a verdict never blocks the campaign: nothing to give up on",
+                    )
+                entry = camp.log.append(
+                    {
+                        "kind": "abandon",
+                        "time": time.time(),
+                        "round": number,
+                        "reason": reason.strip(),
+                    }
+                )
+            state = state_of(camp.log.read())
+    except RsiError as exc:
+        if as_json:
+            _fail_json(ABANDON_SCHEMA, campaign, exc)
+        raise
+    doc = {
+        "schema": ABANDON_SCHEMA,
+        "campaign": str(camp.label),
+        "round": number,
+        "label": str(camp.round_label(number)),
+        "abandoned_now": now_,
+        "reason": entry.get("reason"),
+        "abandoned_at": entry["time"],
+        "budget": budget_doc(effective_policy(camp, state), state, time.time()),
+    }
+    if as_json:
+        _emit_json(doc)
+    else:
+        click.echo(
+            f"{doc['label']}: {'abandoned' if now_ else 'already abandoned'} "
+            f"({doc['reason']}); it still counts against the budget "
+            f"({doc['budget']['rounds_used']}/{doc['budget']['max_rounds']} used)"
+        )
 
 
 @campaign_group.command("final")
@@ -864,6 +1576,7 @@ def campaign_final(ctx: click.Context, campaign: str, events, as_json: bool) -> 
         with camp.log.locked():
             state = state_of(camp.log.read())
             _check_policy_unchanged(camp, state)
+            _check_judge_unchanged(camp, state, store)
             now = time.time()
             try:
                 _final_allowed(camp, state, now)
@@ -883,21 +1596,44 @@ def campaign_final(ctx: click.Context, campaign: str, events, as_json: bool) -> 
                 raise late
             cache, failed = "hit", []
         else:
-            report = _build(camp, [flabel, rlabel], events)
+            attempts = Attempts(camp.log)
+            attempts.record("final", "building")
+            try:
+                report = _build(camp, [flabel, rlabel], events)
+            except RsiError as exc:
+                attempts.record("final", "failed", errors=[], message=exc.message)
+                raise
             graph, outcomes = report.graph, report.outcomes
             cache, failed = report.targets[str(flabel)]["cache"], _failures(report, flabel)
         prov = graph.providers[flabel]
         fdoc = _read_json_output(store, graph, outcomes, prov.info["final"])
+        if late is None:
+            attempts.record(
+                "final",
+                "done" if fdoc is not None else "failed",
+                errors=failed,
+                message=_attempt_message(failed),
+            )
         state = state_of(camp.log.read())
-        doc = {"schema": FINAL_SCHEMA, "campaign": str(camp.label), "label": str(flabel),
-               "state": "done" if fdoc is not None else "failed",
-               "retryable": fdoc is None, "cache": cache, "final": fdoc,
-               "evidence": {a.path.rsplit("/", 1)[-1]: _artifact_evidence(
-                   camp.ws, store, graph, outcomes, a) for a in prov.files},
-               "report": {a.path.rsplit("/", 1)[-1]: _artifact_evidence(
-                   camp.ws, store, graph, outcomes, a) for a in graph.providers[rlabel].files},
-               "errors": failed,
-               "budget": budget_doc(camp.policy, state, time.time())}
+        doc = {
+            "schema": FINAL_SCHEMA,
+            "campaign": str(camp.label),
+            "label": str(flabel),
+            "state": "done" if fdoc is not None else "failed",
+            "retryable": fdoc is None,
+            "cache": cache,
+            "final": fdoc,
+            "evidence": {
+                a.path.rsplit("/", 1)[-1]: _artifact_evidence(camp.ws, store, graph, outcomes, a)
+                for a in prov.files
+            },
+            "report": {
+                a.path.rsplit("/", 1)[-1]: _artifact_evidence(camp.ws, store, graph, outcomes, a)
+                for a in graph.providers[rlabel].files
+            },
+            "errors": failed,
+            "budget": budget_doc(camp.policy, state, time.time()),
+        }
     except RsiError as exc:
         if as_json:
             _fail_json(FINAL_SCHEMA, campaign, exc)
@@ -930,17 +1666,28 @@ def _final_allowed(camp: Campaign, state: State, now: float) -> None:
         if "agent" in p.stop_on:
             how.append(f"stop it now: rsi campaign stop {name}")
         if p.deadline_s is not None and "deadline" in p.stop_on:
-            how.append(f"or wait for the round window to close at "
-                       f"{_iso(state.started_at + p.deadline_s - p.final_reserve_s)}")
-        raise CampaignClosed("campaign_open", f"{name} is still open ({len(state.candidates)} "
-                             f"of {p.max_rounds} rounds, {p.mode}); its final comes after its "
-                             "rounds", hint="; ".join(how))
+            how.append(
+                f"or wait for the round window to close at "
+                f"{_iso(state.started_at + p.deadline_s - p.final_reserve_s)}"
+            )
+        raise CampaignClosed(
+            "campaign_open",
+            f"{name} is still open ({len(state.candidates)} "
+            f"of {p.max_rounds} rounds, {p.mode}); its final comes after its "
+            "rounds",
+            hint="; ".join(how),
+        )
     if reason not in p.stop_on:
-        raise CampaignClosed("stop_not_accepted", f"{name} ended by '{reason}', which it does not "
-                             f"accept (stop_on = {list(p.stop_on)}): it has no valid final")
+        raise CampaignClosed(
+            "stop_not_accepted",
+            f"{name} ended by '{reason}', which it does not "
+            f"accept (stop_on = {list(p.stop_on)}): it has no valid final",
+        )
     if p.deadline_s is not None and now >= state.started_at + p.deadline_s:
-        raise CampaignClosed("deadline_passed", f"{name}'s deadline passed at "
-                             f"{_iso(state.started_at + p.deadline_s)}; the final had to start "
-                             f"within its reserve ({p.final_reserve_s:g} s)",
-                             hint="a final already built stays readable: rsi campaign status "
-                                  f"{name}")
+        raise CampaignClosed(
+            "deadline_passed",
+            f"{name}'s deadline passed at "
+            f"{_iso(state.started_at + p.deadline_s)}; the final had to start "
+            f"within its reserve ({p.final_reserve_s:g} s)",
+            hint=f"a final already built stays readable: rsi campaign status {name}",
+        )

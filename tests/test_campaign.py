@@ -43,6 +43,7 @@ def write_files(root: Path, files: dict[str, str]) -> None:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
 
+
 NAIVE = '''\
 """Softmax over the last axis, one row at a time (a deliberately naive baseline)."""
 import numpy as np
@@ -58,7 +59,7 @@ def softmax(x):
     return out.reshape(x.shape)
 '''
 CANDIDATES = {
-    "vectorised": '''\
+    "vectorised": """\
 import numpy as np
 
 
@@ -68,18 +69,18 @@ def softmax(x):
     np.exp(xf, out=xf)
     xf /= xf.sum(axis=-1, keepdims=True)
     return xf.astype(x.dtype)
-''',
-    "wrong": '''\
+""",
+    "wrong": """\
 import numpy as np
 
 
 def softmax(x):
     e = np.exp(x - x.max(axis=0, keepdims=True))
     return e / e.sum(axis=0, keepdims=True)
-''',
+""",
     "syntax": "import numpy as np\n\ndef softmax(x:\n    return x\n",
     "unchanged": NAIVE,
-    "inplace": '''\
+    "inplace": """\
 import numpy as np
 
 
@@ -88,10 +89,10 @@ def softmax(x):
     np.exp(e, out=e)
     e /= e.sum(axis=-1, keepdims=True)
     return e
-''',
+""",
 }
 
-TASK_BUILD = '''\
+TASK_BUILD = """\
 [task]
 rule = "task"
 runtime = ["workloads.py", "oracle.py"]
@@ -118,7 +119,7 @@ measure.probes = 16
 measure.metric = "latency"
 measure.direction = "minimize"
 assess = {min_improvement = 0.05, confidence = 0.95, bootstrap_resamples = 500, min_pairs = 5}
-'''
+"""
 
 
 def task_workspace(tmp_path: Path, campaign: str) -> Path:
@@ -133,14 +134,14 @@ def task_workspace(tmp_path: Path, campaign: str) -> Path:
     return make_workspace(tmp_path, files)
 
 
-CAMPAIGN = '''\
+CAMPAIGN = """\
 [campaign]
 rule = "campaign"
 binding = ":small"
 rounds = {up_to = 6}
 deadline_s = 3600.0
 final_reserve_s = 600.0
-'''
+"""
 C = "//tasks/sm:campaign"
 
 
@@ -156,8 +157,20 @@ def usage_file(ws: Path, name: str, doc: dict) -> str:
     return str(path)
 
 
-STABLE = ("verdict", "reasons", "speedup", "noise_floor", "threshold", "correctness",
-          "candidate", "usage", "evidence", "state", "round", "label")
+STABLE = (
+    "verdict",
+    "reasons",
+    "speedup",
+    "noise_floor",
+    "threshold",
+    "correctness",
+    "candidate",
+    "usage",
+    "evidence",
+    "state",
+    "round",
+    "label",
+)
 
 
 # ===================================================================================== the log
@@ -195,8 +208,12 @@ def test_kill_9_during_candidate_add_leaves_each_entry_absent_or_whole(tmp_path)
     for i in range(8):
         cand = ws / "kills" / str(i)
         write_files(cand, {"kernel.py": NAIVE + f"# variant {i}\n"})
-        proc = subprocess.Popen([*RSI, "candidate", "add", C, "--from", str(cand)], cwd=ws,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [*RSI, "candidate", "add", C, "--from", str(cand)],
+            cwd=ws,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(rng.uniform(0.2, 0.9))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -215,17 +232,25 @@ def test_kill_9_during_candidate_add_leaves_each_entry_absent_or_whole(tmp_path)
 
 
 def _policy(**kw) -> Policy:
-    attrs = {"rounds": {"up_to": 3}, "deadline_s": None, "final_reserve_s": 0.0,
-             "stop_on": None, "final_seed": 1, **kw}
+    attrs = {
+        "rounds": {"up_to": 3},
+        "deadline_s": None,
+        "final_reserve_s": 0.0,
+        "stop_on": None,
+        "final_seed": 1,
+        **kw,
+    }
     return policy_of(attrs, "BUILD.toml", "//p:c")
 
 
 def test_policy_errors_name_the_field_and_what_to_do():
-    for kw, field_name in (({"rounds": {"exactly": 3}}, "rounds"),
-                           ({"rounds": {"exact": 3}, "stop_on": ["rounds", "agent"]}, "stop_on"),
-                           ({"deadline_s": 10.0, "final_reserve_s": 10.0}, "final_reserve_s"),
-                           ({"stop_on": ["agent"]}, "stop_on"),
-                           ({"stop_on": ["rounds", "deadline"]}, "stop_on")):
+    for kw, field_name in (
+        ({"rounds": {"exactly": 3}}, "rounds"),
+        ({"rounds": {"exact": 3}, "stop_on": ["rounds", "agent"]}, "stop_on"),
+        ({"deadline_s": 10.0, "final_reserve_s": 10.0}, "final_reserve_s"),
+        ({"stop_on": ["agent"]}, "stop_on"),
+        ({"stop_on": ["rounds", "deadline"]}, "stop_on"),
+    ):
         with pytest.raises(DeclarationError) as info:
             _policy(**kw)
         assert info.value.field == field_name and "BUILD.toml" in str(info.value)
@@ -244,10 +269,13 @@ def test_rounds_end_by_budget_stop_or_deadline():
 
 
 def test_budget_exhausted_and_deadline_refuse_rounds_with_a_clear_message(tmp_path):
-    ws = task_workspace(tmp_path, CAMPAIGN.replace("up_to = 6", "up_to = 1")
-                        + CAMPAIGN.replace("[campaign]", "[timed]")
-                        .replace("deadline_s = 3600.0", "deadline_s = 3.0")
-                        .replace("final_reserve_s = 600.0", "final_reserve_s = 2.0"))
+    ws = task_workspace(
+        tmp_path,
+        CAMPAIGN.replace("up_to = 6", "up_to = 1")
+        + CAMPAIGN.replace("[campaign]", "[timed]")
+        .replace("deadline_s = 3600.0", "deadline_s = 3.0")
+        .replace("final_reserve_s = 600.0", "final_reserve_s = 2.0"),
+    )
     cands = ws / "cands"
     rsi_json(ws, "candidate", "add", C, "--from", str(cands / "inplace"))
     refused = rsi_json(ws, "candidate", "add", C, "--from", str(cands / "vectorised"), expect=3)
@@ -273,7 +301,7 @@ def test_budget_exhausted_and_deadline_refuse_rounds_with_a_clear_message(tmp_pa
 
 
 def test_a_final_is_refused_while_the_campaign_is_open(tmp_path):
-    ws = task_workspace(tmp_path, CAMPAIGN.replace('rounds = {up_to = 6}', 'rounds = {exact = 3}'))
+    ws = task_workspace(tmp_path, CAMPAIGN.replace("rounds = {up_to = 6}", "rounds = {exact = 3}"))
     rsi_json(ws, "candidate", "add", C, "--from", str(ws / "cands" / "inplace"))
     doc = rsi_json(ws, "campaign", "final", C, expect=3)
     assert doc["error"]["code"] == "campaign_open" and "2 remaining" in doc["error"]["hint"]
@@ -289,9 +317,207 @@ def test_changing_the_budget_after_the_start_is_refused(tmp_path):
     rsi_json(ws, "candidate", "add", C, "--from", str(ws / "cands" / "inplace"))
     build = ws / "tasks" / "sm" / "BUILD.toml"
     build.write_text(build.read_text().replace("up_to = 6", "up_to = 60"))
-    doc = rsi_json(ws, "candidate", "add", C, "--from", str(ws / "cands" / "vectorised"),
-                   expect=2)
+    doc = rsi_json(ws, "candidate", "add", C, "--from", str(ws / "cands" / "vectorised"), expect=2)
     assert "changed since it started (rounds)" in doc["error"]["message"]
+
+
+def test_the_judge_is_fixed_at_the_start_and_a_change_refuses_rounds_and_the_final(tmp_path):
+    ws = task_workspace(tmp_path, CAMPAIGN)
+    cands, build = ws / "cands", ws / "tasks" / "sm" / "BUILD.toml"
+    rsi_json(ws, "campaign", "start", C)
+    judge = CampaignLog(ws / "cache", C).read()[0]["judge"]
+    assert set(judge["spec"]) == {"spec.json", "check_spec.json"}
+    assert set(judge["runtime"]) == {"tasks/sm/oracle.py", "tasks/sm/workloads.py"}
+    assert set(judge["baseline"]) == {"tasks/sm/baseline/kernel.py"}
+    assert {"check.py", "measure.py", "assess.py", "select.py", "final.py"} <= set(judge["harness"])
+
+    declared = build.read_text()  # the binding's measurement policy changes after the start
+    build.write_text(declared.replace("measure.pairs = 8", "measure.pairs = 9"))
+    refused = rsi_json(ws, "candidate", "add", C, "--from", str(cands / "inplace"), expect=2)
+    assert refused["error"]["code"] == "judge_changed"
+    assert "spec spec.json changed (measure.pairs)" in refused["error"]["message"]
+    assert "new campaign" in refused["error"]["hint"] and "restore" in refused["error"]["hint"]
+    status = rsi_json(ws, "campaign", "status", C)
+    assert status["judge"]["state"] == "changed"
+    assert any("measure.pairs" in w for w in status["warnings"])
+    assert not CampaignLog(ws / "cache", C).read()[1:]  # nothing was appended
+
+    build.write_text(declared)  # restored: the campaign goes on
+    assert rsi_json(ws, "candidate", "add", C, "--from", str(cands / "inplace"))["added"]
+    oracle = ws / "tasks" / "sm" / "oracle.py"
+    oracle.write_text(oracle.read_text() + "# an edit to the task\n")
+    for args in (
+        ("round", C, "--round", "1"),
+        ("campaign", "final", C),
+        ("campaign", "abandon", C, "--round", "1", "--reason", "x"),
+    ):
+        doc = rsi_json(ws, *args, expect=2)
+        assert doc["error"]["code"] == "judge_changed", args
+        assert "task runtime file tasks/sm/oracle.py changed" in doc["error"]["message"], args
+    assert rsi_json(ws, "campaign", "status", C)["judge"]["changes"] == [
+        "task runtime file tasks/sm/oracle.py changed"
+    ]
+
+
+def test_judge_changes_name_the_part_and_the_file():
+    from rules.campaign_cli import judge_changes
+
+    was = {
+        "binding": "//p:b",
+        "spec": {"spec.json": "a/1"},
+        "runtime": {"p/oracle.py": "b/1"},
+        "baseline": {"p/baseline/k.py": "c/1"},
+        "harness": {"check.py": "d/1"},
+    }
+    now = {
+        "binding": "//p:b",
+        "spec": {"spec.json": "a/1"},
+        "runtime": {"p/oracle.py": "b/1"},
+        "baseline": {"p/baseline/k.py": "c/1", "p/baseline/x.py": "e/1"},
+        "harness": {"check.py": "f/1"},
+    }
+    assert judge_changes(was, was) == []
+    changes = judge_changes(was, now)
+    assert changes[0] == "baseline file p/baseline/x.py was added"
+    assert changes[1].startswith("harness script ") and changes[1].endswith("check.py changed")
+
+
+def test_a_faulting_round_is_retryable_in_status_and_abandoning_it_unblocks_the_final(tmp_path):
+    ws = task_workspace(tmp_path, CAMPAIGN.replace("up_to = 6", "up_to = 3"))
+    (ws / "tasks" / "sm" / "workloads.py").write_text("raise RuntimeError('broken task')\n")
+    inplace = str(ws / "cands" / "inplace")
+    faulted = rsi_json(
+        ws, "round", C, "--from", inplace, "--usage", usage_file(ws, "r1", {"calls": 2}), expect=1
+    )  # a harness fault
+    assert faulted["state"] == "failed" and faulted["retryable"]
+    rsi_json(ws, "candidate", "add", C, "--from", str(ws / "cands" / "vectorised"))
+    status = rsi_json(ws, "campaign", "status", C)
+    first, second = status["rounds"]
+    assert (
+        first["state"] == "failed_retryable" and "broken task" in first["last_attempt"]["message"]
+    )
+    assert second["state"] == "not_built" and second["last_attempt"] is None
+
+    gave_up = rsi_json(
+        ws, "campaign", "abandon", C, "--round", "1", "--reason", "the task keeps faulting"
+    )
+    assert gave_up["abandoned_now"] and gave_up["budget"]["rounds_used"] == 2
+    again = rsi_json(ws, "campaign", "abandon", C, "--round", "1", "--reason", "twice")
+    assert not again["abandoned_now"] and again["reason"] == "the task keeps faulting"
+    assert CampaignLog(ws / "cache", C).read()[-1]["kind"] == "abandon"
+    assert (
+        rsi_json(ws, "campaign", "abandon", C, "--round", "9", "--reason", "x", expect=2)["error"][
+            "code"
+        ]
+        == "UsageError"
+    )
+    closed = rsi_json(ws, "round", C, "--round", "1", expect=3)
+    assert closed["error"]["code"] == "round_abandoned"
+    back = rsi_json(ws, "candidate", "add", C, "--from", inplace)  # given up on: a new round
+    assert back["added"] and back["round"] == 3
+    status = rsi_json(ws, "campaign", "status", C)
+    assert [r["state"] for r in status["rounds"]] == ["abandoned", "not_built", "not_built"]
+    assert status["rounds"][0]["abandoned"]["reason"] == "the task keeps faulting"
+    assert status["budget"]["rounds_used"] == 3 and status["budget"]["ended_by"] == "rounds"
+    assert status["counts"]["abandoned"] == 1 and status["usage"]["totals"]["calls"] == 2
+
+    blocked = rsi_json(ws, "campaign", "final", C, expect=1)  # rounds 2 and 3 fault too
+    assert blocked["state"] == "failed" and blocked["retryable"]
+    assert rsi_json(ws, "campaign", "status", C)["final"]["state"] == "failed_retryable"
+    for n in ("2", "3"):
+        rsi_json(ws, "campaign", "abandon", C, "--round", n, "--reason", "same fault")
+    final = rsi_json(ws, "campaign", "final", C)
+    assert final["state"] == "done" and final["final"]["state"] == "no_candidate"
+    report = json.loads(Path(final["report"]["report.json"]["path"]).read_text())
+    assert [a["round"] for a in report["abandoned"]] == [1, 2, 3] and report["rounds"] == []
+    assert report["counts"]["abandoned"] == 3 and report["usage"]["totals"]["calls"] == 2
+    assert "| 1 | abandoned |" in Path(final["report"]["report.md"]["path"]).read_text()
+    status = rsi_json(ws, "campaign", "status", C)
+    assert status["final"]["state"] == "no_candidate" and status["best"]["state"] == "none"
+
+
+def test_an_abandoned_round_is_never_selected_but_counts_against_the_budget(tmp_path):
+    from rsi.digest import digest_bytes
+    from rsi.label import Label
+    from rules.campaign import _generate
+
+    log = CampaignLog(tmp_path, C)
+    files = {"kernel.py": str(digest_bytes(b"k"))}
+    with log.locked():
+        for n in (1, 2):
+            log.append({"kind": "candidate", "time": float(n), "digest": f"d{n}", "files": files})
+        log.append({"kind": "abandon", "time": 3.0, "round": 1, "reason": "keeps faulting"})
+    attrs = {
+        "binding": Label.parse("//tasks/sm:small"),
+        "rounds": {"up_to": 2},
+        "deadline_s": None,
+        "final_reserve_s": 0.0,
+        "stop_on": None,
+        "final_seed": 1,
+    }
+    targets = {t.name: t for t in _generate(Label.parse(C), attrs, {"store": str(tmp_path)})}
+    assert {"campaign.round-1", "campaign.round-2"} <= set(targets)
+    assert targets["campaign.best"].attrs["rounds"] == ["//tasks/sm:campaign.round-2"]
+    assert targets["campaign.final"].attrs["rounds_used"] == 2  # it still used the budget
+    assert targets["campaign.final"].attrs["ended"] == "rounds"
+    assert [a["round"] for a in targets["campaign.report"].attrs["abandoned"]] == [1]
+
+
+GPU_BUILD = TASK_BUILD.replace('framework = "numpy"', 'framework = "torch"') + TASK_BUILD.split(
+    "[small]"
+)[1].join(["\n[gpu]", ""]).replace(
+    'task = ":task"', 'task = ":task"\ndevice = "cuda"\naccelerator = "nvidia-h200"'
+)
+
+
+def test_campaign_bookkeeping_actions_never_ask_for_an_accelerator(tmp_path):
+    from rsi.analysis import analyze
+    from rsi.digest import digest_bytes
+    from rsi.label import Label
+    from rsi.loader import Loader
+    from rsi.registry import load_rules
+
+    campaigns = "".join(
+        f'[{name}]\nrule = "campaign"\nbinding = ":gpu"\nrounds = {{up_to = {n}}}\n\n'
+        for name, n in (("open", 2), ("done", 1))
+    )
+    ws = make_workspace(
+        tmp_path,
+        {
+            "tasks/sm/BUILD.toml": GPU_BUILD + "\n" + campaigns,
+            "tasks/sm/oracle.py": "",
+            "tasks/sm/workloads.py": "",
+            "tasks/sm/baseline/kernel.py": NAIVE,
+        },
+    )
+    store = tmp_path / "store"
+    for name in ("open", "done"):
+        log = CampaignLog(store, f"//tasks/sm:{name}")
+        with log.locked():
+            log.append(
+                {
+                    "kind": "candidate",
+                    "time": 1.0,
+                    "digest": "d1",
+                    "files": {"kernel.py": str(digest_bytes(b"k"))},
+                }
+            )
+    labels = [
+        Label.parse(f"//tasks/sm:{c}.{t}")
+        for c in ("open", "done")
+        for t in ("round-1", "best", "final", "report")
+    ]
+    graph = analyze(
+        Loader(ws, load_rules(), {"store": str(store)}), labels, store_put=digest_bytes, settings={}
+    )
+    platforms: dict[str, list[dict]] = {}
+    for spec in graph.actions.values():
+        platforms.setdefault(spec.mnemonic, []).append(dict(spec.platform))
+    for mnemonic in ("RoundDoc", "Snapshot", "Select", "Report", "FinalPending"):
+        assert platforms[mnemonic], mnemonic
+        assert all(set(p) == {"toolchain"} for p in platforms[mnemonic]), mnemonic
+    for mnemonic in ("Check", "Measure", "BaselineCheck", "Calibrate", "Final"):
+        assert all(p.get("accelerator") == "nvidia-h200" for p in platforms[mnemonic]), mnemonic
 
 
 # ====================================================================================== usage
@@ -306,8 +532,7 @@ def test_usage_keeps_unknown_values_null_and_a_real_zero(tmp_path):
     assert u["tokens"] == {"input": 100, "output": None, "cached": 0}
     assert u["device_s"] == 0.0 and u["calls"] is None and u["wall_s"] is None
     assert parse_usage(None)["tokens"]["input"] is None
-    for bad in ({"tokens": {"input": 5, "cached": 9}}, {"calls": -1}, {"calls": 1.5},
-                {"wall": 3}):
+    for bad in ({"tokens": {"input": 5, "cached": 9}}, {"calls": -1}, {"calls": 1.5}, {"wall": 3}):
         path.write_text(json.dumps(bad))
         with pytest.raises(UsageError):
             parse_usage(str(path))
@@ -316,8 +541,9 @@ def test_usage_keeps_unknown_values_null_and_a_real_zero(tmp_path):
 def _harness(stem: str):
     from importlib import util
 
-    spec = util.spec_from_file_location(f"rsi_test_{stem}", REPO / "rules" / "harness"
-                                        / f"{stem}.py")
+    spec = util.spec_from_file_location(
+        f"rsi_test_{stem}", REPO / "rules" / "harness" / f"{stem}.py"
+    )
     module = util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -325,9 +551,11 @@ def _harness(stem: str):
 
 def test_usage_totals_never_double_count_and_stay_null_when_unknown():
     report = _harness("report")
-    per_round = [{"tokens": {"input": 100, "output": 10, "cached": 40}, "calls": 0},
-                 {"tokens": {"input": 50, "output": None, "cached": None}, "calls": None},
-                 {}]
+    per_round = [
+        {"tokens": {"input": 100, "output": 10, "cached": 40}, "calls": 0},
+        {"tokens": {"input": 50, "output": None, "cached": None}, "calls": None},
+        {},
+    ]
     doc = report.usage_totals(per_round)
     assert doc["totals"]["tokens.input"] == 150  # cached is part of input, never added
     assert doc["totals"]["tokens.cached"] == 40 and doc["unknown_rounds"]["tokens.cached"] == 2
@@ -340,19 +568,32 @@ def test_usage_totals_never_double_count_and_stay_null_when_unknown():
 
 def _round_doc(n: int, verdict: str, point: float | None, lo: float | None = None) -> dict:
     sp = None if point is None else {"point": point, "lo": lo or point * 0.9, "hi": point * 1.1}
-    return {"round": n, "label": f"//p:c.round-{n}", "verdict": verdict, "speedup": sp,
-            "candidate": {"digest": f"d{n}", "files": {}, "hypothesis": None}}
+    return {
+        "round": n,
+        "label": f"//p:c.round-{n}",
+        "verdict": verdict,
+        "speedup": sp,
+        "candidate": {"digest": f"d{n}", "files": {}, "hypothesis": None},
+    }
 
 
 def test_best_is_the_highest_paired_improvement_among_pass_rounds_only():
     sel = _harness("select")
-    doc = sel.select([_round_doc(1, "PASS", 1.3), _round_doc(2, "INCONCLUSIVE", 3.0),
-                      _round_doc(3, "FAIL", 9.0), _round_doc(4, "PASS", 1.6),
-                      _round_doc(5, "PASS", 1.6, lo=1.5)])
+    doc = sel.select(
+        [
+            _round_doc(1, "PASS", 1.3),
+            _round_doc(2, "INCONCLUSIVE", 3.0),
+            _round_doc(3, "FAIL", 9.0),
+            _round_doc(4, "PASS", 1.6),
+            _round_doc(5, "PASS", 1.6, lo=1.5),
+        ]
+    )
     assert doc["selected"]["round"] == 5  # tie on the point: the higher lower bound
     assert [r["eligible"] for r in doc["considered"]] == [True, False, False, True, True]
-    assert sel.select([_round_doc(1, "FAIL", None), _round_doc(2, "INCONCLUSIVE", 2.0)]
-                      )["selected"] is None
+    assert (
+        sel.select([_round_doc(1, "FAIL", None), _round_doc(2, "INCONCLUSIVE", 2.0)])["selected"]
+        is None
+    )
 
 
 # =============================================================================== agent loops
@@ -361,13 +602,26 @@ def test_best_is_the_highest_paired_improvement_among_pass_rounds_only():
 def test_scripted_agent_loop_through_a_catalog_task(tmp_path):
     ws = task_workspace(tmp_path, CAMPAIGN)
     cands = ws / "cands"
-    plan = [("vectorised", "vectorise the row loop",
-             {"tokens": {"input": 1200, "output": 300, "cached": 800}, "calls": 2}),
-            ("wrong", "normalise once over the batch", None),
-            ("syntax", None, {"tokens": {"input": 0, "output": 0, "cached": 0}, "calls": 0,
-                              "wall_s": 0.0, "device_s": 0.0}),
-            ("unchanged", "maybe the baseline is fine", None),
-            ("inplace", "float32 in place, no temporaries", {"wall_s": 12.5})]
+    plan = [
+        (
+            "vectorised",
+            "vectorise the row loop",
+            {"tokens": {"input": 1200, "output": 300, "cached": 800}, "calls": 2},
+        ),
+        ("wrong", "normalise once over the batch", None),
+        (
+            "syntax",
+            None,
+            {
+                "tokens": {"input": 0, "output": 0, "cached": 0},
+                "calls": 0,
+                "wall_s": 0.0,
+                "device_s": 0.0,
+            },
+        ),
+        ("unchanged", "maybe the baseline is fine", None),
+        ("inplace", "float32 in place, no temporaries", {"wall_s": 12.5}),
+    ]
     docs = {}
     for number, (name, hypothesis, usage) in enumerate(plan, 1):
         args = ["round", C, "--from", str(cands / name)]
@@ -407,7 +661,12 @@ def test_scripted_agent_loop_through_a_catalog_task(tmp_path):
 
     status = rsi_json(ws, "campaign", "status", C)
     assert [r["verdict"] for r in status["rounds"]] == [
-        "PASS", "FAIL", "FAIL", "INCONCLUSIVE", "PASS"]
+        "PASS",
+        "FAIL",
+        "FAIL",
+        "INCONCLUSIVE",
+        "PASS",
+    ]
     assert status["best"]["round"] == docs[best_name]["round"]
     assert status["final"]["state"] == "pending" and status["budget"]["state"] == "open"
     totals, unknown = status["usage"]["totals"], status["usage"]["unknown_rounds"]
@@ -429,8 +688,11 @@ def test_scripted_agent_loop_through_a_catalog_task(tmp_path):
     assert f["verdict"] == "PASS" and f["confirms_selection"]
     assert f["reseeded"]["spec"]["seed"][0] != f["reseeded"]["spec"]["seed"][1]
     assert f["reseeded"]["spec"]["measure.seed"][0] != f["reseeded"]["spec"]["measure.seed"][1]
-    ran = [e for e in read_events(events) if e["kind"] == "action_finished"
-           and e.get("cache") == "miss"]
+    ran = [
+        e
+        for e in read_events(events)
+        if e["kind"] == "action_finished" and e.get("cache") == "miss"
+    ]
     assert {"Final", "Report"} <= {e["mnemonic"] for e in ran}
     round_keys = {e.get("key") for e in read_events(events) if "round-" in e.get("label", "")}
     assert not round_keys & {e["key"] for e in ran if e["mnemonic"] == "Final"}
@@ -494,8 +756,10 @@ def _wait_for_process(root: int, needle: str, timeout: float = 60) -> list[int]:
 def _wait_for_event(path: Path, mnemonic: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if any(e["kind"] == "action_started" and e.get("mnemonic") == mnemonic
-               for e in read_events_tolerant(path)):
+        if any(
+            e["kind"] == "action_started" and e.get("mnemonic") == mnemonic
+            for e in read_events_tolerant(path)
+        ):
             return
         time.sleep(0.05)
     raise AssertionError(f"{mnemonic} never started")
@@ -519,9 +783,13 @@ def test_an_infrastructure_fault_or_a_kill_9_leaves_the_round_retryable(tmp_path
 
     # 1. the harness dies mid-measurement: no verdict, nothing cached, the round is retryable
     events = ws.parent / "ev1.jsonl"
-    proc = subprocess.Popen([*RSI, "round", C, "--from", str(cands / "vectorised"), "--json",
-                             "--events", str(events)], cwd=ws, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*RSI, "round", C, "--from", str(cands / "vectorised"), "--json", "--events", str(events)],
+        cwd=ws,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for_event(events, "Measure")
     for pid in _wait_for_process(proc.pid, "measure.py"):
         os.kill(pid, signal.SIGKILL)
@@ -531,15 +799,21 @@ def test_an_infrastructure_fault_or_a_kill_9_leaves_the_round_retryable(tmp_path
     doc = json.loads(out)
     assert doc["state"] == "failed" and doc["retryable"] and doc["verdict"] is None
     assert any("Measure" in e["action"] for e in doc["errors"])
-    assert "--round 1" in doc["hint"]
+    assert "--round 1" in doc["hint"] and "rsi campaign abandon" in doc["hint"]
+    faulted = rsi_json(ws, "campaign", "status", C)["rounds"][0]
+    assert faulted["state"] == "failed_retryable" and faulted["retryable"]
+    assert "Measure" in faulted["last_attempt"]["message"]
     retried = rsi_json(ws, "round", C, "--round", "1")
     assert retried["state"] == "done" and retried["verdict"] == "PASS"
 
     # 2. `kill -9` of rsi itself mid-round: the entry is logged whole, the next build resumes
     events = ws.parent / "ev2.jsonl"
-    proc = subprocess.Popen([*RSI, "round", C, "--from", str(cands / "inplace"), "--json",
-                             "--events", str(events)], cwd=ws, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*RSI, "round", C, "--from", str(cands / "inplace"), "--json", "--events", str(events)],
+        cwd=ws,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     _wait_for_event(events, "Measure")
     _wait_for_process(proc.pid, "measure.py")
     children = _descendants(proc.pid)
@@ -549,7 +823,7 @@ def test_an_infrastructure_fault_or_a_kill_9_leaves_the_round_retryable(tmp_path
     left = {p: _cmdline(p) for p in children if _alive(p)}
     assert children and not left, left  # nothing left running
     status = rsi_json(ws, "campaign", "status", C)
-    assert [r["state"] for r in status["rounds"]] == ["done", "not_built"]
+    assert [r["state"] for r in status["rounds"]] == ["done", "interrupted"]  # its rsi died
     resumed = rsi_json(ws, "round", C, "--from", str(cands / "inplace"))  # same content
     assert resumed["round"] == 2 and resumed["added"] is False
     assert resumed["state"] == "done" and resumed["verdict"] == "PASS"
@@ -557,8 +831,13 @@ def test_an_infrastructure_fault_or_a_kill_9_leaves_the_round_retryable(tmp_path
     # 3. a final that faults is not cached either: asking again runs it
     rsi_json(ws, "campaign", "stop", C)
     events = ws.parent / "ev3.jsonl"
-    proc = subprocess.Popen([*RSI, "campaign", "final", C, "--json", "--events", str(events)],
-                            cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*RSI, "campaign", "final", C, "--json", "--events", str(events)],
+        cwd=ws,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for_event(events, "Final")
     for pid in _wait_for_process(proc.pid, "measure.py"):
         os.kill(pid, signal.SIGKILL)
@@ -571,7 +850,7 @@ def test_an_infrastructure_fault_or_a_kill_9_leaves_the_round_retryable(tmp_path
     assert final["final"]["verdict"] == "PASS"
 
 
-PROJECT_BUILD = '''\
+PROJECT_BUILD = """\
 [proj]
 rule = "external_project"
 root = "../../proj"
@@ -589,17 +868,17 @@ assess = {min_improvement = 0.05, bootstrap_resamples = 500, min_pairs = 5}
 rule = "campaign"
 binding = ":proj"
 rounds = {exact = 5}
-'''
+"""
 PROJECT_CANDIDATES = {
     "closed_form": "PATTERN = [(i * i) % 7 for i in range(7)]\n\n\n"
-                   "def compute(n: int) -> int:\n"
-                   "    return (n // 7) * sum(PATTERN) + sum(PATTERN[: n % 7])\n",
+    "def compute(n: int) -> int:\n"
+    "    return (n // 7) * sum(PATTERN) + sum(PATTERN[: n % 7])\n",
     "wrong": "def compute(n: int) -> int:\n    return sum((i * i) % 5 for i in range(n))\n",
     "syntax": "def compute(n:\n    return 0\n",
     "unchanged": (FIXTURE / "src" / "work.py").read_text(),
     "chunked": "def compute(n: int) -> int:\n    total = 0\n    for _ in range(n // 7):\n"
-               "        total += 14\n"
-               "    return total + sum((i * i) % 7 for i in range(n - n % 7, n))\n",
+    "        total += 14\n"
+    "    return total + sum((i * i) % 7 for i in range(n - n % 7, n))\n",
 }
 
 
@@ -607,8 +886,9 @@ def test_scripted_agent_loop_through_an_external_project(tmp_path):
     ws = make_workspace(tmp_path, {"tasks/ext/BUILD.toml": PROJECT_BUILD})
     proj = ws / "proj"
     shutil.copytree(FIXTURE, proj)
-    original = {p.relative_to(proj).as_posix(): p.read_bytes() for p in proj.rglob("*")
-                if p.is_file()}
+    original = {
+        p.relative_to(proj).as_posix(): p.read_bytes() for p in proj.rglob("*") if p.is_file()
+    }
     camp = "//tasks/ext:campaign"
     start = rsi_json(ws, "campaign", "start", camp)
     assert set(start["frozen"]["protocol"]) == {"bench.py", "quality.py"}
@@ -626,8 +906,11 @@ def test_scripted_agent_loop_through_an_external_project(tmp_path):
             (proj / "bench.py").write_text("print(1.0)\nprint(1.0)\n")  # keeps its frozen ones
             (proj / "src" / "work.py").write_text(PROJECT_CANDIDATES["closed_form"])
             build = ws / "tasks" / "ext" / "BUILD.toml"
-            build.write_text(build.read_text().replace(
-                'quality_cmd = "python3 quality.py"', 'quality_cmd = "echo {}"'))
+            build.write_text(
+                build.read_text().replace(
+                    'quality_cmd = "python3 quality.py"', 'quality_cmd = "echo {}"'
+                )
+            )
 
     assert docs["closed_form"]["verdict"] == "PASS" and docs["chunked"]["verdict"] == "PASS"
     assert docs["wrong"]["verdict"] == "FAIL"

@@ -1,6 +1,6 @@
-"""A campaign's report: every round's verdict, the selection, the final and the agent's usage,
-as JSON (rsi.campaign.report/1) and as Markdown for people. Stdlib only; a pure function of the
-round, best and final documents."""
+"""A campaign's report: every round's verdict, the rounds given up on (abandoned), the selection,
+the final and the agent's usage, as JSON (rsi.campaign.report/1) and as Markdown for people.
+Stdlib only; a pure function of the round, best and final documents and the abandoned list."""
 
 from __future__ import annotations
 
@@ -35,42 +35,101 @@ def _fmt(x, spec=".3f") -> str:
     return "null" if x is None else format(x, spec)
 
 
-def report(campaign: str, rounds: list[dict], best: dict, final: dict) -> dict:
+def report(
+    campaign: str, rounds: list[dict], best: dict, final: dict, abandoned: list[dict] | None = None
+) -> dict:
+    gave_up = [
+        {
+            "round": a["round"],
+            "label": a["label"],
+            "reason": a.get("reason") or None,
+            "time": a.get("time"),
+            "candidate_digest": a.get("candidate_digest"),
+            "hypothesis": a.get("hypothesis"),
+            "usage": a.get("usage"),
+        }
+        for a in sorted(abandoned or [], key=lambda d: d["round"])
+    ]
     rows = []
     for r in sorted(rounds, key=lambda d: d["round"]):
         sp = r.get("speedup") or {}
-        rows.append({"round": r["round"], "label": r["label"], "verdict": r["verdict"],
-                     "speedup": sp or None, "candidate_digest": r["candidate"]["digest"],
-                     "hypothesis": r["candidate"]["hypothesis"],
-                     "failure_kind": r["correctness"]["failure_kind"],
-                     "reasons": [x.get("code") for x in r.get("reasons") or []],
-                     "usage": r.get("usage")})
-    counts = {v: sum(1 for r in rows if r["verdict"] == v) for v in ("PASS", "FAIL",
-                                                                      "INCONCLUSIVE")}
-    return {"schema": SCHEMA, "campaign": campaign, "rounds": rows, "counts": counts,
-            "best": best.get("selected"), "selection_rule": best.get("rule"),
-            "final": final, "usage": usage_totals([r.get("usage") or {} for r in rounds])}
+        rows.append(
+            {
+                "round": r["round"],
+                "label": r["label"],
+                "verdict": r["verdict"],
+                "speedup": sp or None,
+                "candidate_digest": r["candidate"]["digest"],
+                "hypothesis": r["candidate"]["hypothesis"],
+                "failure_kind": r["correctness"]["failure_kind"],
+                "reasons": [x.get("code") for x in r.get("reasons") or []],
+                "usage": r.get("usage"),
+            }
+        )
+    counts = {
+        v: sum(1 for r in rows if r["verdict"] == v) for v in ("PASS", "FAIL", "INCONCLUSIVE")
+    }
+    counts["abandoned"] = len(gave_up)
+    # NB: an abandoned round was still paid for: its usage counts in the totals
+    spent = [r.get("usage") or {} for r in rounds] + [a["usage"] or {} for a in gave_up]
+    return {
+        "schema": SCHEMA,
+        "campaign": campaign,
+        "rounds": rows,
+        "abandoned": gave_up,
+        "counts": counts,
+        "best": best.get("selected"),
+        "selection_rule": best.get("rule"),
+        "final": final,
+        "usage": usage_totals(spent),
+    }
 
 
 def markdown(doc: dict) -> str:
-    lines = [f"# Campaign {doc['campaign']}", "",
-             f"{len(doc['rounds'])} round(s): {doc['counts']['PASS']} PASS, "
-             f"{doc['counts']['FAIL']} FAIL, {doc['counts']['INCONCLUSIVE']} INCONCLUSIVE", "",
-             "| round | verdict | speedup | interval | failure | hypothesis |",
-             "|---|---|---|---|---|---|"]
+    gave_up = doc.get("abandoned") or []
+    lines = [
+        f"# Campaign {doc['campaign']}",
+        "",
+        f"{len(doc['rounds']) + len(gave_up)} round(s): {doc['counts']['PASS']} PASS, "
+        f"{doc['counts']['FAIL']} FAIL, {doc['counts']['INCONCLUSIVE']} INCONCLUSIVE"
+        + (f", {len(gave_up)} abandoned" if gave_up else ""),
+        "",
+        "| round | verdict | speedup | interval | failure | hypothesis |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def cell(text) -> str:
+        return (text or "").replace("|", "/").replace("\n", " ")[:80]
+
+    table = []
     for r in doc["rounds"]:
         sp = r["speedup"] or {}
         interval = f"[{_fmt(sp.get('lo'))}, {_fmt(sp.get('hi'))}]" if sp else ""
-        hyp = (r["hypothesis"] or "").replace("|", "/").replace("\n", " ")[:80]
-        lines.append(f"| {r['round']} | {r['verdict']} | {_fmt(sp.get('point'))} | {interval} "
-                     f"| {r['failure_kind'] or ''} | {hyp} |")
+        table.append(
+            (
+                r["round"],
+                f"| {r['round']} | {r['verdict']} | {_fmt(sp.get('point'))} "
+                f"| {interval} | {r['failure_kind'] or ''} | {cell(r['hypothesis'])} |",
+            )
+        )
+    for a in gave_up:
+        table.append(
+            (
+                a["round"],
+                f"| {a['round']} | abandoned |  |  | {cell(a['reason'])} "
+                f"| {cell(a['hypothesis'])} |",
+            )
+        )
+    lines += [row for _, row in sorted(table)]
     best = doc["best"]
     lines += ["", "## Best", ""]
     if best:
         sp = best["speedup"]
-        lines.append(f"round {best['round']} ({best['candidate_digest']}): "
-                     f"{_fmt(sp['point'])}x [{_fmt(sp['lo'])}, {_fmt(sp['hi'])}] against its "
-                     "own paired baseline")
+        lines.append(
+            f"round {best['round']} ({best['candidate_digest']}): "
+            f"{_fmt(sp['point'])}x [{_fmt(sp['lo'])}, {_fmt(sp['hi'])}] against its "
+            "own paired baseline"
+        )
     else:
         lines.append("none: no round passed")
     lines.append(f"selection rule: {doc['selection_rule']}")
@@ -78,15 +137,22 @@ def markdown(doc: dict) -> str:
     lines += ["", "## Final", ""]
     if final.get("state") == "done":
         sp = final.get("speedup") or {}
-        lines.append(f"{final['verdict']}: {_fmt(sp.get('point'))}x "
-                     f"[{_fmt(sp.get('lo'))}, {_fmt(sp.get('hi'))}] — an independent "
-                     f"re-measure of round {final['selected']['round']} with fresh seeds")
+        lines.append(
+            f"{final['verdict']}: {_fmt(sp.get('point'))}x "
+            f"[{_fmt(sp.get('lo'))}, {_fmt(sp.get('hi'))}] — an independent "
+            f"re-measure of round {final['selected']['round']} with fresh seeds"
+        )
         for reason in final.get("reasons") or []:
             lines.append(f"- {reason.get('code')}: {reason.get('detail')}")
     else:
         lines.append(f"{final.get('state', 'unknown')}: {final.get('message', '')}")
-    lines += ["", "## Usage (reported by the agent)", "", "| field | total | rounds unknown |",
-              "|---|---|---|"]
+    lines += [
+        "",
+        "## Usage (reported by the agent)",
+        "",
+        "| field | total | rounds unknown |",
+        "|---|---|---|",
+    ]
     for name, total in doc["usage"]["totals"].items():
         lines.append(f"| {name} | {_fmt(total, 'g')} | {doc['usage']['unknown_rounds'][name]} |")
     return "\n".join(lines) + "\n"
@@ -98,15 +164,24 @@ def main() -> int:
     ap.add_argument("--round", dest="rounds", action="append", type=Path, default=[])
     ap.add_argument("--best", required=True, type=Path)
     ap.add_argument("--final", required=True, type=Path)
+    ap.add_argument("--abandoned", type=Path, help="JSON list of the abandoned rounds")
     ap.add_argument("--out-json", required=True, type=Path)
     ap.add_argument("--out-md", required=True, type=Path)
     args = ap.parse_args()
     try:
         rounds = [json.loads(p.read_text()) for p in args.rounds]
-        doc = report(args.campaign, rounds, json.loads(args.best.read_text()),
-                     json.loads(args.final.read_text()))
-        for path, text in ((args.out_json, json.dumps(doc, indent=1, sort_keys=True) + "\n"),
-                           (args.out_md, markdown(doc))):
+        abandoned = json.loads(args.abandoned.read_text()) if args.abandoned else []
+        doc = report(
+            args.campaign,
+            rounds,
+            json.loads(args.best.read_text()),
+            json.loads(args.final.read_text()),
+            abandoned,
+        )
+        for path, text in (
+            (args.out_json, json.dumps(doc, indent=1, sort_keys=True) + "\n"),
+            (args.out_md, markdown(doc)),
+        ):
             tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
             tmp.write_text(text)
             os.replace(tmp, path)
