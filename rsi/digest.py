@@ -266,7 +266,8 @@ class FileDigestMemo:
             self._entries[key] = sig + [digest.hash]
             self._dirty = True
         elif hit is not None:
-            del self._entries[key]
+            # NB: pop, not del: executor threads may drop the same entry at once
+            self._entries.pop(key, None)
             self._dirty = True
         return digest
 
@@ -279,7 +280,8 @@ class FileDigestMemo:
             return
         from rsi.fsutil import atomic_write_bytes
 
-        data = json.dumps({"function": self.function, "entries": self._entries}).encode()
+        entries = dict(self._entries)  # NB: a snapshot; other threads may still be adding
+        data = json.dumps({"function": self.function, "entries": entries}).encode()
         try:
             atomic_write_bytes(self.path, data)
         except OSError:

@@ -176,8 +176,9 @@ def test_symlink_out_of_the_tree_is_never_read(tree, tmp_path, monkeypatch):
     os.symlink(str(secret), tree / "escape")
     read: list[str] = []
     real = digest_mod.digest_file
-    monkeypatch.setattr(digest_mod, "digest_file",
-                        lambda p, f="blake3": read.append(os.fspath(p)) or real(p, f))
+    monkeypatch.setattr(
+        digest_mod, "digest_file", lambda p, f="blake3": read.append(os.fspath(p)) or real(p, f)
+    )
     with pytest.raises(TreeError):
         scan_tree(tree)
     assert not any(p.endswith("escape") or p == str(secret) for p in read)
@@ -290,7 +291,8 @@ def test_memo_for_another_digest_function_is_ignored(tmp_path, monkeypatch, late
     memo.save()
     reads = Counter(monkeypatch)
     assert FileDigestMemo(tmp_path / "memo.json", "sha256").digest(path) == digest_bytes(
-        b"content", "sha256")
+        b"content", "sha256"
+    )
     assert len(reads) == 1
 
 
@@ -310,3 +312,36 @@ def test_tree_scan_with_memo_reads_each_unchanged_file_once(tree, monkeypatch, l
     (tree / "a.txt").write_text("changed")
     scan_tree(tree, memo)
     assert reads.paths == [str(tree / "a.txt")]
+
+
+def test_the_memo_survives_threads_that_race_on_one_changing_file(tmp_path):
+    """Executor threads verify the same blob while hard links to it come and go (each link
+    changes its ctime): concurrent memo updates must never raise."""
+    import threading
+
+    from rsi.digest import FileDigestMemo
+
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"x" * 100)
+    old = blob.stat().st_mtime_ns - 5_000_000_000
+    os.utime(blob, ns=(old, old))
+    memo = FileDigestMemo(None)
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        try:
+            for i in range(300):
+                link = tmp_path / f"l{n}-{i}"
+                os.link(blob, link)
+                memo._entries[str(blob)] = [0, 0, 0, 0, "stale"]  # a stale entry, as after a link
+                memo.digest(blob)
+                link.unlink()
+        except BaseException as exc:  # noqa: BLE001 - the test collects whatever a thread raises
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
