@@ -10,23 +10,25 @@ device they skip with the reason below, and with one they run for real.
 
 from __future__ import annotations
 
-import copy
-import importlib.util
 import json
 import re
 import shutil
-import subprocess
-import sys
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from harness_support import (
+    ROOT,
+    TASKS,
+    load_harness_module,
+    run_check,
+    run_harness,
+    run_measure,
+    task_spec,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-HARNESS = ROOT / "rules" / "harness"
-TASKS = ROOT / "tasks"
 SILU = TASKS / "silu_mul"
 
 NO_CUDA_REASON = "no CUDA device: torch.cuda.is_available() is False"
@@ -34,81 +36,12 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA_RE
 
 
 def _load(stem: str):
-    spec = importlib.util.spec_from_file_location(f"_rsi_test_gpu_{stem}", HARNESS / f"{stem}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_harness_module(stem, prefix="_rsi_test_gpu")
 
 
 C = _load("_common")
-
-
-def task_spec(task: str, **overrides) -> dict:
-    spec = copy.deepcopy(json.loads((TASKS / task / "harness_spec.example.json").read_text()))
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(spec.get(key), dict):
-            spec[key].update(value)
-        else:
-            spec[key] = value
-    return spec
-
-
-def run_harness(script: str, args: list[str], cwd: Path, timeout: float = 300):
-    return subprocess.run(
-        [sys.executable, "-I", "-B", str(HARNESS / script), *args],
-        cwd=cwd,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def _check(tmp_path: Path, task: str, impl: Path, spec: dict, name: str = "check"):
-    spec_path = tmp_path / f"{name}.spec.json"
-    spec_path.write_text(json.dumps(spec))
-    out = tmp_path / f"{name}.json"
-    proc = run_harness(
-        "check.py",
-        [
-            "--task",
-            str(TASKS / task),
-            "--impl",
-            str(impl),
-            "--spec",
-            str(spec_path),
-            "--out",
-            str(out),
-        ],
-        tmp_path,
-    )
-    return proc, out
-
-
-def _measure(
-    tmp_path: Path, task: str, baseline: Path, candidate: Path, spec: dict, name: str = "measure"
-):
-    spec_path = tmp_path / f"{name}.spec.json"
-    spec_path.write_text(json.dumps(spec))
-    out = tmp_path / f"{name}.json"
-    proc = run_harness(
-        "measure.py",
-        [
-            "--task",
-            str(TASKS / task),
-            "--baseline",
-            str(baseline),
-            "--candidate",
-            str(candidate),
-            "--spec",
-            str(spec_path),
-            "--out",
-            str(out),
-        ],
-        tmp_path,
-    )
-    return proc, out
+_check = run_check
+_measure = run_measure
 
 
 # ------------------------------------------------------------------------- bandwidth arithmetic

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,63 +11,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from harness_support import (
+    HARNESS,
+    TASKS,
+    load_harness_module,
+    run_check,
+    run_harness,
+    run_measure,
+    task_spec,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-HARNESS = ROOT / "rules" / "harness"
-TASKS = ROOT / "tasks"
 HOSTILE = Path(__file__).resolve().parent / "fixtures" / "hostile"
-
-
-def _load_stats():
-    spec = importlib.util.spec_from_file_location("_rsi_test_stats", HARNESS / "stats.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-stats = _load_stats()
-
-
-def task_spec(task: str, **overrides) -> dict:
-    spec = json.loads((TASKS / task / "harness_spec.example.json").read_text())
-    spec = copy.deepcopy(spec)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(spec.get(key), dict):
-            spec[key].update(value)
-        else:
-            spec[key] = value
-    return spec
-
-
-def run_harness(script: str, args: list[str], cwd: Path, timeout: float = 120):
-    return subprocess.run(
-        [sys.executable, "-I", "-B", str(HARNESS / script), *args],
-        cwd=cwd,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+stats = load_harness_module("stats")
 
 
 def check(tmp_path: Path, task: str, impl: Path, spec: dict, name: str = "check") -> dict:
-    spec_path = tmp_path / f"{name}.spec.json"
-    spec_path.write_text(json.dumps(spec))
-    out = tmp_path / f"{name}.json"
-    proc = run_harness(
-        "check.py",
-        [
-            "--task",
-            str(TASKS / task),
-            "--impl",
-            str(impl),
-            "--spec",
-            str(spec_path),
-            "--out",
-            str(out),
-        ],
-        tmp_path,
-    )
+    proc, out = run_check(tmp_path, task, impl, spec, name)
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text())
 
@@ -77,25 +34,7 @@ def check(tmp_path: Path, task: str, impl: Path, spec: dict, name: str = "check"
 def measure(
     tmp_path: Path, task: str, baseline: Path, candidate: Path, spec: dict, name: str = "measure"
 ) -> dict:
-    spec_path = tmp_path / f"{name}.spec.json"
-    spec_path.write_text(json.dumps(spec))
-    out = tmp_path / f"{name}.json"
-    proc = run_harness(
-        "measure.py",
-        [
-            "--task",
-            str(TASKS / task),
-            "--baseline",
-            str(baseline),
-            "--candidate",
-            str(candidate),
-            "--spec",
-            str(spec_path),
-            "--out",
-            str(out),
-        ],
-        tmp_path,
-    )
+    proc, out = run_measure(tmp_path, task, baseline, candidate, spec, name)
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text())
 
