@@ -8,6 +8,7 @@ the local store except through `LocalStore`'s atomic writes.
 
 from __future__ import annotations
 
+import collections
 import os
 import tempfile
 import threading
@@ -131,6 +132,71 @@ def _function_names(values: Iterable[int]) -> tuple[str, ...]:
     return tuple(names)
 
 
+HEADERS_ENV = "RSI_REMOTE_HEADERS"
+
+
+def remote_headers(text: str | None = None) -> tuple[tuple[str, str], ...]:
+    """Extra gRPC metadata for every call, e.g. BuildBuddy's API key:
+    `RSI_REMOTE_HEADERS="x-buildbuddy-api-key=KEY"` (comma-separated KEY=VALUE pairs).
+    Read from the environment, never from rsi.toml, so a secret is never committed."""
+    text = os.environ.get(HEADERS_ENV, "") if text is None else text
+    headers = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(
+                f"{HEADERS_ENV}: {item!r} is not KEY=VALUE",
+                hint=f'e.g. {HEADERS_ENV}="x-buildbuddy-api-key=KEY,x-other=VALUE"',
+            )
+        headers.append((key.strip().lower(), value.strip()))  # NB: gRPC keys are lower-case
+    return tuple(headers)
+
+
+class _CallDetails(
+    collections.namedtuple(
+        "_CallDetails",
+        ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"),
+    ),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+class _Headers(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds the configured metadata to every call on a channel."""
+
+    def __init__(self, headers: tuple[tuple[str, str], ...]) -> None:
+        self.headers = headers
+
+    def _details(self, d):
+        metadata = [*(d.metadata or ()), *self.headers]
+        return _CallDetails(
+            d.method,
+            d.timeout,
+            metadata,
+            d.credentials,
+            getattr(d, "wait_for_ready", None),
+            getattr(d, "compression", None),
+        )
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):
+        return continuation(self._details(details), requests)
+
+
 class RemoteClient:
     """One channel to one REAPI server. Thread-safe: gRPC stubs are, and state is read-only
     after `capabilities()` has run once."""
@@ -158,6 +224,9 @@ class RemoteClient:
             )
         else:
             self.channel = grpc.insecure_channel(self.endpoint.target, options=options)
+        headers = remote_headers()
+        if headers:
+            self.channel = grpc.intercept_channel(self.channel, _Headers(headers))
         self._cas = re_grpc.ContentAddressableStorageStub(self.channel)
         self._ac = re_grpc.ActionCacheStub(self.channel)
         self._caps = re_grpc.CapabilitiesStub(self.channel)
