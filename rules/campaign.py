@@ -32,6 +32,7 @@ from rules.domain import (
     PY,
     harness_files,
     toolchain_platform,
+    render_action,
     verdict_actions,
 )
 
@@ -909,24 +910,7 @@ def project_actions(
         platform=platform,
         timeout_s=120,
     )[0]
-    out["table"] = ctx.action(
-        argv=[
-            *PY,
-            f"{HARNESS_EXEC}/render.py",
-            "--verdict",
-            out["verdict"].path,
-            "--check",
-            out["check"].path,
-            "--out",
-            ctx.exec_path(f"{prefix}verdict.txt"),
-        ],
-        inputs=[*harness_files("render"), out["verdict"], out["check"]],
-        outputs=[f"{prefix}verdict.txt"],
-        mnemonic="Render",
-        env=ENV,
-        platform=platform,
-        timeout_s=60,
-    )[0]
+    out["table"] = render_action(ctx, out["verdict"], out["check"], prefix, platform)
     return out
 
 

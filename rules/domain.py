@@ -419,25 +419,34 @@ def verdict_actions(
         platform=info.get("host_platform", info["platform"]),
         timeout_s=120,
     )[0]
-    out["table"] = ctx.action(
+    out["table"] = render_action(
+        ctx, out["verdict"], out["check"], prefix, info.get("host_platform", info["platform"])
+    )
+    return out
+
+
+def render_action(
+    ctx: RuleContext, verdict: Artifact, check: Artifact, prefix: str, platform
+) -> Artifact:
+    """The verdict table people read (`verdict.txt`) from a verdict and its check."""
+    return ctx.action(
         argv=[
             *PY,
             f"{HARNESS_EXEC}/render.py",
             "--verdict",
-            out["verdict"].path,
+            verdict.path,
             "--check",
-            out["check"].path,
+            check.path,
             "--out",
             ctx.exec_path(f"{prefix}verdict.txt"),
         ],
-        inputs=[*harness_files("render"), out["verdict"], out["check"]],
+        inputs=[*harness_files("render"), verdict, check],
         outputs=[f"{prefix}verdict.txt"],
         mnemonic="Render",
         env=ENV,
-        platform=info.get("host_platform", info["platform"]),
+        platform=platform,
         timeout_s=60,
     )[0]
-    return out
 
 
 def _verdict(ctx: RuleContext) -> Provider:
