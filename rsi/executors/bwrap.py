@@ -29,7 +29,7 @@ from rsi.executors.base import (
 )
 from rsi.executors.local import HOST_PYTHON, LocalExecutor
 from rsi.store import LocalStore
-from rsi.toolchain.build import ToolchainInfo, find_toolchain, rootfs_dir
+from rsi.toolchain.build import ToolchainInfo, lookup_toolchain, rootfs_dir
 from rsi.toolchain.runtime import (
     EXEC_ROOT,
     SANDBOX_GID,
@@ -114,11 +114,7 @@ class BwrapExecutor:
         return cmd
 
     def _toolchain(self, store: LocalStore, value: str) -> ToolchainInfo:
-        key = (str(store.root), value)
-        cache = self.__dict__.setdefault("_toolchains", {})
-        if key not in cache:
-            cache[key] = find_toolchain(store.root, value)
-        return cache[key]
+        return lookup_toolchain(store.root, value)
 
     def run(
         self, action: Action, store: LocalStore, cancel: threading.Event | None = None

@@ -31,7 +31,7 @@ from rsi.executors.base import (
     materialise_inputs,
 )
 from rsi.store import LocalStore
-from rsi.toolchain.build import ToolchainInfo, find_toolchain
+from rsi.toolchain.build import ToolchainInfo, lookup_toolchain
 from rsi.toolchain.image import ensure_loaded
 from rsi.toolchain.runtime import (
     EXEC_ROOT,
@@ -198,11 +198,7 @@ class DockerExecutor:
         return kwargs
 
     def _toolchain(self, store: LocalStore, value: str) -> ToolchainInfo:
-        key = (str(store.root), value)
-        cache = self.__dict__.setdefault("_toolchains", {})
-        if key not in cache:
-            cache[key] = find_toolchain(store.root, value)
-        return cache[key]
+        return lookup_toolchain(store.root, value)
 
     def run(
         self, action: Action, store: LocalStore, cancel: threading.Event | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import functools
 import json
 import os
 import re
@@ -182,6 +183,17 @@ def find_toolchain(store_dir: str | os.PathLike, platform_value: str) -> Toolcha
             f"toolchain {platform_value}: store entry is incomplete", hint="rebuild it with --force"
         )
     return info
+
+
+@functools.lru_cache(maxsize=64)
+def _find_cached(store_root: str, platform_value: str) -> ToolchainInfo:
+    return find_toolchain(store_root, platform_value)
+
+
+def lookup_toolchain(store_dir: str | os.PathLike, platform_value: str) -> ToolchainInfo:
+    """`find_toolchain`, remembered per process: the value names a rootfs digest, so the answer
+    for one store never changes (executors ask once per action)."""
+    return _find_cached(str(Path(store_dir).resolve()), platform_value)
 
 
 def verify(info: ToolchainInfo) -> bool:
