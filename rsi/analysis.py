@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from rsi.digest import Digest
+from rsi.digest import DEFAULT_FUNCTION, Digest, digest_value
 from rsi.errors import DeclarationError
 from rsi.label import Label
 from rsi.loader import Loader, Target
@@ -124,6 +124,7 @@ def analyze(
     store_put: Callable[[bytes], Digest],
     settings: Mapping[str, Any],
     tracker: Any = None,
+    function: str = DEFAULT_FUNCTION,
 ) -> BuildGraph:
     import networkx as nx
 
@@ -151,9 +152,9 @@ def analyze(
                 file=target.file,
                 target=str(label),
             )
-        from rsi.canonical import canonical_bytes
-
-        attrs_digest = str(store_put(canonical_bytes(_jsonable(target.attrs))))
+        # NB: only the digest here; the attributes themselves are kept, for "why", in the
+        # scheduler's one pack per build, not as one small blob per target
+        attrs_digest = str(digest_value(_jsonable(target.attrs), function))
         ids = []
         for spec in ctx.actions:
             object.__setattr__(spec, "attrs_digest", attrs_digest)

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 from rsi.digest import Digest, digest_file
-from rsi.errors import RsiError, UsageError
+from rsi.errors import UsageError
 from rsi.store import LocalStore
 
 
@@ -53,11 +53,7 @@ def cache_show(store: LocalStore, what: str) -> dict:
         )
     key = Digest.parse(entry["key"])
     result = store.get_action_result(key, check_blobs=False)
-    desc = None
-    try:
-        desc = json.loads(store.read_bytes(Digest.parse(entry["description"])))
-    except RsiError:
-        pass
+    desc, _ = store.index_details(entry["id"], entry)
     return {
         "action": entry["id"],
         "label": entry.get("label"),
@@ -184,7 +180,7 @@ def cache_gc(store: LocalStore, keep_labels: set[str] | None, dry_run: bool) -> 
             continue
         kept_keys.add(key.hash)
         kept_blobs.update(d.hash for d in result.blobs())
-        kept_blobs.add(Digest.parse(entry["description"]).hash)
+        kept_blobs.update(store.index_blobs(entry))
         new_index[action_id] = entry
     kept_blobs |= _logged_blobs(store)
     removed_actions = [k.hash for k in store.iter_action_keys() if k.hash not in kept_keys]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import queue
 import threading
 import time
 from collections import deque
@@ -72,11 +73,14 @@ class Scheduler:
         self.remote_fallback = remote_fallback
         self.index = store.load_target_index()
         self.index_updates: dict[str, dict] = {}
+        self._pack: dict[str, dict] = {}
+        self._targets_by_name: dict | None = None
         self.cancel = threading.Event()
 
     # ------------------------------------------------------------------------ resolution
     def resolve(self, spec: ActionSpec, outcomes: dict[str, Outcome]) -> Action:
         inputs: dict[str, FileNode | SymlinkNode] = {}
+        sources: list[tuple[str, str]] = []
         memo = self.store.file_memo
         for art in spec.inputs:
             if art.producer is not None:
@@ -94,6 +98,7 @@ class Scheduler:
             else:
                 try:
                     inputs[art.path] = FileNode(memo.digest(art.source), art.executable)
+                    sources.append((art.path, str(art.source)))
                 except OSError as exc:
                     raise ExecutionError(
                         f"{spec.label}: cannot read input {art.source}: {exc}"
@@ -110,6 +115,7 @@ class Scheduler:
             label=spec.label,
             mnemonic=spec.mnemonic,
             tags=spec.tags,
+            sources=tuple(sources),
         )
 
     def _upload_sources(self, spec: ActionSpec, action: Action) -> None:
@@ -134,42 +140,61 @@ class Scheduler:
             return ["no earlier build of this action is recorded"]
         if last.get("key") == str(action.key()):
             return ["its cached result is missing or failed verification"]
-        try:
-            import json
-
-            before = json.loads(self.store.read_bytes(Digest.parse(last["description"])))
-        except (RsiError, KeyError, ValueError):
+        before, before_attrs = self.store.index_details(spec.id, last)
+        if before is None:
             return ["the action changed (its earlier description is no longer in the store)"]
         reasons = diff_descriptions(before, action.describe())
         if last.get("attrs") and last["attrs"] != spec.attrs_digest:
-            reasons[:0] = self._attr_reasons(last["attrs"], spec.attrs_digest)
+            now = self._attrs_of(spec)
+            if before_attrs is None or now is None:
+                reasons[:0] = ["target attributes changed"]
+            else:
+                reasons[:0] = [
+                    f"attribute {k} changed"
+                    for k in sorted(set(before_attrs) | set(now))
+                    if before_attrs.get(k) != now.get(k)
+                ]
         return reasons or ["the action changed"]
 
-    def _attr_reasons(self, old: str, new: str) -> list[str]:
-        import json
+    def _attrs_of(self, spec: ActionSpec) -> dict | None:
+        from rsi.analysis import _jsonable
 
-        try:
-            a = json.loads(self.store.read_bytes(Digest.parse(old)))
-            b = json.loads(self.store.read_bytes(Digest.parse(new)))
-        except (RsiError, ValueError):
-            return ["target attributes changed"]
-        return [f"attribute {k} changed" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        if self._targets_by_name is None:
+            self._targets_by_name = {str(k): t for k, t in self._graph.targets.items()}
+        target = self._targets_by_name.get(spec.label)
+        return _jsonable(target.attrs) if target is not None else None
 
     def _record(self, spec: ActionSpec, action: Action) -> None:
         key = str(action.key())
         last = self.index.get(spec.id)
         if last is not None and last.get("key") == key:
             return
-        desc = self.store.put_bytes(canonical_bytes(action.describe()))
+        # NB: descriptions and attributes go into one pack blob written when the run ends,
+        # not one small file per action (file creation dominates on small VMs)
+        self._pack[spec.id] = {"description": action.describe(), "attrs": self._attrs_of(spec)}
         entry = {
             "key": key,
-            "description": str(desc),
+            "pack": None,
             "attrs": spec.attrs_digest,
             "label": spec.label,
             "time": time.time(),
         }
         self.index[spec.id] = entry
         self.index_updates[spec.id] = entry
+
+    def _write_pack(self) -> None:
+        if not self._pack:
+            return
+        try:
+            digest = str(self.store.put_bytes(canonical_bytes(self._pack), fsync=False))
+        except RsiError:
+            for action_id in self._pack:  # NB: "why" then says the description is gone
+                self.index_updates.pop(action_id, None)
+            return
+        for action_id in self._pack:
+            if action_id in self.index_updates:
+                self.index_updates[action_id]["pack"] = digest
+        self._pack = {}
 
     # ---------------------------------------------------------------------------- lookup
     def lookup(self, graph: BuildGraph, wanted: set[str]) -> dict[str, Outcome]:
@@ -237,8 +262,9 @@ class Scheduler:
                         )
 
         pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="rsi-exec")
-        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rsi-commit")
+        self._committer = GroupCommitter(self.store)
         self._commits: list[tuple[str, Future]] = []
+        self.store.sync_each = False
         try:
             while ready or to_execute or running:
                 while ready and not stopped:
@@ -377,9 +403,13 @@ class Scheduler:
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-            self._committer.shutdown(wait=True)
+            try:
+                self._committer.shutdown()
+            finally:
+                self.store.sync_each = True
             TRASH.drain()
             try:
+                self._write_pack()
                 self.store.save_target_index(self.index_updates)
             finally:
                 self.store.save_memos()
@@ -437,7 +467,10 @@ class Scheduler:
             return None
 
     def _execute(self, spec: ActionSpec, action: Action) -> ActionResult:
-        self._upload_sources(spec, action)
+        if self.remote is not None or not getattr(self.executor, "copies_sources", False):
+            # NB: a local executor copies sources from the workspace itself (verified against
+            # their digests); only a remote cache or executor needs them in the store first
+            self._upload_sources(spec, action)
         if getattr(self.executor, "name", "") == "remote":
             result = self.executor.run(action, self.store, self.cancel)
         else:
@@ -485,6 +518,63 @@ class Scheduler:
                 retryable=retryable,
             ),
         )
+
+
+class GroupCommitter:
+    """Writes action-cache entries on one thread, in batches, each batch after one `sync()` of
+    the store: the blobs an entry names are durable before the entry is, at the price of one
+    sync per batch instead of one fsync per file. A batch is whatever queued meanwhile, so it
+    grows by itself when actions finish faster than entries are written."""
+
+    def __init__(self, store: LocalStore) -> None:
+        self.store = store
+        self.used = False
+        self._queue: "queue.Queue" = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="rsi-commit", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn, *args) -> Future:
+        self.used = True
+        fut: Future = Future()
+        self._queue.put((fut, fn, args))
+        return fut
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            item = self._queue.get()
+            if item is None:
+                break
+            batch = [item]
+            while True:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            try:
+                self.store.sync()
+            except OSError as exc:
+                for fut, _, _ in batch:
+                    fut.set_exception(StoreError(f"cannot sync the store: {exc}"))
+                continue
+            for fut, fn, args in batch:
+                try:
+                    fut.set_result(fn(*args))
+                except BaseException as exc:  # NB: reported per action by the scheduler
+                    fut.set_exception(exc)
+
+    def shutdown(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        if self.used:  # NB: a no-op build wrote nothing that needs a sync
+            try:
+                self.store.sync()
+            except OSError:
+                pass
 
 
 HOST_LOCK = os.environ.get("RSI_HOST_LOCK", "/tmp/rsi-host.lock")

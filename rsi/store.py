@@ -14,16 +14,28 @@ import os
 import shutil
 import tempfile
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
 from rsi.action import ActionResult
 from rsi.canonical import canonical_bytes
 from rsi.digest import DEFAULT_FUNCTION, Digest, FileDigestMemo, digest_bytes, digest_file
-from rsi.errors import CorruptEntry, StoreError
+from rsi.errors import CorruptEntry, RsiError, StoreError
 from rsi.fsutil import atomic_write_bytes, store_write_error
 
 STORE_SCHEMA = "rsi.store/1"
+_SMALL_COPY = 1 << 20
+
+
+@lru_cache(maxsize=1)
+def _syncfs():
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
 
 
 def _shard(root: str, hash_hex: str) -> str:
@@ -41,6 +53,12 @@ class LocalStore:
         self.events_dir = self.root / "events"
         self.corrupt_seen: list[str] = []
         self._empty: Digest | None = None
+        self._dev: int | None = None
+        self._packs: dict[str, dict] = {}
+        # NB: True: every blob and entry is fsynced before its rename. A scheduler turns it off
+        # for a run and group-commits instead: one `sync()` before each batch of action-cache
+        # entries makes the blobs they name durable first, and one more at the end.
+        self.sync_each = True
         self._cas_s, self._ac_s = str(self.cas), str(self.ac)
         self._init()
         self.blob_memo = FileDigestMemo(self.root / "blob-memo.json", self.function)
@@ -114,12 +132,12 @@ class LocalStore:
             return False
         return True
 
-    def put_bytes(self, data: bytes) -> Digest:
+    def put_bytes(self, data: bytes, *, fsync: bool = True) -> Digest:
         digest = digest_bytes(data, self.function)
         if not self.has(digest):
             path = self.blob_path(digest)
             try:
-                atomic_write_bytes(path, data, mode=0o444)
+                atomic_write_bytes(path, data, mode=0o444, fsync=fsync and self.sync_each)
             except OSError as exc:
                 raise store_write_error(self.root, exc) from exc
         return digest
@@ -131,6 +149,14 @@ class LocalStore:
         so a source changing meanwhile can never leave a blob whose name mismatches its content.
         """
         try:
+            st = os.stat(src)
+            if move and st.st_dev != self._cas_dev():
+                move = False  # NB: scratch on a tmpfs: a rename cannot cross file systems
+            if not move and st.st_size <= _SMALL_COPY:
+                # NB: small files go through memory: one hash, and no file at all when the
+                # blob is already there
+                with open(src, "rb") as f:
+                    return self.put_bytes(f.read())
             if move:
                 tmp = os.fspath(src)
             else:
@@ -145,11 +171,12 @@ class LocalStore:
                     os.unlink(tmp)
                     return digest
                 os.chmod(tmp, 0o444)
-                fd = os.open(tmp, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                if self.sync_each:
+                    fd = os.open(tmp, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
                 path = self.blob_path(digest)
                 try:
                     os.replace(tmp, path)
@@ -163,6 +190,23 @@ class LocalStore:
         except OSError as exc:
             raise store_write_error(self.root, exc) from exc
         return digest
+
+    def sync(self) -> None:
+        """Make every write so far durable at once (group commit, see `sync_each`)."""
+        fd = os.open(self.root, os.O_RDONLY)
+        try:
+            if _syncfs() is not None and _syncfs()(fd) == 0:
+                return
+            os.fsync(fd)
+            os.sync()
+        finally:
+            os.close(fd)
+
+    def _cas_dev(self) -> int:
+        if self._dev is None:
+            self.cas.mkdir(parents=True, exist_ok=True)
+            self._dev = os.stat(self.cas).st_dev
+        return self._dev
 
     def put_log(self, path: str | os.PathLike) -> Digest:
         """Keep an action's stdout/stderr; the (common) empty log costs no file operation."""
@@ -271,7 +315,9 @@ class LocalStore:
         body = result.to_json()
         doc = {"result": body, "integrity": digest_bytes(canonical_bytes(body), self.function).hash}
         try:
-            atomic_write_bytes(self._ac_path(key), json.dumps(doc, sort_keys=True).encode())
+            atomic_write_bytes(
+                self._ac_path(key), json.dumps(doc, sort_keys=True).encode(), fsync=self.sync_each
+            )
         except OSError as exc:
             raise store_write_error(self.root, exc) from exc
 
@@ -292,6 +338,25 @@ class LocalStore:
     # build may lose the other's index updates, which only weakens "why", never correctness.
     def _target_index_path(self) -> Path:
         return self.targets / "index.json"
+
+    def index_details(self, action_id: str, entry: dict) -> tuple[dict | None, dict | None]:
+        """(description, attributes) recorded for an action's last build; None where gone."""
+        try:
+            if entry.get("pack"):
+                pack = self._packs.get(entry["pack"])
+                if pack is None:
+                    pack = json.loads(self.read_bytes(Digest.parse(entry["pack"])))
+                    self._packs = {entry["pack"]: pack}  # NB: one at a time bounds memory
+                item = pack.get(action_id) or {}
+                return item.get("description"), item.get("attrs")
+            if entry.get("description"):  # NB: stores written before packs existed
+                return json.loads(self.read_bytes(Digest.parse(entry["description"]))), None
+        except (RsiError, KeyError, ValueError):
+            pass
+        return None, None
+
+    def index_blobs(self, entry: dict) -> list[str]:
+        return [Digest.parse(entry[k]).hash for k in ("pack", "description") if entry.get(k)]
 
     def load_target_index(self) -> dict[str, dict]:
         try:

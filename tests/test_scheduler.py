@@ -387,3 +387,47 @@ def test_changing_a_sources_mode_or_deleting_it_is_seen_through_the_analysis_cac
     (ws / "run.sh").unlink()
     gone = run_rsi(ws, "build", "//:t")
     assert gone.returncode == 2 and "run.sh" in gone.stderr
+
+
+def test_action_cache_entries_are_group_committed_after_their_blobs_are_synced(
+    diamond, monkeypatch
+):
+    """No fsync per file during a run: one store sync, then a batch of entries. Each entry is
+    written only after a sync that came after its own output blobs were written."""
+    from rsi import build as build_mod
+    from rsi.store import LocalStore
+    from rsi.workspace import Workspace
+
+    calls: list[tuple] = []
+    real_sync, real_put, real_file = (
+        LocalStore.sync,
+        LocalStore.put_action_result,
+        LocalStore.put_file,
+    )
+
+    def sync(self):
+        calls.append(("sync",))
+        return real_sync(self)
+
+    def put_action_result(self, key, result):
+        calls.append(("ac", {o.digest for o in result.outputs}))
+        return real_put(self, key, result)
+
+    def put_file(self, src, **kw):
+        digest = real_file(self, src, **kw)
+        calls.append(("blob", digest, self.sync_each))
+        return digest
+
+    monkeypatch.setattr(LocalStore, "sync", sync)
+    monkeypatch.setattr(LocalStore, "put_action_result", put_action_result)
+    monkeypatch.setattr(LocalStore, "put_file", put_file)
+    report = build_mod.build(Workspace.discover(diamond), ["//:top"], progress=False)
+    assert report.ok and report.counts["executed"] == 4
+    entries = [i for i, c in enumerate(calls) if c[0] == "ac"]
+    assert len(entries) == 4
+    for i in entries:
+        for digest in calls[i][1]:
+            j = next(k for k, c in enumerate(calls) if c[0] == "blob" and c[1] == digest)
+            assert any(calls[k][0] == "sync" for k in range(j + 1, i)), calls
+    assert all(c[2] is False for c in calls if c[0] == "blob")  # NB: no per-blob fsync
+    assert calls[-1] == ("sync",)

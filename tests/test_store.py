@@ -95,7 +95,7 @@ def test_failed_file_write_leaves_no_entry_and_no_temp_file(store, tmp_path, mon
 
 
 def test_copy_cut_short_by_a_full_disk_leaves_no_temp_file(store, tmp_path, monkeypatch):
-    src = _write(tmp_path / "src", b"a big file")
+    src = _write(tmp_path / "src", b"a big file" * 200_000)  # NB: over 1 MiB: copied, not read
 
     def partial_copy(source, dest, **kw):
         Path(dest).write_bytes(b"a bi")
