@@ -35,6 +35,9 @@ class Action:
     label: str = _not_key("")
     mnemonic: str = _not_key("Action")
     tags: tuple[str, ...] = _not_key(())
+    # where a source input can be copied from on this host (path -> workspace file); its
+    # content is verified against the input's digest when it is materialised
+    sources: tuple[tuple[str, str], ...] = _not_key(())
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__

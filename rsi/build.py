@@ -128,6 +128,7 @@ def load_graph(
         store_put=store.put_bytes,
         settings={"salt": ws.salt, "store": str(store.root)},
         tracker=tracker,
+        function=store.function,
     )
     analysis_cache.save(store, key, labels, graph, tracker)
     return labels, graph
@@ -140,7 +141,9 @@ def _clean_stale_scratch(store: LocalStore) -> None:
     Folders without a pid in the name are removed once older than a day.
     """
     from rsi.executors.base import remove_tree
+    from rsi.executors.pool import remove_stale_slots
 
+    remove_stale_slots()
     now = time.time()
     for entry in store.tmp.iterdir() if store.tmp.exists() else ():
         try:

@@ -26,9 +26,14 @@ def store(tmp_path) -> LocalStore:
     return LocalStore(tmp_path / "store")
 
 
-@pytest.fixture
-def executor(bwrap) -> LocalExecutor:
-    ex = LocalExecutor()
+@pytest.fixture(params=["persistent", "per-action"])
+def executor(bwrap, request) -> LocalExecutor:
+    """Both bwrap paths: a persistent slot per job (root only) and one bwrap per action."""
+    from rsi.executors.pool import pool_supported
+
+    if request.param == "persistent" and not pool_supported():
+        pytest.skip("persistent sandboxes need root (they run actions as uid 65534)")
+    ex = LocalExecutor(pool=request.param == "persistent")
     assert ex.sandbox == "bwrap"
     return ex
 
@@ -229,13 +234,14 @@ def _gone(pid: int, within_s: float = 5) -> bool:
     return False
 
 
-@pytest.mark.parametrize("sandbox", ["bwrap", "unshare", "none"])
+@pytest.mark.parametrize("sandbox", ["bwrap", "bwrap-per-action", "unshare", "none"])
 def test_timeout_kills_the_whole_tree_including_a_detached_grandchild(store, sandbox):
     from rsi.executors.local import sandbox_mode
 
-    if sandbox == "bwrap" and sandbox_mode() != "bwrap":
+    if sandbox.startswith("bwrap") and sandbox_mode() != "bwrap":
         pytest.skip("bubblewrap is not usable here")
-    executor = LocalExecutor(sandbox=sandbox)
+    executor = LocalExecutor(sandbox=sandbox[:5] if sandbox.startswith("bwrap") else sandbox,
+                             pool=sandbox == "bwrap")
     marker = f"36{uuid.uuid4().int % 10**6:06d}"  # a unique `sleep` duration to find it by
     script = f"setsid sleep {marker} & echo $! > pid; sleep {marker}1"
     found: list[int] = []
@@ -270,3 +276,101 @@ def test_an_action_cannot_pass_its_failure_off_as_a_sandbox_fault(store):
         pytest.skip("bubblewrap is not usable here")
     result = LocalExecutor(sandbox="bwrap").run(sh("echo 'bwrap: pretend' >&2; exit 1"), store)
     assert result.exit_code == 1 and not result.ok
+
+
+# ------------------------------------------------------------------------------ persistent slots
+
+
+@pytest.fixture
+def pooled(bwrap) -> LocalExecutor:
+    from rsi.executors.pool import pool_supported
+
+    if not pool_supported():
+        pytest.skip("persistent sandboxes need root (they run actions as uid 65534)")
+    return LocalExecutor(pool=True)
+
+
+def test_a_reused_slot_passes_nothing_from_one_action_to_the_next(store, pooled):
+    """/tmp, /dev/shm, System V IPC and background processes all end with their action."""
+    marker = f"37{uuid.uuid4().int % 10**6:06d}"
+    first = pooled.run(
+        sh(
+            f"echo secret > /tmp/left; echo secret > /dev/shm/left; mkdir /tmp/d; chmod 0 /tmp/d;"
+            f" ipcmk -M 4096 > /dev/null; (setsid sleep {marker} &); echo 1 > o"
+        ),
+        store,
+    )
+    assert first.ok and store.read_bytes(first.stderr) == b"", store.read_bytes(first.stderr)
+    assert first.host["sandbox_slot"] == "persistent"
+    second = pooled.run(
+        sh(
+            "ls -A /tmp > t; ls -A /dev/shm > s; tail -n +2 /proc/sysvipc/shm > i",
+            outputs=["t", "s", "i"],
+        ),
+        store,
+    )
+    assert [output(store, second, name) for name in ("t", "s", "i")] == [b"", b"", b""]
+    assert _running_pids(f"sleep\0{marker}") == []
+    assert first.host["sandbox_slot"] == second.host["sandbox_slot"]
+
+
+def test_actions_in_a_slot_run_as_another_uid_and_cannot_touch_the_runner(store, pooled):
+    result = pooled.run(
+        sh("id -u > o; (kill -9 1; kill -INT 1) 2>/dev/null; cat /proc/1/environ >> o 2>&1;"
+           " echo alive >> o"),
+        store,
+    )
+    text = output(store, result).decode()
+    assert text.startswith("65534\n") and "Permission denied" in text
+    after = pooled.run(sh("echo still-serving > o"), store)
+    assert output(store, after) == b"still-serving\n"
+
+
+def test_a_slot_that_dies_mid_action_is_an_infrastructure_error_and_is_replaced(store, pooled):
+    from rsi.errors import ExecutionError
+    from rsi.executors import pool
+
+    marker = f"38{uuid.uuid4().int % 10**6:06d}"
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["r"] = pooled.run(sh(f"sleep {marker}; echo x > o"), store)
+        except ExecutionError as exc:
+            box["e"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not _running_pids(f"sleep\0{marker}") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    [pid] = _running_pids(f"sleep\0{marker}")
+    runner = pid
+    while b"-I\0-S\0-c\0" not in Path(f"/proc/{runner}/cmdline").read_bytes():
+        runner = int(Path(f"/proc/{runner}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    os.kill(runner, 9)  # NB: from the host, which may; an action may not (test above)
+    thread.join(60)
+    assert "e" in box and "stopped answering" in str(box["e"]), box
+    assert _gone(pid)
+    assert output(store, pooled.run(sh("echo fresh > o"), store)) == b"fresh\n"
+    assert all(s.alive() for idle in pool.POOL._idle.values() for s in idle)
+
+
+def test_a_source_changed_after_its_digest_was_taken_is_refused(store, pooled, tmp_path):
+    from rsi.errors import ExecutionError
+
+    src = tmp_path / "src.txt"
+    src.write_bytes(b"as hashed\n")
+    node = FileNode(digest_bytes(b"as hashed\n"))
+    src.write_bytes(b"edited meanwhile\n")
+    action = Action(
+        argv=("/bin/sh", "-c", "cat in.txt > o"),
+        inputs=(("in.txt", node),),
+        outputs=("o",),
+        sources=(("in.txt", str(src)),),
+        label="//test:action",
+    )
+    with pytest.raises(ExecutionError, match="changed while the build was running"):
+        pooled.run(action, store)
+    src.write_bytes(b"as hashed\n")
+    assert output(store, pooled.run(action, store)) == b"as hashed\n"

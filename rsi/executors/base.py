@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rsi.action import Action, ActionResult, OutputFile
-from rsi.digest import SymlinkNode
+from rsi.digest import FileNode, SymlinkNode, digest_file
 from rsi.store import LocalStore
 
 
@@ -36,11 +36,16 @@ def materialise_inputs(
     With `link` (only when the sandbox binds inputs read-only, so nothing inside can write
     through the link), a non-executable input is a hard link to its 0444 blob: no copy.
     """
+    sources = dict(action.sources)
     for rel, node in action.inputs:
         dest = exec_dir / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(node, SymlinkNode):
             os.symlink(node.target, dest)
+            continue
+        src = sources.get(rel)
+        if src is not None and not store.has(node.digest):
+            copy_source(src, dest, node, store)
             continue
         if link and not node.executable and store.has_verified(node.digest):
             try:
@@ -52,6 +57,23 @@ def materialise_inputs(
         os.chmod(dest, 0o555 if node.executable else 0o444)
     for out in action.outputs:
         (exec_dir / out).parent.mkdir(parents=True, exist_ok=True)
+
+
+def copy_source(src: str, dest: Path, node: FileNode, store: LocalStore) -> None:
+    """Copy a workspace file into the scratch folder, refusing it if its content is no longer
+    the one the action's key was computed from."""
+    from rsi.errors import ExecutionError
+
+    try:
+        shutil.copyfile(src, dest)
+    except OSError as exc:
+        raise ExecutionError(f"cannot read input {src}: {exc.strerror or exc}") from exc
+    if digest_file(dest, store.function) != node.digest:
+        store.file_memo.forget(src)
+        raise ExecutionError(
+            f"{src} changed while the build was running", hint="run the build again"
+        )
+    os.chmod(dest, 0o555 if node.executable else 0o444)
 
 
 def readonly_units(action: Action) -> list[str]:

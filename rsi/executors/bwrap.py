@@ -69,6 +69,7 @@ def _drop_privileges() -> dict:
 
 class BwrapExecutor:
     name = "bwrap"
+    copies_sources = True  # NB: materialise_inputs copies sources from the workspace
 
     def __init__(self) -> None:
         reason = bwrap_available()

@@ -96,6 +96,7 @@ def _install_sigterm_cleanup() -> None:
 
 class DockerExecutor:
     name = "docker"
+    copies_sources = True  # NB: materialise_inputs copies sources from the workspace
 
     def __init__(
         self, client=None, *, memory: str = "4g", pids_limit: int = 1024, tmpfs_size: str = "1g"

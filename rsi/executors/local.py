@@ -21,7 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from rsi.action import Action, ActionResult
-from rsi.digest import digest_value
+from rsi.digest import FileNode, digest_value
 from rsi.errors import ExecutionError
 from rsi.executors.base import (
     collect_outputs,
@@ -32,7 +32,11 @@ from rsi.executors.base import (
     BwrapStatus,
     finish_result,
 )
+from rsi.executors.pool import POOL, pool_supported, prepare_exec_dir
 from rsi.store import LocalStore
+
+# NB: inputs up to this size are copied into a pooled slot's tmpfs; above it, hard links
+POOL_MAX_INPUT_BYTES = 64 << 20
 
 EXEC_ROOT = "/rsi/exec"
 HOST_PYTHON = "host-python"
@@ -107,8 +111,19 @@ def _python_binds() -> tuple[str, ...]:
         if not any(real == s or real.startswith(s + "/") for s in seen):
             seen.append(real)
     args: list[str] = []
+    made: set[str] = set()
     for p in seen:
         if not p.startswith("/usr/"):
+            # NB: folders bwrap creates above a bind copy the host's mode (/root is 0700);
+            # made 0755 here, so a sandbox running as another uid can reach the interpreter
+            parent = os.path.dirname(p)
+            chain = []
+            while parent not in ("/", "") and parent not in made:
+                chain.append(parent)
+                made.add(parent)
+                parent = os.path.dirname(parent)
+            for d in reversed(chain):
+                args += ["--perms", "0755", "--dir", d]
             args += ["--ro-bind", p, p]
     return tuple(args)
 
@@ -130,9 +145,11 @@ def gpu_binds() -> list[str]:
 
 class LocalExecutor:
     name = "local"
+    copies_sources = True  # NB: materialise_inputs copies sources from the workspace
 
-    def __init__(self, sandbox: str | None = None) -> None:
+    def __init__(self, sandbox: str | None = None, pool: bool = True) -> None:
         self.sandbox = sandbox or sandbox_mode()
+        self.pool = pool
 
     def _argv(self, action: Action) -> tuple[list[str], list[str]]:
         """(argv to run, extra bwrap binds) after resolving the action's toolchain."""
@@ -165,6 +182,8 @@ class LocalExecutor:
             from rsi.executors.bwrap import BwrapExecutor
 
             return BwrapExecutor().run(action, store, cancel)
+        if self._pooled(action, store):
+            return self._run_pooled(action, store, cancel)
         scratch = store.scratch_dir()
         exec_dir = scratch / "exec"
         exec_dir.mkdir()
@@ -230,31 +249,89 @@ class LocalExecutor:
         finally:
             TRASH.put(scratch)
 
+    def _pooled(self, action: Action, store: LocalStore) -> bool:
+        """A persistent slot when bwrap is the sandbox, this process may hand out uids, and
+        the inputs are small enough to copy onto a tmpfs (large ones are hard-linked from the
+        store into a per-action sandbox instead)."""
+        if self.sandbox != "bwrap" or not self.pool or not pool_supported():
+            return False
+        if dict(action.platform).get("accelerator"):
+            return False
+        size = sum(n.digest.size for _, n in action.inputs if isinstance(n, FileNode))
+        return size <= POOL_MAX_INPUT_BYTES
+
+    def _run_pooled(
+        self, action: Action, store: LocalStore, cancel: threading.Event | None
+    ) -> ActionResult:
+        argv, _ = self._argv(action)
+        # NB: the slot's runner is this interpreter, so its install is bound in every slot
+        shape = tuple(self._sandbox_args(action, list(_python_binds()), tmp_perms="1777"))
+        slot = POOL.acquire(shape)
+        healthy = False
+        started = time.time()
+        try:
+            exec_dir = slot.fresh_exec_dir()
+            materialise_inputs(action, store, exec_dir)
+            prepare_exec_dir(
+                exec_dir, [rel for rel, _ in action.inputs], list(action.outputs)
+            )
+            resp = slot.run(argv, dict(action.env), action.timeout_s, cancel)
+            timed_out = bool(resp.get("timed_out"))
+            outputs, failure = collect_outputs(action, store, exec_dir)
+            if timed_out:
+                failure = f"timed out after {action.timeout_s:g}s; process tree killed"
+            result = finish_result(
+                store,
+                exit_code=int(resp.get("exit_code") or 0),
+                timed_out=timed_out,
+                outputs=outputs,
+                failure=failure,
+                stdout_path=slot.stdout,
+                stderr_path=slot.stderr,
+                executor=self.name,
+                host={**host_facts(), "sandbox": "bwrap", "sandbox_slot": "persistent"},
+                started=started,
+                wall_s=float(resp.get("wall_s") or 0.0),
+            )
+            healthy = True
+            return result
+        finally:
+            POOL.release(shape, slot, healthy)
+
+    @staticmethod
+    def _sandbox_args(action: Action, extra_binds: list[str], tmp_perms: str | None = None):
+        """The bwrap arguments that shape the sandbox (namespaces, the root, /tmp)."""
+        # NB: explicit namespaces, not --unshare-all: a user namespace doubles start-up cost
+        return [
+            "--unshare-net",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--die-with-parent",
+            "--new-session",
+            "--hostname",
+            "rsi",
+            *_system_binds(),
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            *(["--perms", tmp_perms, "--tmpfs", "/dev/shm"] if tmp_perms else []),
+            *(["--perms", tmp_perms] if tmp_perms else []),
+            "--tmpfs",
+            "/tmp",
+            # NB: after the tmpfs, so an interpreter living under /tmp stays visible
+            *extra_binds,
+            *(gpu_binds() if dict(action.platform).get("accelerator") else []),
+        ]
+
     def _wrap(
         self, action: Action, argv: list[str], extra_binds: list[str], exec_dir: Path
     ) -> tuple[list[str], str]:
         if self.sandbox == "bwrap":
-            # NB: explicit namespaces, not --unshare-all: a user namespace doubles start-up cost
             cmd = [
                 "bwrap",
-                "--unshare-net",
-                "--unshare-pid",
-                "--unshare-ipc",
-                "--unshare-uts",
-                "--die-with-parent",
-                "--new-session",
-                "--hostname",
-                "rsi",
-                *_system_binds(),
-                "--proc",
-                "/proc",
-                "--dev",
-                "/dev",
-                "--tmpfs",
-                "/tmp",
-                # NB: after the tmpfs, so an interpreter living under /tmp stays visible
-                *extra_binds,
-                *(gpu_binds() if dict(action.platform).get("accelerator") else []),
+                *self._sandbox_args(action, extra_binds),
                 "--dir",
                 "/rsi",
                 "--bind",
