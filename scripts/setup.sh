@@ -35,3 +35,8 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/pip install -q -e ".[$extras]"
   touch "$stamp"
 fi
+# NB: an editable install leaves rsi's own modules uncompiled, and with PYTHONDONTWRITEBYTECODE
+# set (as in some CI shells) every `rsi` start would compile them again; compile them once here
+# (rules/harness is left alone: it is copied into prepared packages, which refuse bytecode),
+# as pip does for the packages it installs. Bytecode is git-ignored and never part of a key.
+.venv/bin/python -m compileall -q rsi >/dev/null && .venv/bin/python -m compileall -q -l rules >/dev/null || true
