@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 from rsi.errors import StoreError
@@ -13,8 +15,7 @@ def atomic_write_bytes(
     path: Path, data: bytes, *, fsync: bool = True, mode: int | None = None
 ) -> None:
     """Write `data` so that readers see either the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    fd, tmp = _create_temp(path.parent)
     try:
         if mode is not None:
             os.fchmod(fd, mode)
@@ -30,6 +31,24 @@ def atomic_write_bytes(
         except OSError:
             pass
         raise
+
+
+_counter = itertools.count()
+
+
+def _create_temp(folder: Path) -> tuple[int, str]:
+    """A new file beside the target, named by pid, thread and a counter (unique within this
+    host's processes; O_EXCL guards the rest), the folder created on first use."""
+    base = f"{os.fspath(folder)}/.tmp-{os.getpid()}-{threading.get_ident()}-"
+    for _ in range(100):
+        name = base + str(next(_counter))
+        try:
+            return os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), name
+        except FileExistsError:
+            continue
+        except FileNotFoundError:
+            os.makedirs(folder, exist_ok=True)
+    return tempfile.mkstemp(dir=folder, prefix=".tmp-")
 
 
 def store_write_error(path: Path, exc: OSError) -> StoreError:

@@ -529,6 +529,7 @@ class GroupCommitter:
     def __init__(self, store: LocalStore) -> None:
         self.store = store
         self.used = False
+        self.linger_s = 0.02
         self._queue: "queue.Queue" = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="rsi-commit", daemon=True)
         self._thread.start()
@@ -546,9 +547,12 @@ class GroupCommitter:
             if item is None:
                 break
             batch = [item]
+            # NB: a short linger lets a batch form (one sync for many entries instead of one
+            # each); entries are only delayed, dependents already use the in-memory results
+            deadline = time.monotonic() + self.linger_s
             while True:
                 try:
-                    nxt = self._queue.get_nowait()
+                    nxt = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
                 except queue.Empty:
                     break
                 if nxt is None:

@@ -312,12 +312,12 @@ class LocalStore:
         return ActionResult.from_json(body)
 
     def put_action_result(self, key: Digest, result: ActionResult) -> None:
-        body = result.to_json()
-        doc = {"result": body, "integrity": digest_bytes(canonical_bytes(body), self.function).hash}
+        body = canonical_bytes(result.to_json())
+        integrity = digest_bytes(body, self.function).hash
+        # NB: the same bytes json.dumps(sort_keys=True) would give, without encoding twice
+        data = b'{"integrity": "' + integrity.encode() + b'", "result": ' + body + b"}"
         try:
-            atomic_write_bytes(
-                self._ac_path(key), json.dumps(doc, sort_keys=True).encode(), fsync=self.sync_each
-            )
+            atomic_write_bytes(self._ac_path(key), data, fsync=self.sync_each)
         except OSError as exc:
             raise store_write_error(self.root, exc) from exc
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rsi.action import Action, ActionResult, OutputFile
-from rsi.digest import FileNode, SymlinkNode, digest_file
+from rsi.digest import FileNode, SymlinkNode, digest_bytes, digest_file
 from rsi.store import LocalStore
 
 
@@ -37,9 +37,13 @@ def materialise_inputs(
     through the link), a non-executable input is a hard link to its 0444 blob: no copy.
     """
     sources = dict(action.sources)
+    made: set[str] = set()
     for rel, node in action.inputs:
         dest = exec_dir / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        parent = rel.rpartition("/")[0]
+        if parent and parent not in made:
+            os.makedirs(exec_dir / parent, exist_ok=True)
+            made.add(parent)
         if isinstance(node, SymlinkNode):
             os.symlink(node.target, dest)
             continue
@@ -56,7 +60,10 @@ def materialise_inputs(
         store.export_file(node.digest, dest, node.executable)
         os.chmod(dest, 0o555 if node.executable else 0o444)
     for out in action.outputs:
-        (exec_dir / out).parent.mkdir(parents=True, exist_ok=True)
+        parent = out.rpartition("/")[0]
+        if parent and parent not in made:
+            os.makedirs(exec_dir / parent, exist_ok=True)
+            made.add(parent)
 
 
 def copy_source(src: str, dest: Path, node: FileNode, store: LocalStore) -> None:
@@ -64,11 +71,21 @@ def copy_source(src: str, dest: Path, node: FileNode, store: LocalStore) -> None
     the one the action's key was computed from."""
     from rsi.errors import ExecutionError
 
+    small = node.digest.size <= (1 << 20)
     try:
-        shutil.copyfile(src, dest)
+        if small:  # NB: one read serves both the hash and the copy
+            with open(src, "rb") as f:
+                data = f.read()
+            got = digest_bytes(data, store.function)
+            if got == node.digest:
+                with open(dest, "xb") as f:
+                    f.write(data)
+        else:
+            shutil.copyfile(src, dest)
+            got = digest_file(dest, store.function)
     except OSError as exc:
         raise ExecutionError(f"cannot read input {src}: {exc.strerror or exc}") from exc
-    if digest_file(dest, store.function) != node.digest:
+    if got != node.digest:
         store.file_memo.forget(src)
         raise ExecutionError(
             f"{src} changed while the build was running", hint="run the build again"

@@ -81,7 +81,8 @@ def host_python_identity() -> str:
     return f"{HOST_PYTHON}@{digest_value(ident).hash[:32]}"
 
 
-def _system_binds() -> list[str]:
+@lru_cache(maxsize=1)
+def _system_binds() -> tuple[str, ...]:
     args: list[str] = ["--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
@@ -100,7 +101,7 @@ def _system_binds() -> list[str]:
     ):
         if os.path.exists(etc):
             args += ["--ro-bind", etc, etc]
-    return args
+    return tuple(args)
 
 
 @lru_cache(maxsize=1)
@@ -141,6 +142,16 @@ def gpu_binds() -> list[str]:
     for dev in devices:
         args += ["--dev-bind", dev, dev]
     return [*args, "--ro-bind", "/sys", "/sys"]
+
+
+@lru_cache(maxsize=1)
+def _pool_shape() -> tuple[str, ...]:
+    """The bwrap arguments of every persistent slot (GPU actions never use one). The slot's
+    runner is this interpreter, so its install is bound in every slot."""
+    no_accelerator = Action(argv=("true",))
+    return tuple(
+        LocalExecutor._sandbox_args(no_accelerator, list(_python_binds()), tmp_perms="1777")
+    )
 
 
 class LocalExecutor:
@@ -264,8 +275,7 @@ class LocalExecutor:
         self, action: Action, store: LocalStore, cancel: threading.Event | None
     ) -> ActionResult:
         argv, _ = self._argv(action)
-        # NB: the slot's runner is this interpreter, so its install is bound in every slot
-        shape = tuple(self._sandbox_args(action, list(_python_binds()), tmp_perms="1777"))
+        shape = _pool_shape()
         slot = POOL.acquire(shape)
         healthy = False
         started = time.time()

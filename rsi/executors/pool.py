@@ -234,16 +234,18 @@ class _Slot:
                 return buf
 
     def fresh_exec_dir(self) -> Path:
-        if self.exec_dir.exists():
-            old = self.dir / f"old-{time.monotonic_ns()}"
-            os.rename(self.exec_dir, old)
-            _remove(old)
-        self.exec_dir.mkdir()
-        os.chmod(self.exec_dir, 0o1777)
+        try:
+            remove_small_tree(str(self.exec_dir))
+        except FileNotFoundError:
+            pass
+        os.mkdir(self.exec_dir, 0o1777)
+        os.chmod(self.exec_dir, 0o1777)  # NB: mkdir's mode is masked by the umask
         for log in (self.stdout, self.stderr):
+            # NB: the slot folder is not writable by the action, so these stay the host's files
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             try:
-                os.fchown(fd, SANDBOX_UID, SANDBOX_UID)
+                if os.fstat(fd).st_uid != SANDBOX_UID:
+                    os.fchown(fd, SANDBOX_UID, SANDBOX_UID)
             finally:
                 os.close(fd)
         return self.exec_dir
@@ -287,6 +289,19 @@ class _Slot:
             except (OSError, ValueError):
                 pass
         _remove(self.dir)
+
+
+def remove_small_tree(path: str) -> None:
+    """rmtree for an action's scratch folder on a tmpfs: root removes anything, so none of
+    shutil.rmtree's permission repairs or fd-based walking (several times slower) is needed;
+    symlinks are removed, never followed."""
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                remove_small_tree(entry.path)
+            else:
+                os.unlink(entry.path)
+    os.rmdir(path)
 
 
 def _remove(path: Path) -> None:
