@@ -119,10 +119,10 @@ def bench_size(n: int, repeat: int, base: Path) -> dict:
     write_workspace(ws, n)
     leaf = ws / "in" / f"leaf_{n // 2}.txt"
     res: dict = {"n": n, "actions": n + n // 10 + 1}
-    bare = [bare_loop(ws, n) for _ in range(max(1, repeat // 2))]
+    bare = [bare_loop(ws, n) for _ in range(repeat)]
     res["bare_loop_s"] = statistics.median(bare)
     cold, noop, change, touch = [], [], [], []
-    for _ in range(max(1, repeat // 2)):
+    for _ in range(repeat):
         clean(ws)
         dt, ex = rsi_build(ws, n)
         cold.append(dt)
