@@ -121,6 +121,7 @@ def bench_size(n: int, repeat: int, base: Path) -> dict:
     res: dict = {"n": n, "actions": n + n // 10 + 1}
     bare = [bare_loop(ws, n) for _ in range(repeat)]
     res["bare_loop_s"] = statistics.median(bare)
+    res["bare_loop_samples_s"] = [round(x, 4) for x in bare]
     cold, noop, change, touch = [], [], [], []
     for _ in range(repeat):
         clean(ws)
@@ -158,6 +159,7 @@ def bench_size(n: int, repeat: int, base: Path) -> dict:
         ("startup", startup),
     ):
         med = statistics.median(xs)
+        res[f"{name}_samples_s"] = [round(x, 4) for x in xs]
         res[f"{name}_s"] = med
         res[f"{name}_ratio_to_bare"] = med / res["bare_loop_s"]
     return res

@@ -1,8 +1,9 @@
 """The local store: content-addressed blobs and the action cache, on disk, crash-safe.
 
 Layout (Bazel's disk cache): `cas/ab/<hash>` blobs, `ac/ab/<key>` action results, `targets/`
-the last key per action id (for "why did this rebuild?"). Every write is temp+fsync+rename; every
-read that serves content verifies it; a corrupt entry is deleted and reported, never served.
+the last key per action id (for "why did this rebuild?"). Every write is temp file + rename, made
+durable by an fsync each or, during a scheduler run, by group commit (`sync_each`); every read
+that serves content verifies it; a corrupt entry is deleted and reported, never served.
 """
 
 from __future__ import annotations
@@ -150,8 +151,10 @@ class LocalStore:
         """
         try:
             st = os.stat(src)
-            if move and st.st_dev != self._cas_dev():
-                move = False  # NB: scratch on a tmpfs: a rename cannot cross file systems
+            if move and (st.st_dev != self._cas_dev() or st.st_uid != os.geteuid()):
+                # NB: a rename cannot cross file systems (scratch on a tmpfs), and a file owned
+                # by a sandbox uid must not become a blob that uid could change later
+                move = False
             if not move and st.st_size <= _SMALL_COPY:
                 # NB: small files go through memory: one hash, and no file at all when the
                 # blob is already there
