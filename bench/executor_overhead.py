@@ -2,6 +2,8 @@
 
 One run measures, interleaved round by round on the same command in the same toolchain:
   bare-subprocess  subprocess.run of the command on the host (no sandbox, no store)
+  local-per-action LocalExecutor.run on the host, one bwrap per action (as for non-root users)
+  local-persistent LocalExecutor.run on the host, a persistent slot (root only)
   bwrap            BwrapExecutor.run of the equivalent Action (inputs, outputs, store)
   bare-docker      `docker run --rm --network none <image id> <command>` (the CLI, no store)
   bare-docker-sdk  the same through the Docker SDK (`containers.run(..., remove=True)`)
@@ -33,6 +35,8 @@ from rsi.digest import FileNode
 from rsi.executors.base import host_facts
 from rsi.executors.bwrap import BwrapExecutor
 from rsi.executors.docker import DockerExecutor
+from rsi.executors.local import LocalExecutor
+from rsi.executors.pool import pool_supported
 from rsi.store import LocalStore
 from rsi.toolchain import build
 from rsi.toolchain.testing import DECLARATIONS, test_store_dir
@@ -97,8 +101,27 @@ def main() -> int:
 
         return run
 
+    # the host executor on the same script, with no toolchain: one bwrap per action, and the
+    # persistent slot (root only) that reuses one sandbox for every action of a job slot
+    host_action = Action(
+        argv=("/bin/sh", "src/run.sh"),
+        inputs=(("src/run.sh", FileNode(script, True)),),
+        outputs=("out/result",),
+        env=(("PATH", "/usr/bin:/bin"),),
+        timeout_s=60,
+    )
+
+    def via_host(executor):
+        def run() -> None:
+            result = executor.run(host_action, store)
+            assert result.ok, result.failure
+
+        return run
+
     cases = {
         "bare-subprocess": bare_subprocess,
+        "local-per-action": via_host(LocalExecutor(pool=False)),
+        **({"local-persistent": via_host(LocalExecutor(pool=True))} if pool_supported() else {}),
         "bwrap": via(bwrap_ex),
         "bare-docker": bare_docker,
         "bare-docker-sdk": bare_docker_sdk,
@@ -130,6 +153,14 @@ def main() -> int:
             "docker_vs_bare_docker": med["docker"] / med["bare-docker"],
             "docker_vs_bare_docker_sdk": med["docker"] / med["bare-docker-sdk"],
             "bwrap_vs_bare_subprocess": med["bwrap"] / med["bare-subprocess"],
+            "local_per_action_vs_bare_subprocess": med["local-per-action"]
+            / med["bare-subprocess"],
+            **(
+                {"local_persistent_vs_bare_subprocess": med["local-persistent"]
+                 / med["bare-subprocess"]}
+                if "local-persistent" in med
+                else {}
+            ),
             "bwrap_vs_bare_docker": med["bwrap"] / med["bare-docker"],
         },
         "overhead_s": {
