@@ -27,7 +27,7 @@ from rsi.executors.base import (
     materialise_inputs,
     readonly_units,
 )
-from rsi.executors.local import HOST_PYTHON, LocalExecutor
+from rsi.executors.local import BWRAP_KERNEL_FS, BWRAP_SESSION, HOST_PYTHON, LocalExecutor
 from rsi.store import LocalStore
 from rsi.toolchain.build import ToolchainInfo, lookup_toolchain, rootfs_dir
 from rsi.toolchain.runtime import (
@@ -82,17 +82,11 @@ class BwrapExecutor:
         cmd = [
             "bwrap",
             "--unshare-all",
-            "--die-with-parent",
-            "--new-session",
-            "--hostname",
-            "rsi",
+            *BWRAP_SESSION,
             "--ro-bind",
             str(root),
             "/",
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
+            *BWRAP_KERNEL_FS,
             "--tmpfs",
             "/tmp",
         ]

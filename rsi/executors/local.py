@@ -39,6 +39,10 @@ from rsi.store import LocalStore
 POOL_MAX_INPUT_BYTES = 64 << 20
 
 EXEC_ROOT = "/rsi/exec"
+# NB: shared by every bwrap rsi starts: dies with rsi, own session (no TIOCSTI into the
+# caller's terminal), a fixed hostname; and a private /proc and /dev
+BWRAP_SESSION = ("--die-with-parent", "--new-session", "--hostname", "rsi")
+BWRAP_KERNEL_FS = ("--proc", "/proc", "--dev", "/dev")
 HOST_PYTHON = "host-python"
 
 
@@ -317,15 +321,9 @@ class LocalExecutor:
             "--unshare-pid",
             "--unshare-ipc",
             "--unshare-uts",
-            "--die-with-parent",
-            "--new-session",
-            "--hostname",
-            "rsi",
+            *BWRAP_SESSION,
             *_system_binds(),
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
+            *BWRAP_KERNEL_FS,
             *(["--perms", tmp_perms, "--tmpfs", "/dev/shm"] if tmp_perms else []),
             *(["--perms", tmp_perms] if tmp_perms else []),
             "--tmpfs",
