@@ -264,9 +264,14 @@ class Scheduler:
         pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="rsi-exec")
         self._committer = GroupCommitter(self.store)
         self._commits: list[tuple[str, Future]] = []
+        self._commit_of: dict[str, Future] = {}
+        # NB: an executed action is reported finished only once its action-cache entry is
+        # durable, so "finished" in the event stream always means "will not run again", even
+        # if rsi is SIGKILLed the next moment
+        committing: dict[Future, tuple] = {}
         self.store.sync_each = False
         try:
-            while ready or to_execute or running:
+            while ready or to_execute or running or committing:
                 while ready and not stopped:
                     action_id = ready.popleft()
                     spec = graph.actions[action_id]
@@ -332,14 +337,46 @@ class Scheduler:
                     if action.exclusive:
                         exclusive_running = True
                     self.events.draw(spec.label)
-                if stopped and not running:
+                if stopped and not running and not committing:
                     break
-                if not running:
+                if not running and not committing:
                     if not ready and to_execute and stopped:
                         break
                     continue
-                done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
+                done, _ = wait([*running, *committing], timeout=0.5, return_when=FIRST_COMPLETED)
                 for fut in done:
+                    if fut in committing:
+                        spec, action, why, ev, result = committing.pop(fut)
+                        exc = fut.exception()
+                        if exc is not None:
+                            msg = exc.message if isinstance(exc, RsiError) else str(exc)
+                            self._unstored(
+                                spec.id,
+                                spec.label,
+                                action.key(),
+                                ev,
+                                f"result not stored: {msg}",
+                                outcomes,
+                            )
+                            stopped = stopped or not self.keep_going
+                            continue
+                        counts["executed"] += 1
+                        self._record(spec, action)
+                        self.events.emit(
+                            "action_finished",
+                            ev,
+                            action=spec.id,
+                            label=spec.label,
+                            mnemonic=spec.mnemonic,
+                            key=str(action.key()),
+                            cache="miss",
+                            status="ok",
+                            why=why,
+                            wall_s=result.timing.get("wall_s"),
+                            executor=result.executor,
+                        )
+                        self.events.draw(spec.label)
+                        continue
                     spec, action, why, ev = running.pop(fut)
                     counts["running"] = len(running)
                     if action.exclusive:
@@ -356,22 +393,11 @@ class Scheduler:
                         stopped = stopped or not self.keep_going
                         continue
                     if result.ok:
-                        counts["executed"] += 1
-                        self._record(spec, action)
-                        self.events.emit(
-                            "action_finished",
-                            ev,
-                            action=spec.id,
-                            label=spec.label,
-                            mnemonic=spec.mnemonic,
-                            key=str(action.key()),
-                            cache="miss",
-                            status="ok",
-                            why=why,
-                            wall_s=result.timing.get("wall_s"),
-                            executor=result.executor,
-                        )
+                        # NB: dependents go on at once with the result in memory; the event
+                        # that reports it finished waits until its entry is durable
+                        committing[self._commit_of.pop(spec.id)] = (spec, action, why, ev, result)
                         finish(spec.id, Outcome(spec.id, "executed", action.key(), result, why))
+                        continue
                     else:
                         counts["failed"] += 1
                         message = result.failure or f"exited with code {result.exit_code}"
@@ -414,25 +440,18 @@ class Scheduler:
             finally:
                 self.store.save_memos()
         for action_id, fut in self._commits:
+            if not fut.done():  # NB: the build stopped before it could be awaited
+                continue
             exc = fut.exception()
             if exc is not None:
                 message = str(exc) if isinstance(exc, RsiError) else f"{type(exc).__name__}: {exc}"
-                outcomes[action_id] = Outcome(
+                self._unstored(
                     action_id,
-                    "error",
+                    graph.actions[action_id].label,
                     outcomes[action_id].key,
-                    message=f"result not stored: {message}",
-                    retryable=True,
-                )
-                self.events.counts["failed"] += 1
-                self.events.emit(
-                    "action_finished",
                     build_event,
-                    action=action_id,
-                    label=graph.actions[action_id].label,
-                    status="error",
-                    message=f"result not stored: {message}",
-                    retryable=True,
+                    f"result not stored: {message}",
+                    outcomes,
                 )
         for action_id in wanted:
             if action_id not in outcomes:
@@ -440,6 +459,22 @@ class Scheduler:
                     action_id, "not_started", message="not started: the build stopped at a failure"
                 )
         return outcomes
+
+    def _unstored(self, action_id, label, key, parent, message: str, outcomes) -> None:
+        """A result that could not be kept: an error (retryable), though dependents may already
+        have used it in memory."""
+        self.events.counts["failed"] += 1
+        outcomes[action_id] = Outcome(action_id, "error", key, message=message, retryable=True)
+        self.events.emit(
+            "action_finished",
+            parent,
+            action=action_id,
+            label=label,
+            key=str(key) if key else None,
+            status="error",
+            message=message,
+            retryable=True,
+        )
 
     def _stderr_tail(self, result: ActionResult, lines: int = 15) -> str:
         if result.stderr is None or result.stderr.size == 0:
@@ -481,7 +516,7 @@ class Scheduler:
         if result.ok:
             # NB: the action-cache entry (temp, fsync, rename) is written by one committer
             # thread, off the critical path; dependents use the in-memory result meanwhile.
-            self._commits.append((spec.id, self._committer.submit(self._commit, action, result)))
+            self._commit_of[spec.id] = self._committer.submit(self._commit, action, result)
         return result
 
     def _commit(self, action: Action, result: ActionResult) -> None:
@@ -548,7 +583,7 @@ class GroupCommitter:
                 break
             batch = [item]
             # NB: a short linger lets a batch form (one sync for many entries instead of one
-            # each); entries are only delayed, dependents already use the in-memory results
+            # each). It delays only the "finished" events: dependents use results in memory.
             deadline = time.monotonic() + self.linger_s
             while True:
                 try:

@@ -113,6 +113,60 @@ def test_kill_9_mid_build_then_rebuild_finishes_clean_without_rerunning_finished
     assert list((ws / "cache" / "tmp").iterdir()) == []  # the killed build's scratch is gone
 
 
+def test_kill_9_leaves_no_sandbox_or_action_process_behind(
+    build, command, make_workspace, rsi_argv, tmp_path
+):
+    """Long actions, one with a detached grandchild, are running when rsi is SIGKILLed: every
+    process of theirs dies with it (a persistent slot's runner included), and the next build
+    removes the killed build's slot folders."""
+    from rsi.executors.pool import scratch_root
+
+    marker = f"{uuid.uuid4().int % 10**6:06d}"
+    ws = make_workspace(
+        tmp_path,
+        {
+            "BUILD.toml": command("a", cmd=f"sleep 38{marker}; echo > $(OUT)", outs=["a.txt"])
+            + command(
+                "b",
+                cmd=f"(setsid sleep 39{marker} &); sleep 38{marker}; echo > $(OUT)",
+                outs=["b.txt"],
+            )
+            + command("quick", cmd="echo > $(OUT)", outs=["q.txt"])
+        },
+    )
+    proc = subprocess.Popen(
+        [*rsi_argv, "build", "--jobs", "2", "//:a", "//:b"],
+        cwd=ws,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        # NB: "sleep\0" + marker matches the sleeps themselves, not the shells around them
+        while len(_live_pids(f"sleep\0{38}{marker}")) < 2 or not _live_pids(
+            f"sleep\0{39}{marker}"
+        ):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 10
+    while (_live_pids(f"38{marker}") or _live_pids(f"39{marker}")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert _live_pids(f"38{marker}") == [] and _live_pids(f"39{marker}") == []
+    finally:
+        for pid in _live_pids(f"38{marker}") + _live_pids(f"39{marker}"):
+            os.kill(pid, signal.SIGKILL)
+    build(ws, "//:quick")
+    root = scratch_root()
+    assert not (root.is_dir() and [p for p in root.iterdir() if f"-{proc.pid}-" in p.name])
+
+
 def _safe_events(path: Path) -> list[dict]:
     """Events written so far; a line still being written is skipped."""
     if not path.exists():

@@ -51,6 +51,9 @@ signal.signal(signal.SIGINT, signal.SIG_DFL)
 os.setgroups([]); os.setgid(%(uid)d); os.setuid(%(uid)d)
 libc = ctypes.CDLL(None, use_errno=True)
 libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no ptrace or /proc/1/mem from an action
+# NB: changing uid cleared bwrap's parent-death signal; without it again, a SIGKILLed rsi would
+# leave this runner (and the action) running
+libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 IPC_RMID = 0
 def unblock(func, path, exc):
     os.chmod(os.path.dirname(path), 0o700)
@@ -95,7 +98,12 @@ def wait_for(pid, timeout_s):
     # (exit code, timed out): woken by the child's exit through a pidfd, not by polling
     fd = os.pidfd_open(pid)
     try:
-        if not select.select([fd], [], [], timeout_s)[0]:
+        ready = select.select([fd, 0], [], [], timeout_s)[0]
+        if 0 in ready and fd not in ready:
+            # NB: input while an action runs means the host closed the pipe (rsi is gone):
+            # end now; pid 1 exiting kills everything in the namespace
+            os._exit(3)
+        if not ready:
             return None, True
         _, status = os.waitpid(pid, 0)
         return os.waitstatus_to_exitcode(status), False
