@@ -381,3 +381,20 @@ def test_a_source_changed_after_its_digest_was_taken_is_refused(store, pooled, t
         pooled.run(action, store)
     src.write_bytes(b"as hashed\n")
     assert output(store, pooled.run(action, store)) == b"as hashed\n"
+
+
+def test_a_small_tmpfs_is_not_used_for_scratch(monkeypatch):
+    """Docker's default 64 MiB /dev/shm would fail large outputs; scratch then goes to /tmp."""
+    from rsi.executors import pool
+
+    real = os.statvfs
+
+    class Small:
+        f_blocks, f_frsize = 16384, 4096  # 64 MiB
+
+    monkeypatch.delenv("RSI_SCRATCH", raising=False)
+    monkeypatch.setattr(os, "statvfs", lambda p: Small() if p == "/dev/shm" else real(p))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    assert pool.scratch_root() == Path("/tmp") / f"rsi-{os.geteuid()}"
+    monkeypatch.setenv("RSI_SCRATCH", "/somewhere/else")
+    assert pool.scratch_root() == Path("/somewhere/else")

@@ -27,6 +27,7 @@ local executor starts one bwrap per action, as before.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -156,15 +157,26 @@ def pool_supported() -> bool:
     return os.geteuid() == 0 and os.environ.get("RSI_SANDBOX_POOL", "1") != "0"
 
 
+# NB: a tmpfs smaller than this (Docker gives containers a 64 MiB /dev/shm) would turn an
+# action's large output into "No space left on device"; such a tmpfs is not used
+MIN_TMPFS_BYTES = 2 << 30
+
+
 def scratch_root() -> Path:
-    """Where slots keep their exec folders: a tmpfs when there is one (file creation and
-    removal on the store's disk cost 0.1-1 ms each on small VMs; on a tmpfs, microseconds)."""
+    """Where slots keep their exec folders: a roomy tmpfs when there is one (file creation and
+    removal on the store's disk cost 0.1-1 ms each on small VMs; on a tmpfs, microseconds),
+    else /tmp. `RSI_SCRATCH` overrides both."""
     forced = os.environ.get("RSI_SCRATCH")
     if forced:
         return Path(forced)
     for cand in ("/dev/shm", os.environ.get("XDG_RUNTIME_DIR") or ""):
         if cand and os.path.isdir(cand) and os.access(cand, os.W_OK):
-            return Path(cand) / f"rsi-{os.geteuid()}"
+            try:
+                st = os.statvfs(cand)
+            except OSError:
+                continue
+            if st.f_blocks * st.f_frsize >= MIN_TMPFS_BYTES:
+                return Path(cand) / f"rsi-{os.geteuid()}"
     return Path("/tmp") / f"rsi-{os.geteuid()}"
 
 
@@ -359,8 +371,6 @@ POOL = SandboxPool()
 def _close_pool() -> None:
     POOL.close()
 
-
-import atexit  # noqa: E402
 
 atexit.register(_close_pool)
 
