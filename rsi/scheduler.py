@@ -362,15 +362,11 @@ class Scheduler:
                             continue
                         counts["executed"] += 1
                         self._record(spec, action)
-                        self.events.emit(
-                            "action_finished",
+                        self._missed_finished(
                             ev,
-                            action=spec.id,
-                            label=spec.label,
-                            mnemonic=spec.mnemonic,
-                            key=str(action.key()),
-                            cache="miss",
-                            status="ok",
+                            spec,
+                            action,
+                            "ok",
                             why=why,
                             wall_s=result.timing.get("wall_s"),
                             executor=result.executor,
@@ -404,15 +400,11 @@ class Scheduler:
                         tail = self._stderr_tail(result)
                         if tail:
                             message += "\n" + tail
-                        self.events.emit(
-                            "action_finished",
+                        self._missed_finished(
                             ev,
-                            action=spec.id,
-                            label=spec.label,
-                            mnemonic=spec.mnemonic,
-                            key=str(action.key()),
-                            cache="miss",
-                            status="failed",
+                            spec,
+                            action,
+                            "failed",
                             message=message,
                             exit_code=result.exit_code,
                             timed_out=result.timed_out,
@@ -459,6 +451,19 @@ class Scheduler:
                     action_id, "not_started", message="not started: the build stopped at a failure"
                 )
         return outcomes
+
+    def _missed_finished(self, parent, spec, action, status: str, **fields) -> None:
+        self.events.emit(
+            "action_finished",
+            parent,
+            action=spec.id,
+            label=spec.label,
+            mnemonic=spec.mnemonic,
+            key=str(action.key()),
+            cache="miss",
+            status=status,
+            **fields,
+        )
 
     def _unstored(self, action_id, label, key, parent, message: str, outcomes) -> None:
         """A result that could not be kept: an error (retryable), though dependents may already

@@ -46,6 +46,13 @@ def _live_pids(marker: str) -> list[int]:
 # ------------------------------------------------------------------------------ kill -9
 
 
+def _sigkill(proc: subprocess.Popen) -> None:
+    """kill -9, as a user or a CI timeout would, and reap it."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+
+
 def test_kill_9_mid_build_then_rebuild_finishes_clean_without_rerunning_finished_work(
     build,
     command,
@@ -90,12 +97,8 @@ def test_kill_9_mid_build_then_rebuild_finishes_clean_without_rerunning_finished
             time.sleep(0.02)
         assert proc.poll() is None, "the build ended before it could be killed"
         assert len(finished) >= 2
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _sigkill(proc)
     assert proc.returncode == -signal.SIGKILL
     assert "//:sum" not in finished
     deadline = time.monotonic() + 10
@@ -148,12 +151,8 @@ def test_kill_9_leaves_no_sandbox_or_action_process_behind(
         ):
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _sigkill(proc)
     deadline = time.monotonic() + 10
     while (_live_pids(f"38{marker}") or _live_pids(f"39{marker}")) and time.monotonic() < deadline:
         time.sleep(0.05)
