@@ -10,7 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from rsi.digest import DEFAULT_FUNCTION, Digest, FileNode, digest_value, merkle_directories
+from rsi.digest import (
+    DEFAULT_FUNCTION,
+    Digest,
+    FileNode,
+    SymlinkNode,
+    digest_value,
+    merkle_directories,
+)
 from rsi.errors import RsiError
 
 ACTION_SCHEMA = "rsi.action/1"
@@ -50,6 +57,19 @@ class Action:
         if not self.argv:
             raise RsiError(f"{self.label or 'action'}: empty argv")
         input_paths = {p for p, _ in self.inputs}
+        links = {p for p, n in self.inputs if isinstance(n, SymlinkNode)}
+        for kind, path in [
+            *(("input", p) for p in input_paths),
+            *(("output", o) for o in self.outputs),
+        ]:
+            parts = path.split("/")
+            if path.startswith("/") or any(q in ("", ".", "..") for q in parts):
+                raise RsiError(f"{self.label}: {kind} path {path!r} is not normalised and relative")
+            # NB: a file under a symlink input would be written (or an output read) through the
+            # link, outside the scratch folder; an action from a remote client is not trusted
+            for i in range(1, len(parts)):
+                if "/".join(parts[:i]) in links:
+                    raise RsiError(f"{self.label}: {kind} {path!r} lies under a symlink input")
         for out in self.outputs:
             if out in input_paths or any(out.startswith(p + "/") for p in input_paths):
                 raise RsiError(f"{self.label}: output {out!r} collides with an input path")

@@ -344,7 +344,9 @@ class Scheduler:
                         break
                     continue
                 done, _ = wait([*running, *committing], timeout=0.5, return_when=FIRST_COMPLETED)
-                for fut in done:
+                # NB: in dispatch order, so a producer's "ok" precedes its dependents' when
+                # both land in one commit batch
+                for fut in sorted(done, key=lambda f: (committing.get(f) or running[f])[3]):
                     if fut in committing:
                         spec, action, why, ev, result = committing.pop(fut)
                         exc = fut.exception()
@@ -605,10 +607,22 @@ class GroupCommitter:
                 for fut, _, _ in batch:
                     fut.set_exception(StoreError(f"cannot sync the store: {exc}"))
                 continue
+            done: list[tuple[Future, object, BaseException | None]] = []
             for fut, fn, args in batch:
                 try:
-                    fut.set_result(fn(*args))
+                    done.append((fut, fn(*args), None))
                 except BaseException as exc:  # NB: reported per action by the scheduler
+                    done.append((fut, None, exc))
+            try:
+                self.store.sync()  # NB: the entries themselves, before anyone is told "ok"
+            except OSError as exc:
+                done = [
+                    (f, None, e or StoreError(f"cannot sync the store: {exc}")) for f, _, e in done
+                ]
+            for fut, value, exc in done:
+                if exc is None:
+                    fut.set_result(value)
+                else:
                     fut.set_exception(exc)
 
     def shutdown(self) -> None:

@@ -349,7 +349,9 @@ class LocalStore:
                 pack = self._packs.get(entry["pack"])
                 if pack is None:
                     pack = json.loads(self.read_bytes(Digest.parse(entry["pack"])))
-                    self._packs = {entry["pack"]: pack}  # NB: one at a time bounds memory
+                    if len(self._packs) >= 4:  # NB: a few at a time bounds memory
+                        self._packs.pop(next(iter(self._packs)))
+                    self._packs[entry["pack"]] = pack
                 item = pack.get(action_id) or {}
                 return item.get("description"), item.get("attrs")
             if entry.get("description"):  # NB: stores written before packs existed

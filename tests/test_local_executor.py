@@ -240,8 +240,9 @@ def test_timeout_kills_the_whole_tree_including_a_detached_grandchild(store, san
 
     if sandbox.startswith("bwrap") and sandbox_mode() != "bwrap":
         pytest.skip("bubblewrap is not usable here")
-    executor = LocalExecutor(sandbox=sandbox[:5] if sandbox.startswith("bwrap") else sandbox,
-                             pool=sandbox == "bwrap")
+    executor = LocalExecutor(
+        sandbox=sandbox[:5] if sandbox.startswith("bwrap") else sandbox, pool=sandbox == "bwrap"
+    )
     marker = f"36{uuid.uuid4().int % 10**6:06d}"  # a unique `sleep` duration to find it by
     script = f"setsid sleep {marker} & echo $! > pid; sleep {marker}1"
     found: list[int] = []
@@ -323,8 +324,10 @@ def test_a_reused_slot_passes_nothing_from_one_action_to_the_next(store, pooled,
 
 def test_actions_in_a_slot_run_as_another_uid_and_cannot_touch_the_runner(store, pooled):
     result = pooled.run(
-        sh("id -u > o; (kill -9 1; kill -INT 1) 2>/dev/null; cat /proc/1/environ >> o 2>&1;"
-           " echo alive >> o"),
+        sh(
+            "id -u > o; (kill -9 1; kill -INT 1) 2>/dev/null; cat /proc/1/environ >> o 2>&1;"
+            " echo alive >> o"
+        ),
         store,
     )
     text = output(store, result).decode()
@@ -398,3 +401,87 @@ def test_a_small_tmpfs_is_not_used_for_scratch(monkeypatch):
     assert pool.scratch_root() == Path("/tmp") / f"rsi-{os.geteuid()}"
     monkeypatch.setenv("RSI_SCRATCH", "/somewhere/else")
     assert pool.scratch_root() == Path("/somewhere/else")
+
+
+def test_no_message_queue_key_or_log_state_survives_into_the_next_action(store, pooled):
+    """POSIX message queues, the uid's keyrings and the log files the action owned are all
+    fresh for the next action of the same slot."""
+    import platform
+    import sys
+
+    py = sys.executable  # NB: the slot binds this interpreter (its runner)
+    add_key, keyctl = {"x86_64": (248, 250), "aarch64": (217, 219)}.get(
+        platform.machine(), (None, None)
+    )
+    leave = (
+        f"{py} -I -S -c 'import ctypes, os\n"
+        "l = ctypes.CDLL(None, use_errno=True)\n"
+        'q = l.mq_open(b"/leak", os.O_CREAT | os.O_RDWR, 0o666, None)\n'
+        'assert q >= 0 and l.mq_send(q, b"secret", 6, 0) == 0\n'
+        + (
+            f'assert l.syscall({add_key}, b"user", b"leakkey", b"secret", 6,'
+            " ctypes.c_int(-4)) > 0\n"
+            if add_key
+            else ""
+        )
+        + "' && chmod 0 /rsi/stdout /rsi/stderr && echo left > o"
+    )
+    first = pooled.run(sh(leave), store)
+    assert output(store, first) == b"left\n"
+    look = (
+        f"{py} -I -S -c 'import ctypes, os\n"
+        "l = ctypes.CDLL(None, use_errno=True)\n"
+        'print(l.mq_open(b"/leak", os.O_RDWR))\n'
+        # NB: KEYCTL_SEARCH of the user keyring; a cleared key may still be listed in
+        # /proc/keys until the kernel collects it, but it can no longer be found or read
+        + (f'print(l.syscall({keyctl}, 10, -4, b"user", b"leakkey", 0))\n' if keyctl else "")
+        + "' > o; ls /dev/mqueue >> o; echo to-log"
+    )
+    second = pooled.run(sh(look), store)
+    assert output(store, second) == (b"-1\n-1\n" if keyctl else b"-1\n")
+    assert store.read_bytes(second.stdout) == b"to-log\n"
+
+
+def test_actions_get_default_signal_dispositions(store, executor):
+    """The runner is Python, which ignores SIGPIPE; an action must not inherit that (a slot
+    and a per-action sandbox give the same result)."""
+    result = executor.run(sh("(yes; echo $? > o) | head -n 1 > /dev/null"), store)
+    assert output(store, result) == b"141\n"
+
+
+def test_a_scratch_folder_someone_else_made_is_refused(tmp_path):
+    from rsi.errors import ExecutionError
+    from rsi.executors.pool import private_dir
+
+    mine = private_dir(tmp_path / "mine")
+    assert private_dir(mine) == mine and (mine.stat().st_mode & 0o777) == 0o700
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o777)
+    os.chmod(theirs, 0o777)
+    link = tmp_path / "link"
+    link.symlink_to(mine)
+    for bad in (theirs, link):
+        with pytest.raises(ExecutionError, match="refusing scratch folder"):
+            private_dir(bad)
+    if os.geteuid() == 0:
+        other = tmp_path / "other"
+        other.mkdir(mode=0o700)
+        os.chown(other, 1000, 1000)
+        with pytest.raises(ExecutionError, match="refusing scratch folder"):
+            private_dir(other)
+
+
+def test_a_slot_outlives_the_thread_that_started_it(store, pooled):
+    """bwrap's --die-with-parent follows the starting *thread*; slots must not use it, or a
+    worker's per-lease thread (or a build's pool thread) would leave a dying slot behind."""
+    from rsi.executors import pool
+
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.update(r=pooled.run(sh("echo a > o"), store)))
+    thread.start()
+    thread.join()
+    assert output(store, box["r"]) == b"a\n"
+    time.sleep(0.3)
+    started = pool.POOL._count
+    assert output(store, pooled.run(sh("echo b > o"), store)) == b"b\n"
+    assert pool.POOL._count == started  # NB: served by the slot that thread started

@@ -32,7 +32,7 @@ from rsi.executors.base import (
     BwrapStatus,
     finish_result,
 )
-from rsi.executors.pool import POOL, pool_supported, prepare_exec_dir
+from rsi.executors.pool import POOL, bwrap_has_perms, pool_supported, prepare_exec_dir
 from rsi.store import LocalStore
 
 # NB: inputs up to this size are copied into a pooled slot's tmpfs; above it, hard links
@@ -128,7 +128,7 @@ def _python_binds() -> tuple[str, ...]:
                 made.add(parent)
                 parent = os.path.dirname(parent)
             for d in reversed(chain):
-                args += ["--perms", "0755", "--dir", d]
+                args += ["--perms", "0755", "--dir", d] if bwrap_has_perms() else ["--dir", d]
             args += ["--ro-bind", p, p]
     return tuple(args)
 
@@ -290,6 +290,8 @@ class LocalExecutor:
                 exec_dir, [rel for rel, _ in action.inputs], list(action.outputs)
             )
             resp = slot.run(argv, dict(action.env), action.timeout_s, cancel)
+            if resp.get("error"):
+                raise ExecutionError(f"sandbox slot: {resp['error']}")
             timed_out = bool(resp.get("timed_out"))
             outputs, failure = collect_outputs(action, store, exec_dir)
             if timed_out:

@@ -33,10 +33,12 @@ import os
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
 import time
+from functools import lru_cache
 from pathlib import Path
 
 from rsi.errors import ExecutionError
@@ -60,7 +62,11 @@ def unblock(func, path, exc):
     os.chmod(os.path.dirname(path), 0o700)
     func(path)
 def wipe(top):
-    for name in os.listdir(top):
+    try:
+        names = os.listdir(top)
+    except OSError:
+        return
+    for name in names:
         path = os.path.join(top, name)
         try:
             if os.path.isdir(path) and not os.path.islink(path):
@@ -68,8 +74,17 @@ def wipe(top):
                 shutil.rmtree(path, onerror=unblock)
             else:
                 os.unlink(path)
-        except OSError:
+        except Exception:  # NB: a hostile tree (RecursionError too) must not end the runner
             pass
+KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
+def keyrings_clean():
+    # every slot shares uid %(uid)d, and with it one user keyring: emptied after each action
+    if KEYCTL is not None:
+        for ring in (-4, -5):  # KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING
+            libc.syscall(KEYCTL, 7, ring)  # KEYCTL_CLEAR
+def fresh_session_keyring():
+    if KEYCTL is not None:
+        libc.syscall(KEYCTL, 1, None)  # KEYCTL_JOIN_SESSION_KEYRING: a new anonymous one
 def ipc_clean():
     for kind, ctl in (("shm", libc.shmctl), ("msg", libc.msgctl), ("sem", libc.semctl)):
         try:
@@ -110,6 +125,8 @@ def wait_for(pid, timeout_s):
         return os.waitstatus_to_exitcode(status), False
     finally:
         os.close(fd)
+# NB: default dispositions for the action (Python ignores SIGPIPE and SIGXFSZ for itself)
+SIGNALS = set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
 out = os.fdopen(1, "wb", buffering=0)
 out.write(b'{"ready": true}\n')
 for line in sys.stdin.buffer:
@@ -117,8 +134,13 @@ for line in sys.stdin.buffer:
     resp = {"exit_code": None, "timed_out": False}
     t0 = time.perf_counter()
     try:
-        o = os.open("/rsi/stdout", os.O_WRONLY | os.O_NOFOLLOW)
-        e = os.open("/rsi/stderr", os.O_WRONLY | os.O_NOFOLLOW)
+        fresh_session_keyring()
+        try:
+            o = os.open("/rsi/stdout", os.O_WRONLY | os.O_NOFOLLOW)
+            e = os.open("/rsi/stderr", os.O_WRONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            resp["error"] = "cannot open the action's logs: %%s" %% exc
+            raise
         try:
             os.chdir("/rsi/exec")  # NB: a fresh folder each time; posix_spawn inherits the cwd
             argv = req["argv"]
@@ -126,7 +148,8 @@ for line in sys.stdin.buffer:
             if "/" not in prog:  # NB: as execvp: the action's PATH, else the default one
                 path = req["env"].get("PATH", os.defpath)
                 prog = shutil.which(prog, path=path) or prog
-            pid = os.posix_spawn(prog, argv, req["env"], setsid=True, file_actions=[
+            pid = os.posix_spawn(prog, argv, req["env"], setsid=True, setsigdef=SIGNALS,
+                                 setsigmask=(), file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_DUP2, o, 1), (os.POSIX_SPAWN_DUP2, e, 2),
                 (os.POSIX_SPAWN_CLOSE, o), (os.POSIX_SPAWN_CLOSE, e)])
@@ -139,27 +162,60 @@ for line in sys.stdin.buffer:
             os.close(o)
             os.close(e)
             os.chdir("/")
+    except OSError:
+        pass
     finally:
         resp["wall_s"] = time.perf_counter() - t0
         sweep()
         if resp["exit_code"] is None and not resp["timed_out"]:
             resp["exit_code"] = -9
-        for top in ("/tmp", "/dev/shm"):
-            if os.path.isdir(top):
-                wipe(top)
+        for top in ("/tmp", "/dev/shm", "/dev/mqueue"):
+            wipe(top)
         ipc_clean()
+        keyrings_clean()
     out.write(json.dumps(resp).encode() + b"\n")
 """
 
 
 def pool_supported() -> bool:
-    """A slot's runner must drop to another uid; only a root host may hand it that right."""
-    return os.geteuid() == 0 and os.environ.get("RSI_SANDBOX_POOL", "1") != "0"
+    """A slot's runner must drop to another uid; only a root host may hand it that right. The
+    slot also needs bwrap's --perms (0.5 and later)."""
+    return (
+        os.geteuid() == 0 and os.environ.get("RSI_SANDBOX_POOL", "1") != "0" and bwrap_has_perms()
+    )
+
+
+@lru_cache(maxsize=1)
+def bwrap_has_perms() -> bool:
+    """bubblewrap 0.5+ (it has --perms); older ones (Ubuntu 20.04) reject the option."""
+    try:
+        out = subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout
+        version = tuple(int(x) for x in out.split()[-1].split(".")[:2])
+    except (OSError, ValueError, IndexError):
+        return False
+    return version >= (0, 5)
 
 
 # NB: a tmpfs smaller than this (Docker gives containers a 64 MiB /dev/shm) would turn an
 # action's large output into "No space left on device"; such a tmpfs is not used
 MIN_TMPFS_BYTES = 2 << 30
+
+
+def private_dir(path: Path) -> Path:
+    """`path` as a folder only this uid can use, created if missing. /dev/shm and /tmp are
+    world-writable: a folder someone else made there first (or a symlink) is refused, never
+    used, because rsi removes and reads what it finds inside."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise ExecutionError(
+            f"refusing scratch folder {path}: not a private folder of uid {os.geteuid()}",
+            hint="remove it, or point RSI_SCRATCH at a folder only this user can write",
+        )
+    return path
 
 
 def scratch_root() -> Path:
@@ -182,9 +238,7 @@ def scratch_root() -> Path:
 
 class _Slot:
     def __init__(self, base_args: tuple[str, ...], index: int) -> None:
-        root = scratch_root()
-        root.mkdir(parents=True, exist_ok=True)
-        os.chmod(root, 0o700)
+        root = private_dir(scratch_root())
         self.dir = root / f"slot-{os.getpid()}-{index}-{time.monotonic_ns()}"
         self.dir.mkdir()
         os.chmod(self.dir, 0o755)
@@ -193,7 +247,11 @@ class _Slot:
         self.stderr = self.dir / "stderr"
         cmd = [
             "bwrap",
-            *base_args,
+            # NB: not --die-with-parent: its signal follows the *thread* that started bwrap,
+            # and slots outlive it. The runner ends when rsi's end of its pipe closes.
+            *(a for a in base_args if a != "--die-with-parent"),
+            "--mqueue",
+            "/dev/mqueue",
             "--bind",
             str(self.dir),
             SLOT_ROOT,
@@ -261,11 +319,15 @@ class _Slot:
         os.mkdir(self.exec_dir, 0o1777)
         os.chmod(self.exec_dir, 0o1777)  # NB: mkdir's mode is masked by the umask
         for log in (self.stdout, self.stderr):
-            # NB: the slot folder is not writable by the action, so these stay the host's files
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            # NB: new files each time: the last action owned these and could have left a mode,
+            # an xattr or a hard link on them (it cannot create or remove names in the slot)
             try:
-                if os.fstat(fd).st_uid != SANDBOX_UID:
-                    os.fchown(fd, SANDBOX_UID, SANDBOX_UID)
+                os.unlink(log)
+            except FileNotFoundError:
+                pass
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                os.fchown(fd, SANDBOX_UID, SANDBOX_UID)
             finally:
                 os.close(fd)
         return self.exec_dir
@@ -398,8 +460,12 @@ def prepare_exec_dir(exec_dir: Path, input_paths: list[str], output_paths: list[
 def remove_stale_slots() -> None:
     """Slot folders left by a killed build (their pid is gone)."""
     root = scratch_root()
-    if not root.is_dir():
+    try:
+        st = os.lstat(root)
+    except OSError:
         return
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        return  # NB: not ours (see private_dir): never walked, let alone emptied
     for entry in root.iterdir():
         try:
             pid = int(entry.name.split("-")[1])
