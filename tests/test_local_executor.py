@@ -91,6 +91,28 @@ def test_symlink_inputs_are_materialised_as_links(store, executor):
     assert output(store, result) == b"real.txt\nreal\n"
 
 
+@pytest.mark.parametrize(
+    "inputs,outputs",
+    [
+        ([("d", SymlinkNode("/etc")), ("d/f", None)], ["o"]),  # written through the link
+        ([("d", SymlinkNode("/etc"))], ["d/shadow"]),  # read back through the link
+        ([("in.txt", None)], ["../o"]),
+        ([("/abs.txt", None)], ["o"]),
+    ],
+)
+def test_paths_that_could_leave_the_scratch_folder_are_refused(inputs, outputs):
+    from rsi.errors import RsiError
+
+    node = FileNode(digest_bytes(b"x"))
+    with pytest.raises(RsiError, match="symlink input|not normalised"):
+        Action(
+            argv=("/bin/true",),
+            inputs=tuple((p, n or node) for p, n in inputs),
+            outputs=tuple(outputs),
+            label="//test:action",
+        )
+
+
 # ------------------------------------------------------------------------------ read-only
 
 
