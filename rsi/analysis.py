@@ -30,6 +30,9 @@ class BuildGraph:
     preds: dict[str, list[str]] = field(default_factory=dict)  # consumer -> producers
     succs: dict[str, list[str]] = field(default_factory=dict)  # producer -> consumers
     alias: dict[str, str] = field(default_factory=dict)  # shared action id -> the one kept
+    # label -> attributes as JSON, kept from hashing them for the scheduler's "why" pack
+    # (derivable from `targets`, so not pickled into the analysis cache)
+    attrs_json: dict[str, Any] = field(default_factory=dict)
     target_graph: "nx.DiGraph | None" = None  # edge: dep -> dependent (None when from cache)
     action_graph: "nx.DiGraph | None" = None  # edge: producer -> consumer
 
@@ -76,6 +79,7 @@ class BuildGraph:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["target_graph"] = state["action_graph"] = None  # NB: keeps networkx out of loads
+        state["attrs_json"] = {}
         return state
 
 
@@ -154,7 +158,8 @@ def analyze(
             )
         # NB: only the digest here; the attributes themselves are kept, for "why", in the
         # scheduler's one pack per build, not as one small blob per target
-        attrs_digest = str(digest_value(_jsonable(target.attrs), function))
+        attrs = bg.attrs_json[str(label)] = _jsonable(target.attrs)
+        attrs_digest = str(digest_value(attrs, function))
         ids = []
         for spec in ctx.actions:
             object.__setattr__(spec, "attrs_digest", attrs_digest)

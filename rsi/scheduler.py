@@ -159,6 +159,9 @@ class Scheduler:
     def _attrs_of(self, spec: ActionSpec) -> dict | None:
         from rsi.analysis import _jsonable
 
+        known = getattr(self._graph, "attrs_json", {}).get(spec.label)
+        if known is not None:
+            return known
         if self._targets_by_name is None:
             self._targets_by_name = {str(k): t for k, t in self._graph.targets.items()}
         target = self._targets_by_name.get(spec.label)

@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from processes import live_pids
 
 from rsi.digest import digest_file
 
@@ -27,20 +28,6 @@ def assert_store_whole(store: Path) -> None:
     for blob in (store / "cas").rglob("*"):
         if blob.is_file():
             assert digest_file(blob).hash == blob.name, f"half-written blob {blob}"
-
-
-def _live_pids(marker: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if marker.encode() in cmdline and state != "Z":
-                pids.append(int(entry.name))
-    return pids
 
 
 # ------------------------------------------------------------------------------ kill -9
@@ -102,9 +89,9 @@ def test_kill_9_mid_build_then_rebuild_finishes_clean_without_rerunning_finished
     assert proc.returncode == -signal.SIGKILL
     assert "//:sum" not in finished
     deadline = time.monotonic() + 10
-    while _live_pids(f"0.3{marker}") and time.monotonic() < deadline:
+    while live_pids(f"0.3{marker}") and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _live_pids(f"0.3{marker}") == []  # the sandboxed actions died with rsi
+    assert live_pids(f"0.3{marker}") == []  # the sandboxed actions died with rsi
 
     assert_store_whole(ws / "cache")
     again = build(ws, "--jobs", "2", "//:sum")
@@ -146,7 +133,7 @@ def test_kill_9_leaves_no_sandbox_or_action_process_behind(
     try:
         deadline = time.monotonic() + 60
         # NB: "sleep\0" + marker matches the sleeps themselves, not the shells around them
-        while len(_live_pids(f"sleep\0{38}{marker}")) < 2 or not _live_pids(
+        while len(live_pids(f"sleep\0{38}{marker}")) < 2 or not live_pids(
             f"sleep\0{39}{marker}"
         ):
             assert time.monotonic() < deadline and proc.poll() is None
@@ -154,12 +141,12 @@ def test_kill_9_leaves_no_sandbox_or_action_process_behind(
     finally:
         _sigkill(proc)
     deadline = time.monotonic() + 10
-    while (_live_pids(f"38{marker}") or _live_pids(f"39{marker}")) and time.monotonic() < deadline:
+    while (live_pids(f"38{marker}") or live_pids(f"39{marker}")) and time.monotonic() < deadline:
         time.sleep(0.05)
     try:
-        assert _live_pids(f"38{marker}") == [] and _live_pids(f"39{marker}") == []
+        assert live_pids(f"38{marker}") == [] and live_pids(f"39{marker}") == []
     finally:
-        for pid in _live_pids(f"38{marker}") + _live_pids(f"39{marker}"):
+        for pid in live_pids(f"38{marker}") + live_pids(f"39{marker}"):
             os.kill(pid, signal.SIGKILL)
     build(ws, "//:quick")
     root = scratch_root()

@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from processes import live_pids
 
 from rsi.action import Action
 from rsi.digest import FileNode, SymlinkNode, digest_bytes
@@ -226,22 +227,6 @@ def test_failing_command_reports_its_exit_code_and_keeps_stderr(store, executor)
 # ------------------------------------------------------------------------------ timeout
 
 
-def _running_pids(marker: str) -> list[int]:
-    """Host pids of live (not zombie) processes whose command line holds `marker`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker.encode() in cmdline and state != "Z":
-            found.append(int(entry.name))
-    return found
-
-
 def _gone(pid: int, within_s: float = 5) -> bool:
     """True once `pid` no longer runs (bounded wait for the kernel to finish the kill)."""
     deadline = time.monotonic() + within_s
@@ -275,7 +260,7 @@ def test_timeout_kills_the_whole_tree_including_a_detached_grandchild(store, san
     try:
         deadline = time.monotonic() + 30
         while thread.is_alive() and not found and time.monotonic() < deadline:
-            found = [p for p in _running_pids(f"sleep\0{marker}\0")]
+            found = [p for p in live_pids(f"sleep\0{marker}\0")]
             time.sleep(0.02)
         thread.join(60)
         assert not thread.is_alive()
@@ -285,9 +270,9 @@ def test_timeout_kills_the_whole_tree_including_a_detached_grandchild(store, san
         assert found, "the detached grandchild was never seen running"
         for pid in found:
             assert _gone(pid), f"grandchild {pid} survived the timeout"
-        assert _running_pids(marker) == []
+        assert live_pids(marker) == []
     finally:
-        for pid in _running_pids(marker):  # NB: only our own uniquely-marked sleeps
+        for pid in live_pids(marker):  # NB: only our own uniquely-marked sleeps
             os.kill(pid, 9)
 
 
@@ -340,7 +325,7 @@ def test_a_reused_slot_passes_nothing_from_one_action_to_the_next(store, pooled,
     assert first.host["sandbox_slot"] == "persistent"
     second = pooled.run(listing, store)
     assert [output(store, second, name) for name in ("t", "s", "i")] == clean
-    assert _running_pids(f"sleep\0{marker}") == []
+    assert live_pids(f"sleep\0{marker}") == []
     assert len(used) == 3 and used[0] is used[1] is used[2]  # NB: one slot served all three
 
 
@@ -374,9 +359,9 @@ def test_a_slot_that_dies_mid_action_is_an_infrastructure_error_and_is_replaced(
     thread = threading.Thread(target=run)
     thread.start()
     deadline = time.monotonic() + 20
-    while not _running_pids(f"sleep\0{marker}") and time.monotonic() < deadline:
+    while not live_pids(f"sleep\0{marker}") and time.monotonic() < deadline:
         time.sleep(0.02)
-    [pid] = _running_pids(f"sleep\0{marker}")
+    [pid] = live_pids(f"sleep\0{marker}")
     runner = pid
     while b"-I\0-S\0-c\0" not in Path(f"/proc/{runner}/cmdline").read_bytes():
         runner = int(Path(f"/proc/{runner}/stat").read_text().rsplit(")", 1)[1].split()[1])

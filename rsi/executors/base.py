@@ -150,6 +150,14 @@ class BwrapStatus:
     def spawned(self) -> None:
         os.close(self.fd)
 
+    def require_started(self, stderr_path: Path, timed_out: bool) -> None:
+        """Raise (an infrastructure error) when bwrap never started the action."""
+        if not self.started() and not timed_out:
+            head = stderr_path.read_bytes()[:300].decode(errors="replace")
+            from rsi.errors import ExecutionError
+
+            raise ExecutionError(f"sandbox failed to start: {head}")
+
     def started(self) -> bool:
         chunks = []
         try:
@@ -224,6 +232,31 @@ def finish_result(
         executor=executor,
         host=host,
         timing={"started": started, "wall_s": round(wall_s, 6)},
+    )
+
+
+def finish_run(
+    store: LocalStore,
+    action: Action,
+    exec_dir: Path,
+    *,
+    exit_code: int,
+    timed_out: bool,
+    killed: str,
+    **result: object,
+) -> ActionResult:
+    """The result of a sandboxed run that has ended: declared outputs collected from
+    `exec_dir`, a timeout named with what it killed; `result` as for `finish_result`."""
+    outputs, failure = collect_outputs(action, store, exec_dir)
+    if timed_out:
+        failure = f"timed out after {action.timeout_s:g}s; {killed}"
+    return finish_result(
+        store,
+        exit_code=exit_code,
+        timed_out=timed_out,
+        outputs=outputs,
+        failure=failure,
+        **result,  # type: ignore[arg-type]
     )
 
 

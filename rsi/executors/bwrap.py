@@ -21,8 +21,7 @@ from rsi.errors import ExecutionError
 from rsi.executors.base import (
     TRASH,
     BwrapStatus,
-    finish_result,
-    collect_outputs,
+    finish_run,
     host_facts,
     materialise_inputs,
     readonly_units,
@@ -165,18 +164,14 @@ class BwrapExecutor:
                     status.spawned()
                 timed_out = LocalExecutor._wait(proc, action.timeout_s, cancel)
                 wall = time.perf_counter() - t0
-            if not status.started() and not timed_out:
-                head = stderr_path.read_bytes()[:300].decode(errors="replace")
-                raise ExecutionError(f"sandbox failed to start: {head}")
-            outputs, failure = collect_outputs(action, store, exec_dir)
-            if timed_out:
-                failure = f"timed out after {action.timeout_s:g}s; sandbox killed"
-            return finish_result(
+            status.require_started(stderr_path, timed_out)
+            return finish_run(
                 store,
+                action,
+                exec_dir,
                 exit_code=proc.returncode,
                 timed_out=timed_out,
-                outputs=outputs,
-                failure=failure,
+                killed="sandbox killed",
                 stdout_path=stdout_path,
                 stderr_path=stderr_path,
                 executor=self.name,

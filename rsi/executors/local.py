@@ -24,13 +24,12 @@ from rsi.action import Action, ActionResult
 from rsi.digest import FileNode, digest_value
 from rsi.errors import ExecutionError
 from rsi.executors.base import (
-    collect_outputs,
     host_facts,
     materialise_inputs,
     readonly_units,
     TRASH,
     BwrapStatus,
-    finish_result,
+    finish_run,
 )
 from rsi.executors.pool import POOL, bwrap_has_perms, pool_supported, prepare_exec_dir
 from rsi.store import LocalStore
@@ -242,18 +241,15 @@ class LocalExecutor:
                     if token is not None:
                         sweep_processes(token, exec_dir)
                 wall = time.perf_counter() - t0
-            if status is not None and not status.started() and not timed_out:
-                head = stderr_path.read_bytes()[:300].decode(errors="replace")
-                raise ExecutionError(f"sandbox failed to start: {head}")
-            outputs, failure = collect_outputs(action, store, exec_dir)
-            if timed_out:
-                failure = f"timed out after {action.timeout_s:g}s; process tree killed"
-            return finish_result(
+            if status is not None:
+                status.require_started(stderr_path, timed_out)
+            return finish_run(
                 store,
+                action,
+                exec_dir,
                 exit_code=proc.returncode,
                 timed_out=timed_out,
-                outputs=outputs,
-                failure=failure,
+                killed="process tree killed",
                 stdout_path=stdout_path,
                 stderr_path=stderr_path,
                 executor=self.name,
@@ -292,16 +288,13 @@ class LocalExecutor:
             resp = slot.run(argv, dict(action.env), action.timeout_s, cancel)
             if resp.get("error"):
                 raise ExecutionError(f"sandbox slot: {resp['error']}")
-            timed_out = bool(resp.get("timed_out"))
-            outputs, failure = collect_outputs(action, store, exec_dir)
-            if timed_out:
-                failure = f"timed out after {action.timeout_s:g}s; process tree killed"
-            result = finish_result(
+            result = finish_run(
                 store,
+                action,
+                exec_dir,
                 exit_code=int(resp.get("exit_code") or 0),
-                timed_out=timed_out,
-                outputs=outputs,
-                failure=failure,
+                timed_out=bool(resp.get("timed_out")),
+                killed="process tree killed",
                 stdout_path=slot.stdout,
                 stderr_path=slot.stderr,
                 executor=self.name,
