@@ -243,13 +243,17 @@ def finish_run(
     exit_code: int,
     timed_out: bool,
     killed: str,
+    cut_short: str | None = None,
     **result: object,
 ) -> ActionResult:
     """The result of a sandboxed run that has ended: declared outputs collected from
-    `exec_dir`, a timeout named with what it killed; `result` as for `finish_result`."""
+    `exec_dir`, a timeout named with what it killed, else `cut_short` (why the sandbox ended
+    the run, e.g. out of memory) as the failure; `result` as for `finish_result`."""
     outputs, failure = collect_outputs(action, store, exec_dir)
     if timed_out:
         failure = f"timed out after {action.timeout_s:g}s; {killed}"
+    elif cut_short:
+        failure = cut_short
     return finish_result(
         store,
         exit_code=exit_code,

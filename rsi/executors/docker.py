@@ -25,8 +25,7 @@ from rsi.action import Action, ActionResult
 from rsi.errors import ExecutionError
 from rsi.executors.base import (
     TRASH,
-    collect_outputs,
-    finish_result,
+    finish_run,
     host_facts,
     materialise_inputs,
 )
@@ -248,20 +247,19 @@ class DockerExecutor:
             stdout_path, stderr_path = scratch / "stdout", scratch / "stderr"
             stdout_path.write_bytes(container.logs(stdout=True, stderr=False))
             stderr_path.write_bytes(container.logs(stdout=False, stderr=True))
-            outputs, failure = collect_outputs(action, store, exec_dir)
-            if timed_out:
-                failure = f"timed out after {action.timeout_s:g}s; container killed"
-            elif oom:
-                failure = (
-                    f"out of memory: the kernel killed the action at the container's "
-                    f"memory limit ({memory_limit(action, self.memory)})"
-                )
-            return finish_result(
+            return finish_run(
                 store,
+                action,
+                exec_dir,
                 exit_code=exit_code,
                 timed_out=timed_out,
-                outputs=outputs,
-                failure=failure,
+                killed="container killed",
+                cut_short=(
+                    f"out of memory: the kernel killed the action at the container's "
+                    f"memory limit ({memory_limit(action, self.memory)})"
+                    if oom
+                    else None
+                ),
                 stdout_path=stdout_path,
                 stderr_path=stderr_path,
                 executor=self.name,
