@@ -23,8 +23,8 @@ ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 # NB: each step gets only the scripts it runs, so editing the renderer reruns no measurement
 HARNESS_SCRIPTS = {
-    "check": ("check.py", "runner.py", "_common.py"),
-    "measure": ("measure.py", "timer.py", "_common.py"),
+    "check": ("check.py", "referee.py", "worker.py", "_common.py"),
+    "measure": ("measure.py", "referee.py", "worker.py", "_common.py"),
     "assess": ("assess.py", "stats.py", "_common.py"),
     "render": ("render.py",),
 }
@@ -80,6 +80,7 @@ def _task(ctx: RuleContext) -> Provider:
         "editable": editable,
         "tolerances": a["tolerances"],
         "cases": a["cases"],
+        "hidden": _hidden(ctx, a["hidden_cases"]),
     }
     task_dir = ctx.exec_path("")[:-1] if ctx.label.package else "."
     baseline_dir = ctx.exec_path(a["baseline"].rstrip("/"))
@@ -116,11 +117,47 @@ TASK = Rule(
         "editable": attr("string_list", "file names a candidate may replace", nonempty=True),
         "tolerances": attr("table", "per-dtype {atol, rtol}"),
         "cases": attr("table_list", "correctness cases: name, shape, dtype, kind, ..."),
+        "hidden_cases": attr(
+            "table",
+            "cases every check adds, drawn with the run's secret seed: {count = N, ranges = "
+            "[{shape = [[lo, hi], ...], dtype = ..., kind = ...}, ...]}",
+            default={},
+        ),
         "doc": attr("string", "free text", default=""),
         "tags": attr("string_list", "", default=[]),
     },
     impl=_task,
 )
+
+
+def _hidden(ctx: RuleContext, hidden: dict) -> dict:
+    """The declared ranges of hidden cases, checked here so a bad range is a declaration error."""
+    if not hidden:
+        return {}
+    unknown = sorted(set(hidden) - {"count", "ranges"})
+    if unknown:
+        raise ctx.error(f"unknown keys {unknown} (count, ranges)", "hidden_cases")
+    count, ranges = hidden.get("count", 0), hidden.get("ranges", [])
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 64:
+        raise ctx.error("count must be an integer from 0 to 64", "hidden_cases")
+    if not isinstance(ranges, list) or (count and not ranges):
+        raise ctx.error("ranges must be a non-empty list of tables", "hidden_cases")
+    tolerances = ctx.attrs["tolerances"]
+    for i, rng in enumerate(ranges):
+        shape = rng.get("shape") if isinstance(rng, dict) else None
+        ok = isinstance(shape, list) and shape and all(
+            isinstance(b, list) and len(b) in (2, 3) and all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in b)
+            and b[0] <= b[1] and (len(b) == 2 or b[0] % b[2] == 0) for b in shape)
+        if not ok:
+            raise ctx.error(f"ranges[{i}].shape must be [[lo, hi], ...] (or [lo, hi, step] with "
+                            "lo a multiple of step) with 1 <= lo <= hi", "hidden_cases")
+        if "name" in rng:
+            raise ctx.error(f"ranges[{i}] must not name its case (hidden_N)", "hidden_cases")
+        dtype = rng.get("out_dtype", rng.get("dtype"))
+        if dtype not in tolerances:
+            raise ctx.error(f"ranges[{i}] dtype {dtype!r} has no tolerance", "hidden_cases")
+    return {"count": count, "ranges": ranges}
 
 
 # ---------------------------------------------------------------------------------- binding
@@ -244,15 +281,29 @@ BINDING = Rule(
             "on a remote engine)",
             default="",
         ),
-        "threads": attr("int", "threads the implementation may use (pinned)", default=1),
+        "threads": attr(
+            "int", "threads the implementation may use (pinned)", default=1, minimum=1, maximum=4096
+        ),
         "call_timeout_s": attr(
-            "float", "per-call limit; past it the candidate fails (timeout)", default=20.0
+            "float",
+            "per-call limit; past it the candidate fails (timeout)",
+            default=20.0,
+            minimum=0,
+            exclusive_minimum=True,
+            maximum=86400,
         ),
         "seed": attr("int", "seed of the correctness inputs", default=0),
         "params": attr("table", "free parameters recorded in the spec", default={}),
         "measure": attr("table", "workload, warmups, samples, pairs, metric, direction, seed"),
         "assess": attr("table", "min_improvement, confidence, bootstrap_resamples"),
-        "timeout_s": attr("float", "limit of each action", default=900.0),
+        "timeout_s": attr(
+            "float",
+            "limit of each action",
+            default=900.0,
+            minimum=0,
+            exclusive_minimum=True,
+            maximum=7 * 86400,
+        ),
         "doc": attr("string", "free text", default=""),
         "tags": attr("string_list", "", default=[]),
     },

@@ -266,7 +266,9 @@ def test_hostile_candidate_arm_is_invalid(tmp_path, name, code):
         tmp_path, "softmax", TASKS / "softmax" / "baseline", HOSTILE / name, softmax_spec()
     )
     assert doc["status"] == "candidate_invalid"
-    assert doc["invalid"]["candidate"][0]["code"] == code
+    # NB: a replayed warm-up output meets the oracle before any timed output it could repeat
+    allowed = {code, "wrong_output"} if code == "stale_output" else {code}
+    assert doc["invalid"]["candidate"][0]["code"] in allowed
     assert doc["invalid"]["baseline"] == []
 
 
@@ -400,19 +402,25 @@ def test_synthetic_twenty_percent_gain_is_detected_and_aa_noise_is_not():
     assert abs(stats.speedup(gain, 0.95, 2000, seed=2)["point"] - 1.2) < 0.05
 
 
-def test_bootstrap_is_deterministic_for_a_seed_and_throughput_inverts():
-    x = list(np.random.default_rng(0).normal(0.1, 0.05, 10))
-    assert stats.bootstrap_interval(x, 0.9, 500, 11) == stats.bootstrap_interval(x, 0.9, 500, 11)
+def test_median_interval_is_order_statistics_with_exact_coverage_and_throughput_inverts():
+    x = list(np.random.default_rng(0).normal(0.1, 0.05, 30))
+    lo, hi, coverage = stats.median_interval(x, 0.95)
+    ordered = sorted(x)
+    # NB: n = 30 at 95 %: the 10th and 21st order statistics, P(B <= 9) = 0.0214 per side
+    assert (lo, hi) == (ordered[9], ordered[20])
+    assert coverage == pytest.approx(1 - 2 * 0.021386, abs=1e-5)
+    assert stats.median_interval(x[:5], 0.95)[:2] == (min(x[:5]), max(x[:5]))
+    assert stats.median_interval(x[:5], 0.95)[2] < 0.95
     assert stats.seed_from(b"a", b"b") == stats.seed_from(b"a", b"b") != stats.seed_from(b"b", b"a")
     assert stats.log_ratio(2.0, 1.0, "minimize") == pytest.approx(np.log(2))
     assert stats.log_ratio(1.0, 2.0, "maximize") == pytest.approx(np.log(2))
     assert stats.arm_value([1e9, 1e9], "throughput", 10) == pytest.approx(10.0)
 
 
-def test_a_slow_candidate_is_its_own_timeout_within_the_actions_limit(tmp_path):
-    """With the action's limit in the spec, arms are capped to fit it: a candidate that is
-    merely slow fails its arm (`timeout`), instead of timing the whole action out, which the
-    engine would treat as a retryable infrastructure fault forever."""
+def test_a_slow_but_correct_candidate_is_measured_not_cut_off(tmp_path):
+    """`call_timeout_s` is the only per-call limit: a correct candidate far slower than the
+    baseline (2 s a call) is measured in full, its samples are the referee's clock, and the
+    measurement ends well inside the action's own limit (no hidden 1 s arm cap)."""
     slow = tmp_path / "slow"
     slow.mkdir()
     (slow / "kernel.py").write_text(
@@ -423,7 +431,7 @@ def test_a_slow_candidate_is_its_own_timeout_within_the_actions_limit(tmp_path):
     spec = json.loads((TASKS / "softmax" / "harness_spec.example.json").read_text())
     spec["measure"].update(pairs=2, samples=2, warmups=0)
     spec["call_timeout_s"] = 30
-    spec["action_timeout_s"] = 200  # => arms capped at (0.9*200 - 30 - 120) / 4 - 10 = -2.5 -> 1 s
+    spec["action_timeout_s"] = 200
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
     out = tmp_path / "samples.json"
@@ -452,6 +460,20 @@ def test_a_slow_candidate_is_its_own_timeout_within_the_actions_limit(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert time.monotonic() - started < 0.9 * 200
     doc = json.loads(out.read_text())
+    assert doc["status"] == "ok", doc["invalid"]
+    samples = [ns for p in doc["pairs"] for ns in p["arms"]["candidate"]["samples_ns"]]
+    assert len(samples) == 4 and min(samples) >= 2e9
+
+
+def test_a_call_past_call_timeout_is_the_candidates_timeout(tmp_path):
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "kernel.py").write_text("import time\n\n\ndef softmax(x):\n    time.sleep(60)\n")
+    spec = softmax_spec(call_timeout_s=1.5)
+    started = time.monotonic()
+    doc = measure(tmp_path, "softmax", TASKS / "softmax" / "baseline", slow, spec)
+    assert time.monotonic() - started < 40
     assert doc["status"] == "candidate_invalid"
-    assert "timeout" in {r["code"] for r in doc["invalid"]["candidate"]}
+    assert doc["invalid"]["candidate"][0]["code"] == "timeout"
+    assert "call_timeout_s = 1.5" in doc["invalid"]["candidate"][0]["detail"]
     assert not doc["invalid"]["baseline"]

@@ -29,11 +29,6 @@ FRAMEWORKS = ("numpy", "torch")
 DEVICES = ("cpu", "cuda")
 PR_SET_CHILD_SUBREAPER = 36
 INFRA_EXIT = 2
-# NB: glibc's adaptive mmap/trim thresholds make the cost of a large temporary depend on what
-# the previous call freed; pinning them keeps freed memory in the heap, so timings reflect the
-# code, not the allocator's history. Both arms run under the same setting.
-MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
-                   ":glibc.malloc.top_pad=67108864")
 
 
 class HarnessError(Exception):
@@ -190,33 +185,6 @@ def load_task_module(task_dir: Path, stem: str) -> types.ModuleType:
         raise HarnessError(f"cannot load {path}: {type(exc).__name__}: {exc}") from exc
 
 
-def load_impl_entry(impl_dir: Path, entry: dict) -> Any:
-    """Import the editable package as a private package and return the entry function.
-
-    The folder becomes the `__path__` of a uniquely named package, so relative imports between
-    editable files work while nothing in it shadows a top-level module.
-    """
-    impl_dir = Path(impl_dir).resolve()
-    pkg_name = f"_rsi_impl_{uuid.uuid4().hex[:12]}"
-    package = types.ModuleType(pkg_name)
-    package.__path__ = [str(impl_dir)]
-    package.__package__ = pkg_name
-    sys.modules[pkg_name] = package
-    module_path = impl_dir / f"{entry['module']}.py"
-    if not module_path.is_file():
-        raise ModuleNotFoundError(f"editable module {entry['module']}.py is missing")
-    full_name = f"{pkg_name}.{entry['module']}"
-    spec = importlib.util.spec_from_file_location(full_name, module_path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[full_name] = module
-    spec.loader.exec_module(module)
-    fn = getattr(module, entry["function"], None)
-    if not callable(fn):
-        raise LookupError(  # noqa: TRY004  LookupError is how the child tells "missing entry"
-            f"{entry['module']}.py defines no callable {entry['function']!r}")
-    return fn
-
-
 # ---------------------------------------------------------------------------------------------
 # Arrays: names, raw extents, transport, digests
 
@@ -293,98 +261,6 @@ def digest_spans(header: dict[str, dict], span_bytes) -> str:
     return h.hexdigest()
 
 
-def write_inputs(inputs: dict[str, Any], io_dir: Path) -> dict:
-    manifest = {}
-    for name in sorted(inputs):
-        meta = describe_input(inputs[name])
-        if meta["kind"] == "array":
-            data = np.frombuffer(extent_bytes(inputs[name]), dtype=np.uint8)
-            np.save(io_dir / f"in_{name}.npy", data, allow_pickle=False)
-        manifest[name] = meta
-    write_json(io_dir / "inputs.json", manifest)
-    return manifest
-
-
-def _torch_dtype(torch, name: str):
-    dt = getattr(torch, name, None)
-    if not isinstance(dt, torch.dtype):
-        raise HarnessError(f"unknown torch dtype {name}")
-    return dt
-
-
-def rebuild_input(meta: dict, buffer: np.ndarray) -> Any:
-    """Recreate the array view described by `meta` over the uint8 `buffer` (shares its memory)."""
-    if meta["kind"] == "scalar":
-        return {"float": float, "int": int, "bool": bool}[meta["type"]](meta["value"])
-    if meta["framework"] == "numpy":
-        return np.ndarray(tuple(meta["shape"]), dtype=np.dtype(meta["dtype"]), buffer=buffer,
-                          offset=meta["offset_bytes"], strides=tuple(meta["strides_bytes"]))
-    torch = import_torch()
-    itemsize = meta["itemsize"]
-    storage = torch.from_numpy(buffer).untyped_storage()
-    out = torch.empty(0, dtype=_torch_dtype(torch, meta["dtype"]))
-    out.set_(storage, meta["offset_bytes"] // itemsize, tuple(meta["shape"]),
-             tuple(s // itemsize for s in meta["strides_bytes"]))
-    return out
-
-
-def read_inputs(io_dir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], dict]:
-    manifest = read_json(io_dir / "inputs.json")
-    buffers, inputs = {}, {}
-    for name, meta in manifest.items():
-        if meta["kind"] == "array":
-            buffers[name] = np.load(io_dir / f"in_{name}.npy", allow_pickle=False)
-            buffers[name] = np.ascontiguousarray(buffers[name]).copy()
-            inputs[name] = rebuild_input(meta, buffers[name])
-        else:
-            inputs[name] = rebuild_input(meta, np.empty(0, np.uint8))
-    return inputs, buffers, manifest
-
-
-def materialise_output(out: Any, framework: str,
-                       device: str = "cpu") -> tuple[np.ndarray | None, dict]:
-    """Check the returned object's exact type and copy it into a plain contiguous numpy array.
-
-    Returns (array or None, meta); `meta["problem"]` names a reason code when the object is not
-    an acceptable result. bfloat16 travels as its uint16 bit pattern. A tensor on the expected
-    accelerator `device` is synchronised and copied to host memory (never inside a timed region);
-    one on any other device comes back as None with its device in `meta` for the caller to judge.
-    """
-    meta: dict[str, Any] = {"type": f"{type(out).__module__}.{type(out).__qualname__}",
-                            "problem": None}
-    if framework == "numpy":
-        if type(out) is not np.ndarray:
-            meta["problem"] = "wrong_type"
-            return None, meta
-        meta.update(dtype=out.dtype.name, shape=list(out.shape), device="cpu")
-        if out.dtype.hasobject or out.dtype.fields is not None:
-            meta["problem"] = "wrong_dtype"
-            return None, meta
-        return np.array(out, copy=True, order="C"), meta
-    torch = sys.modules.get("torch")
-    if torch is None or type(out) is not torch.Tensor:
-        meta["problem"] = "wrong_type"
-        return None, meta
-    meta.update(dtype=dtype_name(out), shape=list(out.shape), device=out.device.type)
-    if out.layout != torch.strided or out.is_quantized or out.is_complex():
-        meta["problem"] = "wrong_type"
-        return None, meta
-    if out.device.type != device:
-        return None, meta
-    if device == "cpu":
-        flat = out.detach().contiguous().clone()
-    else:
-        torch.cuda.synchronize(out.device)
-        flat = out.detach().contiguous().to("cpu")
-    if flat.dtype == torch.bfloat16:
-        return flat.view(torch.int16).numpy().view(np.uint16).copy(), meta
-    try:
-        return flat.numpy().copy(), meta
-    except (TypeError, RuntimeError):
-        meta["problem"] = "wrong_dtype"
-        return None, meta
-
-
 def as_float64(raw: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bfloat16":
         return (raw.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
@@ -458,13 +334,6 @@ def descendants(pid: int | None = None) -> list[int]:
     return found
 
 
-def kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def kill_descendants(exclude: set[int] | None = None) -> int:
     """SIGKILL every process below us (bar `exclude`) and reap those that are our children."""
     killed = 0
@@ -493,181 +362,12 @@ def reap_zombies() -> None:
             return
 
 
-def child_env(threads: int, tmpdir: Path) -> dict[str, str]:
-    env = {k: os.environ[k] for k in ("PATH", "LD_LIBRARY_PATH", "SYSTEMROOT") if k in os.environ}
-    t = str(int(threads))
-    env.update(OMP_NUM_THREADS=t, MKL_NUM_THREADS=t, OPENBLAS_NUM_THREADS=t,
-               NUMEXPR_NUM_THREADS=t, VECLIB_MAXIMUM_THREADS=t, PYTHONHASHSEED="0",
-               TMPDIR=str(tmpdir), HOME=str(tmpdir), LC_ALL="C",
-               GLIBC_TUNABLES=MALLOC_TUNABLES)
-    return env
-
-
-class Zygote:
-    """A zygote child (runner.py / timer.py) in its own session.
-
-    Started before the parent prepares its job, so both import the framework at the same time;
-    the zygote waits for the job file to appear. `finish` kills everything it left behind.
-    """
-
-    def __init__(self, script: Path, framework: str, job_path: Path, work_dir: Path,
-                 threads: int):
-        import subprocess
-
-        self.job_path, self.work_dir = job_path, work_dir
-        self._out = open(work_dir / "zygote.stdout", "wb")  # noqa: SIM115
-        self._err = open(work_dir / "zygote.stderr", "wb")  # noqa: SIM115
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-B", str(script), "--framework", framework,
-             "--job", str(job_path)],
-            cwd=work_dir, env=child_env(threads, work_dir), stdin=subprocess.DEVNULL,
-            stdout=self._out, stderr=self._err, start_new_session=True)
-
-    def submit(self, job: dict) -> None:
-        write_json(self.job_path, job)
-
-    def finish(self, deadline_s: float) -> dict:
-        import subprocess
-
-        timed_out = False
-        try:
-            self.proc.wait(timeout=deadline_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            self.kill()
-        return {"returncode": self.proc.returncode, "timed_out": timed_out,
-                "wall_s": round(time.monotonic() - self.started, 3),
-                "stderr_tail": tail(self.work_dir / "zygote.stderr", 4000)}
-
-    def kill(self) -> None:
-        kill_group(self.proc.pid)
-        self.proc.wait()
-        kill_descendants()
-        for f in (self._out, self._err):
-            if not f.closed:
-                f.close()
-
-
-def zygote_main(description: str, run_job) -> int:
-    """Shared zygote entry: import the framework, wait for the job, then `run_job(job)`."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--job", required=True, type=Path)
-    parser.add_argument("--framework", required=True, choices=FRAMEWORKS)
-    args = parser.parse_args()
-    sys.dont_write_bytecode = True
-    become_subreaper()
-    if args.framework == "torch":
-        torch = import_torch()
-        # NB: one tiny op initialises torch's dispatcher here, once, instead of in every forked
-        # item; it is far below any parallel grain size, so no thread pool exists at fork time.
-        torch.ones(4).mul(2).sum()
-    import gc  # noqa: PLC0415
-
-    # NB: frozen objects are skipped by every later collection, so the gc.collect() an arm runs
-    # before its timed loop stays cheap, and forked children share these pages untouched.
-    gc.collect()
-    gc.freeze()
-    while not args.job.exists():  # NB: the parent kills us if it never writes the job
-        time.sleep(0.002)
-    run_job(read_json(args.job))
-    return 0
-
-
 def tail(path: Path, limit: int = 2000) -> str | None:
     try:
         text = Path(path).read_text(errors="replace")
     except OSError:
         return None
     return text[-limit:] if text else None
-
-
-def fork_item(item_fn, timeout_s: float, work_root: Path, log_path: Path) -> dict:
-    """Run `item_fn` in a forked child with its own process group, cwd and log; enforce timeout.
-
-    Used by the zygotes: the zygote imported only the framework, never candidate code, so every
-    item starts from the same pristine state. Whatever the item left running is killed after.
-    """
-    import shutil
-    import tempfile
-
-    cwd = tempfile.mkdtemp(prefix="item-", dir=work_root)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    started = time.monotonic()
-    pid = os.fork()
-    if pid == 0:  # child
-        code = 70
-        try:
-            os.setpgid(0, 0)
-            os.chdir(cwd)
-            os.environ["TMPDIR"] = cwd
-            os.environ["HOME"] = cwd
-            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(log_fd, 1)
-            os.dup2(log_fd, 2)
-            os.close(log_fd)
-            item_fn()
-            code = 0
-        except BaseException:  # noqa: BLE001  the child must never fall back into the zygote
-            import traceback
-
-            try:
-                traceback.print_exc()
-            except BaseException:  # noqa: BLE001, S110
-                pass
-        finally:
-            try:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            except BaseException:  # noqa: BLE001, S110
-                pass
-            os._exit(code)
-    try:
-        os.setpgid(pid, pid)
-    except OSError:
-        pass
-    deadline = started + timeout_s
-    timed_out, status, nap = False, None, 0.0005
-    while True:
-        got, status = os.waitpid(pid, os.WNOHANG)
-        if got == pid:
-            break
-        if time.monotonic() >= deadline:
-            timed_out = True
-            kill_group(pid)
-            os.kill(pid, signal.SIGKILL) if _alive(pid) else None
-            _, status = os.waitpid(pid, 0)
-            break
-        time.sleep(nap)
-        nap = min(nap * 2, 0.01)
-    wall_s = time.monotonic() - started
-    kill_group(pid)
-    kill_descendants()
-    shutil.rmtree(cwd, ignore_errors=True)
-    return {
-        "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-        "timed_out": timed_out,
-        "wall_s": round(wall_s, 6),
-    }
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-
-def set_threads(framework: str, threads: int) -> None:
-    if framework == "torch":
-        torch = import_torch()
-        torch.set_num_threads(int(threads))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -932,7 +632,10 @@ def dtype_itemsize(name: str) -> int:
         return np.dtype(name).itemsize
     except TypeError:
         torch = import_torch()
-        return _torch_dtype(torch, name).itemsize
+        dt = getattr(torch, name, None)
+        if not isinstance(dt, torch.dtype):
+            raise HarnessError(f"unknown torch dtype {name}") from None
+        return dt.itemsize
 
 
 def tensor_bytes(inputs: dict[str, Any], out_shape, out_dtype: str) -> int:
@@ -949,34 +652,3 @@ def tensor_bytes(inputs: dict[str, Any], out_shape, out_dtype: str) -> int:
     return total + n_out * dtype_itemsize(out_dtype)
 
 
-def inputs_to_device(inputs: dict[str, Any], device: str) -> tuple[dict[str, Any], dict, dict]:
-    """Copy every CPU tensor input to `device` with the identical view geometry.
-
-    Each tensor's whole memory span travels as one uint8 device buffer and the input is rebuilt
-    as the same (possibly strided) view over it, so the candidate sees exactly the layout the
-    workload made. Returns (device inputs, {name: uint8 device span}, description header).
-    """
-    torch = import_torch()
-    header = {name: describe_input(inputs[name]) for name in sorted(inputs)}
-    out: dict[str, Any] = {}
-    spans: dict[str, Any] = {}
-    for name, meta in header.items():
-        if meta["kind"] == "scalar":
-            out[name] = inputs[name]
-            continue
-        if meta["framework"] != "torch":
-            raise HarnessError(f"input {name!r} is a numpy array; device {device!r} needs torch "
-                               "tensors from workloads.make_inputs")
-        raw = np.frombuffer(extent_bytes(inputs[name]), dtype=np.uint8).copy()
-        span = torch.from_numpy(raw).to(device)
-        itemsize = meta["itemsize"]
-        view = torch.empty(0, dtype=_torch_dtype(torch, meta["dtype"]), device=device)
-        view.set_(span.untyped_storage(), meta["offset_bytes"] // itemsize, tuple(meta["shape"]),
-                  tuple(s // itemsize for s in meta["strides_bytes"]))
-        out[name], spans[name] = view, span
-    return out, spans, header
-
-
-def device_inputs_digest(header: dict, spans: dict) -> str:
-    """The input digest of device inputs (the same value `inputs_digest` gives on the host)."""
-    return digest_spans(header, lambda name: spans[name].cpu().numpy().tobytes())

@@ -157,12 +157,16 @@ def assess(spec: dict, samples: dict, check: dict, baseline_check: dict, calibra
     elif speed["lo"] > threshold:
         verdict = "PASS"
         add("cleared_threshold", f"interval lower bound {speed['lo']:.4f} > {threshold:.4f}")
+    elif speed["hi"] < 1.0 / threshold:
+        # NB: the mirror image of PASS: the whole interval is below 1 by more than the noise
+        # floor, so the candidate is slower, with the verdict's own confidence
+        verdict = "FAIL"
+        add("slower", f"interval upper bound {speed['hi']:.4f} < {1.0 / threshold:.4f} "
+            f"(1 / (1 + max(noise floor, min_improvement))): the candidate is slower")
     else:
         verdict = "INCONCLUSIVE"
         add("below_threshold", f"interval lower bound {speed['lo']:.4f} <= {threshold:.4f} "
             f"(1 + max(noise floor, min_improvement))")
-        if speed["hi"] < 1.0:
-            add("slower", f"the whole interval lies below 1 (hi {speed['hi']:.4f})")
     return {
         "schema": SCHEMA,
         "verdict": verdict,

@@ -1,7 +1,10 @@
 """Correctness check: judge one implementation against the task's float64 oracle on every case.
 
-Inputs are generated and the oracle is computed here; the implementation runs only in a child
-(runner.py). Writes one evidence document; exits non-zero only for a harness fault.
+This process is the referee: it draws a secret seed from the OS, generates every case's inputs
+(the public cases and hidden ones drawn from the declared shape ranges), computes the oracle and
+judges raw output bytes. The implementation is imported only in a worker (referee.py, worker.py)
+that gets each case's input when its call starts. Writes one evidence document; exits 2 only
+for a harness fault before any candidate code ran.
 """
 
 from __future__ import annotations
@@ -15,16 +18,17 @@ import time
 from pathlib import Path
 
 
-def _load_common():
-    path = Path(__file__).resolve().parent / "_common.py"
-    spec = importlib.util.spec_from_file_location("_rsi_harness_common", path)
+def _load(name: str, stem: str):
+    path = Path(__file__).resolve().parent / f"{stem}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
 
-C = _load_common()
+C = _load("_rsi_harness_common", "_common")
+R = _load("_rsi_harness_referee", "referee")
 np = C.np
 
 SCHEMA = "rsi.check/1"
@@ -39,16 +43,34 @@ FAILURE_KIND = {
 }
 
 
-def prepare_case(spec: dict, case: dict, workloads, oracle, io_dir: Path) -> dict:
-    seed = int(case.get("seed", C.derive_seed(spec["seed"], "check", case["name"])))
+def hidden_cases(spec: dict, secret: int) -> list[dict]:
+    """Cases drawn with the secret seed from the declared ranges (`spec["hidden"]`): a candidate
+    that special-cases the public shapes meets shapes it has never seen."""
+    hidden = spec.get("hidden") or {}
+    ranges = hidden.get("ranges") or []
+    count = int(hidden.get("count", 0)) if ranges else 0
+    rng = np.random.default_rng(C.derive_seed(secret, "hidden"))
+    cases = []
+    for k in range(count):
+        template = dict(ranges[int(rng.integers(len(ranges)))])
+        bounds = template.pop("shape")
+        shape = []
+        for bound in bounds:
+            lo, hi = int(bound[0]), int(bound[1])
+            step = int(bound[2]) if len(bound) > 2 else 1
+            shape.append(lo + step * int(rng.integers((hi - lo) // step + 1)))
+        cases.append(dict(template, name=f"hidden_{k}", shape=shape, hidden=True))
+    return cases
+
+
+def prepare_case(case: dict, seed: int, workloads, oracle) -> dict:
     try:
         inputs = workloads.make_inputs(dict(case), seed)
     except Exception as exc:  # noqa: BLE001  any task error is a harness fault
         raise C.HarnessError(
             f"workloads.make_inputs failed on case {case['name']!r}: {exc!r}") from exc
-    manifest = C.write_inputs(inputs, io_dir)
     digest = C.inputs_digest(inputs)
-    sent = {n: np.load(io_dir / f"in_{n}.npy") for n, m in manifest.items() if m["kind"] == "array"}
+    header, packed = R.pack_inputs(C, inputs)
     try:
         ref = oracle.reference(**inputs)
     except Exception as exc:  # noqa: BLE001  any task error is a harness fault
@@ -60,72 +82,68 @@ def prepare_case(spec: dict, case: dict, workloads, oracle, io_dir: Path) -> dic
         raise C.HarnessError(f"oracle output is not finite on case {case['name']!r}")
     if C.inputs_digest(inputs) != digest:
         raise C.HarnessError(f"oracle.reference modified its inputs on case {case['name']!r}")
-    return {"seed": seed, "digest": digest, "ref": ref, "sent": sent, "manifest": manifest}
-
-
-def judge_case(spec: dict, case: dict, prep: dict, io_dir: Path) -> dict:
     out_dtype = case.get("out_dtype", case["dtype"])
-    record = {"name": case["name"], "seed": prep["seed"], "input_digest": prep["digest"],
-              "passed": False, "reason": None, "detail": None, "max_abs_err": None,
-              "max_rel_err": None, "mismatched": None, "expected_shape": list(prep["ref"].shape),
-              "expected_dtype": out_dtype, "output": None, "wall_s": None, "log_tail": None}
-    if not (io_dir / "started.json").exists():
-        record.update(reason="not_run", detail="an earlier case ended the check")
-        return record
-    record["log_tail"] = C.tail(io_dir / "log.txt")
-    status = C.read_json(io_dir / "status.json") if (io_dir / "status.json").exists() else None
-    result = C.read_json(io_dir / "result.json") if (io_dir / "result.json").exists() else None
-    if status is None:
-        record.update(reason="crash", detail="the case child took the check runner down with it")
-        return record
-    record["wall_s"] = status["wall_s"]
-    if status["timed_out"]:
-        record.update(reason="timeout", detail=f"no result within {spec['call_timeout_s']} s; "
-                      "the process group was killed")
-        return record
-    if result is None or status["exit_code"] != 0:
-        record.update(reason="crash", detail=f"child ended (exit {status['exit_code']}, signal "
-                      f"{status['signal']}) without a result")
-        return record
-    if result["outcome"] == "harness_error":
-        err = result.get("error") or {}
-        raise C.HarnessError(f"case {case['name']!r} failed before any implementation code ran: "
-                             f"{err.get('type')}: {err.get('message')}")
-    if result["outcome"] != "returned":
-        err = result.get("error") or {}
-        record.update(reason=result["outcome"],
-                      detail=f"{err.get('type')}: {err.get('message')}")
-        return record
-    meta = result["output"]
+    nbytes = int(ref.size) * C.dtype_itemsize(out_dtype)
+    return {"seed": seed, "digest": digest, "ref": ref, "header": header, "packed": packed,
+            "out_dtype": out_dtype, "nbytes": nbytes}
+
+
+def _record(case: dict, prep: dict) -> dict:
+    return {"name": case["name"], "seed": prep["seed"], "input_digest": prep["digest"],
+            "hidden": bool(case.get("hidden")), "shape": case.get("shape"),
+            "passed": False, "reason": None, "detail": None, "max_abs_err": None,
+            "max_rel_err": None, "mismatched": None, "expected_shape": list(prep["ref"].shape),
+            "expected_dtype": prep["out_dtype"], "output": None, "wall_s": None,
+            "log_tail": None}
+
+
+def raw_output(raw: bytes, dtype: str, shape) -> np.ndarray:
+    """The referee's reading of output bytes: dtype and shape from the spec, never the worker."""
+    np_dtype = np.uint16 if dtype == "bfloat16" else np.dtype(dtype)
+    return np.frombuffer(raw, dtype=np_dtype).reshape(shape)
+
+
+def judge_reply(spec: dict, record: dict, prep: dict, call) -> None:
+    reply = call.reply
+    record["wall_s"] = round(call.elapsed_ns / 1e9, 6)
+    op = reply.get("op")
+    if op == "raised":
+        err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+        record.update(reason="exception", detail=f"{err.get('type')}: {err.get('message')}")
+        return
+    if op != "done" or not isinstance(reply.get("out"), dict):
+        record.update(reason="crash", detail=f"protocol: unexpected reply {str(reply)[:200]}")
+        return
+    meta = reply["out"]
     record["output"] = {k: meta.get(k) for k in ("type", "dtype", "shape", "device")}
-    if meta["problem"] == "wrong_type":
+    expected_shape = list(prep["ref"].shape)
+    if meta.get("problem") == "wrong_type":
         wanted = "numpy.ndarray" if spec["framework"] == "numpy" else "torch.Tensor"
-        record.update(reason="wrong_type", detail=f"returned {meta['type']}; the contract needs "
-                      f"exactly {wanted}")
-        return record
-    if meta.get("device") != spec["device"]:
+        record.update(reason="wrong_type", detail=f"returned {meta.get('type')}; the contract "
+                      f"needs exactly {wanted}")
+        return
+    if meta.get("problem") == "wrong_device" or meta.get("device") != spec["device"]:
         record.update(reason="wrong_device", detail=f"output on {meta.get('device')}, expected "
                       f"{spec['device']}")
-        return record
-    if list(meta["shape"]) != list(prep["ref"].shape):
-        record.update(reason="wrong_shape", detail=f"shape {meta['shape']}, expected "
-                      f"{list(prep['ref'].shape)}")
-        return record
-    if meta["problem"] == "wrong_dtype" or meta["dtype"] != out_dtype:
-        record.update(reason="wrong_dtype", detail=f"dtype {meta['dtype']}, expected {out_dtype}")
-        return record
-    for name, sent in prep["sent"].items():
-        after_path = io_dir / f"after_{name}.npy"
-        after = np.load(after_path) if after_path.exists() else None
-        if after is None or after.tobytes() != sent.tobytes():
-            record.update(reason="input_modified", detail=f"input {name!r} changed during the call")
-            return record
-    raw = np.load(io_dir / "out.npy", allow_pickle=False)
-    if list(raw.shape) != list(prep["ref"].shape):
-        record.update(reason="wrong_shape", detail="materialised output has the wrong shape")
-        return record
-    actual = C.as_float64(raw, meta["dtype"])
-    atol, rtol = C.tolerance_for(spec, out_dtype)
+        return
+    if meta.get("shape") != expected_shape:
+        record.update(reason="wrong_shape", detail=f"shape {meta.get('shape')}, expected "
+                      f"{expected_shape}")
+        return
+    if meta.get("problem") == "wrong_dtype" or meta.get("dtype") != prep["out_dtype"]:
+        record.update(reason="wrong_dtype", detail=f"dtype {meta.get('dtype')}, expected "
+                      f"{prep['out_dtype']}")
+        return
+    if call.output is None:
+        record.update(reason="wrong_shape", detail=f"{meta.get('nbytes')} output bytes, expected "
+                      f"{prep['nbytes']}")
+        return
+    if not call.inputs_intact:
+        record.update(reason="input_modified", detail="an input changed during the call")
+        return
+    actual = C.as_float64(raw_output(call.output, prep["out_dtype"], expected_shape),
+                          prep["out_dtype"])
+    atol, rtol = C.tolerance_for(spec, prep["out_dtype"])
     cmp = C.compare(actual, prep["ref"], atol, rtol)
     record.update(max_abs_err=cmp["max_abs_err"], max_rel_err=cmp["max_rel_err"],
                   mismatched=cmp["mismatched"])
@@ -137,64 +155,55 @@ def judge_case(spec: dict, case: dict, prep: dict, io_dir: Path) -> dict:
                       f"values outside atol={atol} rtol={rtol}")
     else:
         record.update(passed=True, reason="ok")
-    return record
 
 
-def _device_facts(items: list[dict]) -> dict | None:
-    for item in items:
-        path = Path(item["io_dir"]) / "result.json"
-        if path.exists():
-            facts = C.read_json(path).get("device")
-            if facts:
-                return facts
-    return None
-
-
-def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path) -> dict:
+def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path,
+              secret: int) -> dict:
     started = time.monotonic()
-    zygote = C.Zygote(Path(__file__).resolve().parent / "runner.py", spec["framework"],
-                      work_dir / "job.json", work_dir, spec["threads"])
-    try:
-        return _run_check(task_dir, impl_dir, spec, work_dir, zygote, started)
-    finally:
-        zygote.kill()
-
-
-def _run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path, zygote,
-               started: float) -> dict:
     workloads = C.load_task_module(task_dir, "workloads")
     oracle = C.load_task_module(task_dir, "oracle")
     impl_digest, impl_files = C.tree_digest(impl_dir)
-    items, preps = [], {}
-    for i, case in enumerate(spec["cases"]):
-        io_dir = work_dir / f"case{i:03d}"
-        io_dir.mkdir()
-        preps[case["name"]] = prepare_case(spec, case, workloads, oracle, io_dir)
-        items.append({"id": case["name"], "io_dir": str(io_dir)})
-    job = {"framework": spec["framework"], "device": spec["device"],
-           "impl_dir": str(impl_dir.resolve()),
-           "entry": spec["entry"], "threads": spec["threads"],
-           "call_timeout_s": spec["call_timeout_s"], "work_dir": str(work_dir), "items": items}
-    zygote.submit(job)
-    zyg = zygote.finish(spec["startup_timeout_s"]
-                        + len(items) * (float(spec["call_timeout_s"]) + 10.0))
-    if not (Path(items[0]["io_dir"]) / "started.json").exists():
-        raise C.HarnessError(f"check runner failed before the first case (exit "
-                             f"{zyg['returncode']}): {zyg['stderr_tail']}")
-    if zyg["returncode"] != 0 and not zyg["timed_out"]:
-        # NB: a case child cannot make the runner exit non-zero except by killing it, which
-        # leaves that case without a status and is judged a crash below.
-        last = [it for it in items if (Path(it["io_dir"]) / "started.json").exists()][-1]
-        if (Path(last["io_dir"]) / "status.json").exists():
-            raise C.HarnessError(f"check runner failed: {zyg['stderr_tail']}")
-    cases = [judge_case(spec, case, preps[case["name"]], Path(items[i]["io_dir"]))
-             for i, case in enumerate(spec["cases"])]
-    fprint = C.fingerprint(spec, _device_facts(items),
+    drawn = hidden_cases(spec, secret)
+    cases = list(spec["cases"]) + drawn
+    for case in drawn:
+        if case.get("out_dtype", case.get("dtype")) not in spec["tolerances"]:
+            raise C.HarnessError(f"no tolerance for the output dtype of hidden range {case!r}")
+    preps = [prepare_case(case, C.derive_seed(secret, "check", case["name"]), workloads, oracle)
+             for case in cases]
+    records = [_record(case, prep) for case, prep in zip(cases, preps, strict=True)]
+    timeout = float(spec["call_timeout_s"])
+    log_path = work_dir / "worker.log"
+    try:
+        worker = R.start_worker(
+            framework=spec["framework"], device=spec["device"], threads=spec["threads"],
+            impl_dir=impl_dir, entry=spec["entry"],
+            in_size=max(len(p["packed"]) for p in preps) + R.ALIGN,
+            out_size=max(p["nbytes"] for p in preps), work_dir=work_dir, log_path=log_path,
+            startup_timeout_s=float(spec["startup_timeout_s"]))
+        worker.fork()
+    except R.WorkerStartError as exc:
+        raise C.HarnessError(f"check worker failed before any candidate code ran: {exc}") from exc
+    isolation = worker.mode
+    try:
+        if _judge_cases(worker, preps, records, spec, timeout):
+            try:
+                worker.end_child(timeout)
+            except R.WorkerFault as exc:
+                records[-1].update(passed=False, reason="crash",
+                                   detail=f"after its last call: {exc.detail}")
+    finally:
+        worker.kill()
+    log = R.tail(log_path)
+    for rec in records:
+        if rec["reason"] not in (None, "ok", "not_run"):
+            rec["log_tail"] = log
+            break
+    fprint = C.fingerprint(spec, _device_facts(spec),
                            C.nvidia_smi() if spec["device"] != "cpu" else None)
     reasons = [{"code": c["reason"], "case": c["name"], "detail": c["detail"]}
-               for c in cases if not c["passed"] and c["reason"] != "not_run"]
+               for c in records if not c["passed"] and c["reason"] != "not_run"]
     failure_kind = FAILURE_KIND[reasons[0]["code"]] if reasons else None
-    if failure_kind is None and not all(c["passed"] for c in cases):
+    if failure_kind is None and not all(c["passed"] for c in records):
         raise C.HarnessError("cases were left unjudged without a failure")
     return {
         "schema": SCHEMA,
@@ -206,14 +215,73 @@ def _run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path, zygot
                  "missing_files": sorted(set(spec["editable"]) - set(impl_files))},
         "entry": spec["entry"],
         "framework": spec["framework"],
-        "cases": cases,
-        "input_digests": {c["name"]: c["input_digest"] for c in cases},
-        "n_cases": len(cases),
-        "n_passed": sum(c["passed"] for c in cases),
+        "cases": records,
+        "input_digests": {c["name"]: c["input_digest"] for c in records},
+        "n_cases": len(records),
+        "n_passed": sum(c["passed"] for c in records),
+        "n_hidden": len(drawn),
+        "hidden_cases": drawn,
         "device": spec["device"],
         "fingerprint": fprint,
+        "referee": {"isolation": isolation, "secret_seed": str(secret),
+                    "seed_source": "os.urandom" if spec.get("_seed_given") is None
+                    else "--seed (replay)"},
         "wall_s": round(time.monotonic() - started, 3),
     }
+
+
+def _judge_cases(worker, preps, records, spec, timeout) -> bool:
+    """Judge every case in order; False when the worker ended early (later cases not run)."""
+    def not_run_after(k: int) -> None:
+        for rec in records[k + 1:]:
+            rec.update(reason="not_run", detail="an earlier case ended the check")
+
+    try:
+        imported = worker.import_impl(timeout)
+    except R.WorkerFault as exc:
+        records[0].update(reason="crash" if exc.code != "timeout" else "timeout",
+                          detail=f"while importing the implementation: {exc.detail}")
+        not_run_after(0)
+        return False
+    if imported.get("op") == "import_failed":
+        kind = imported.get("kind")
+        kind = kind if kind in ("syntax_error", "import_error", "missing_entry") else "import_error"
+        err = imported.get("error") if isinstance(imported.get("error"), dict) else {}
+        records[0].update(reason=kind, detail=f"{err.get('type')}: {err.get('message')}")
+        not_run_after(0)
+        return False
+    if imported.get("op") != "imported":
+        records[0].update(reason="crash", detail=f"protocol: import answered {str(imported)[:200]}")
+        not_run_after(0)
+        return False
+    for k, (prep, rec) in enumerate(zip(preps, records, strict=True)):
+        try:
+            worker.layout(prep["header"], timeout)
+            call = R.timed_call(worker, k, prep["packed"], prep["nbytes"], timeout)
+        except R.WorkerFault as exc:
+            code = {"timeout": "timeout"}.get(exc.code, "crash")
+            detail = (f"no result within {timeout} s; the worker was killed"
+                      if code == "timeout" else exc.detail)
+            rec.update(reason=code, detail=detail)
+            not_run_after(k)
+            return False
+        if call.reply.get("op") == "done" and call.reply.get("i") != k:
+            rec.update(reason="crash", detail="protocol: a reply for another call")
+            not_run_after(k)
+            return False
+        judge_reply(spec, rec, prep, call)
+    return True
+
+
+def _device_facts(spec: dict) -> dict | None:
+    if spec["device"] == "cpu":
+        return None
+    try:
+        torch = C.import_torch()
+        torch.cuda.init()
+        return C.cuda_device_facts(torch)
+    except Exception:  # noqa: BLE001  facts are informational; unknown is null
+        return None
 
 
 def main() -> int:
@@ -222,14 +290,21 @@ def main() -> int:
     parser.add_argument("--impl", required=True, type=Path)
     parser.add_argument("--spec", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--seed", type=int, default=None,
+                        help="replay a run: the secret seed its evidence revealed")
     args = parser.parse_args()
     out_path = args.out.resolve()
+    R.harden_self()
     C.become_subreaper()
     work_dir = Path(tempfile.mkdtemp(prefix="rsi-check-"))
     try:
         spec = C.load_spec(args.spec)
         C.require_device(spec)
-        doc = run_check(args.task.resolve(), args.impl.resolve(), spec, work_dir)
+        secret = R.secret_seed() if args.seed is None else int(args.seed)
+        if args.seed is not None:
+            spec["_seed_given"] = True
+        doc = run_check(args.task.resolve(), args.impl.resolve(), spec, work_dir, secret)
+        C.kill_descendants()
         C.write_json(out_path, doc)
     except C.HarnessError as exc:
         print(f"rsi harness fault (check): {exc}", file=sys.stderr)

@@ -1,171 +1,286 @@
-"""Paired timing of baseline vs candidate (A/A calibration when both paths are the same).
+"""Paired timing of baseline vs candidate (A/A calibration when both are the same tree).
 
-Pair i runs its two arms in order AB when i is even and BA when odd, each arm in a fresh child
-forked from timer.py's pristine zygote, both on the identical input sequence for that pair. Raw
-per-call nanoseconds are the evidence; nothing is averaged away here.
+This process is the referee. It draws a secret seed from the OS, generates every input itself
+(warm-up and timed draws differ; both arms of a pair get the identical sequence), hands each
+input to the arm's worker only when that call starts, reads its own clock around handing the
+input over and taking the output back, and checks every timed output against the oracle
+outside the timed region. Pair i runs AB when i is even and BA when odd; each arm has a worker
+of its own (its own sandbox), kept for the whole measurement. Raw per-call nanoseconds are the
+evidence. Exits 2 only for a harness fault before any candidate code ran.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
+import math
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 
-def _load_common():
-    path = Path(__file__).resolve().parent / "_common.py"
-    spec = importlib.util.spec_from_file_location("_rsi_harness_common", path)
+def _load(name: str, stem: str):
+    path = Path(__file__).resolve().parent / f"{stem}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
 
-C = _load_common()
+C = _load("_rsi_harness_common", "_common")
+R = _load("_rsi_harness_referee", "referee")
 np = C.np
 
 SCHEMA = "rsi.measure/1"
 ARMS = ("baseline", "candidate")
-OUTCOME_CODE = {"syntax_error": "syntax_error", "import_error": "import_error",
-                "exception": "exception"}
+IPC_PROBES = 7
+# NB: CPU time is read from the worker's process tree at clock-tick resolution for reaped
+# children; the slack covers that, start-up and the worker's own bookkeeping between calls
+CPU_FACTOR, CPU_SLACK_NS = 1.25, 50_000_000
+EARLY_STOP_PAIRS, EARLY_STOP_FACTOR = 8, 1.5
+REF_CACHE_BYTES = 512 << 20
 
 
-class Expectations:
-    """Parent-side truth for every timed input: digest and oracle values at the probe indices."""
+class Oracle:
+    """Expected outputs for the pair being measured (kept within a memory budget)."""
 
-    def __init__(self, spec: dict, workloads, oracle):
-        self.spec, self.workloads, self.oracle = spec, workloads, oracle
-        self.case = spec["measure"]["workload"]
-        self._cache: dict[int, tuple[str, np.ndarray]] = {}
+    def __init__(self, oracle) -> None:
+        self.oracle, self.cache, self.bytes = oracle, {}, 0
 
-    def reference(self, seed: int) -> tuple[str, np.ndarray, dict]:
-        inputs = self.workloads.make_inputs(dict(self.case), seed)
-        digest = C.inputs_digest(inputs)
-        ref = self.oracle.reference(**inputs)
+    def reference(self, key, inputs: dict) -> np.ndarray:
+        if key in self.cache:
+            return self.cache[key]
+        try:
+            ref = self.oracle.reference(**inputs)
+        except Exception as exc:  # noqa: BLE001  a broken oracle is the harness's fault
+            raise C.HarnessError(f"oracle.reference failed: {exc!r}") from exc
         if type(ref) is not np.ndarray or ref.dtype != np.float64 or not np.all(np.isfinite(ref)):
             raise C.HarnessError("oracle.reference must return a finite float64 numpy array")
-        return digest, ref, inputs
+        if self.bytes + ref.nbytes <= REF_CACHE_BYTES:
+            self.cache[key] = ref
+            self.bytes += ref.nbytes
+        return ref
 
-    def probe(self, seed: int, probe_idx: np.ndarray) -> tuple[str, np.ndarray]:
-        if seed not in self._cache:
-            digest, ref, _ = self.reference(seed)
-            self._cache[seed] = (digest, ref.reshape(-1)[probe_idx])
-        return self._cache[seed]
-
-
-def value_check_indices(n_samples: int, n_checks: int) -> list[int]:
-    """Timed samples whose probe values are compared with the oracle: spread, always the last."""
-    if n_checks <= 0 or n_checks >= n_samples:
-        return list(range(n_samples))
-    return sorted({round(k * (n_samples - 1) / max(n_checks - 1, 1)) for k in range(n_checks)})
+    def clear(self) -> None:
+        self.cache, self.bytes = {}, 0
 
 
-def judge_arm(spec: dict, item: dict, expect: Expectations, probe_idx: np.ndarray,
-              out_dtype: str) -> dict:
-    io_dir = Path(item["io_dir"])
-    arm = {"impl": item["arm"], "valid": False, "reasons": [], "samples_ns": [],
-           "input_digests": [], "warmup_ns": [], "output_digests": [], "wall_s": None,
-           "log_tail": None}
-    if not (io_dir / "started.json").exists():
-        arm["reasons"].append({"code": "not_run", "detail": "an earlier arm ended the measurement"})
-        return arm
-    arm["log_tail"] = C.tail(io_dir / "log.txt")
-    status = C.read_json(io_dir / "status.json") if (io_dir / "status.json").exists() else None
-    result = C.read_json(io_dir / "result.json") if (io_dir / "result.json").exists() else None
-    if status is None:
-        arm["reasons"].append({"code": "crash", "detail": "the arm took the timer down with it"})
-        return arm
-    arm["wall_s"] = status["wall_s"]
-    if status["timed_out"]:
-        arm["reasons"].append({"code": "timeout", "detail": f"arm exceeded {item['timeout_s']} s"})
-        return arm
-    if result is None or status["exit_code"] != 0:
-        arm["reasons"].append({"code": "crash", "detail": f"exit {status['exit_code']}, signal "
-                               f"{status['signal']}, no result"})
-        return arm
-    if result["outcome"] == "harness_error":
-        err = result.get("error") or {}
-        raise C.HarnessError(f"the {item['arm']} arm of pair {item['id']} failed before any "
-                             f"implementation code ran: {err.get('type')}: {err.get('message')}")
-    arm.update(samples_ns=result["samples_ns"], warmup_ns=result["warmup_ns"],
-               output_digests=result["output_digests"], input_digests=result["input_digests"])
-    if "wall_ns" in result:
-        arm["wall_ns"] = result["wall_ns"]
-    if result["outcome"] in OUTCOME_CODE:
-        err = result.get("error") or {}
-        arm["reasons"].append({"code": OUTCOME_CODE[result["outcome"]], "sample": result["sample"],
-                               "detail": f"{err.get('type')}: {err.get('message')}"})
-        return arm
-    if result["outcome"] == "invalid":
-        arm["reasons"].append({"code": result["problem"], "sample": result["sample"],
-                               "detail": result["detail"]})
-        return arm
-    atol, rtol = C.tolerance_for(spec, out_dtype)
-    if len(arm["samples_ns"]) != len(item["timed_seeds"]):
-        arm["reasons"].append({"code": "crash", "detail": "fewer samples than timed inputs"})
-        return arm
+def make_inputs(workloads, case: dict, seed: int) -> dict:
+    try:
+        return workloads.make_inputs(dict(case), seed)
+    except Exception as exc:  # noqa: BLE001  a broken workload is the harness's fault
+        raise C.HarnessError(f"workloads.make_inputs failed: {exc!r}") from exc
+
+
+def new_arm(impl: str) -> dict:
+    return {"impl": impl, "valid": False, "reasons": [], "samples_ns": [], "input_digests": [],
+            "warmup_ns": [], "output_digests": [], "wall_s": None, "log_tail": None,
+            "cpu_ns": None, "calls_wall_ns": None}
+
+
+def claim_problem(reply: dict, expected: dict) -> tuple[str, str] | None:
+    """What the worker's own reply says is wrong (a reply is a claim; bytes are judged later)."""
+    op = reply.get("op")
+    if op == "raised":
+        err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+        return "exception", f"{err.get('type')}: {err.get('message')}"
+    if op != "done" or not isinstance(reply.get("out"), dict):
+        return "crash", f"protocol: unexpected reply {str(reply)[:200]}"
+    meta = reply["out"]
+    if meta.get("problem") in ("wrong_type", "wrong_device") or \
+            meta.get("device") != expected["device"]:
+        return "wrong_type", f"returned {meta.get('type')} on {meta.get('device')}"
+    if meta.get("shape") != expected["shape"]:
+        return "wrong_shape", f"shape {meta.get('shape')}, expected {expected['shape']}"
+    if meta.get("problem") == "wrong_dtype" or meta.get("dtype") != expected["dtype"]:
+        return "wrong_dtype", f"dtype {meta.get('dtype')}, expected {expected['dtype']}"
+    return None
+
+
+class Arm:
+    """One implementation's sandbox for the whole measurement; a fresh worker forked per pair."""
+
+    def __init__(self, name: str, impl: Path, spec: dict, sizes: tuple[int, int],
+                 work_dir: Path, header: dict, packed: bytes) -> None:
+        self.name, self.impl, self.spec = name, impl, spec
+        self.log = work_dir / f"{name}.log"
+        self.dead: dict | None = None
+        self.timeout = float(spec["call_timeout_s"])
+        try:
+            self.worker = R.start_worker(
+                framework=spec["framework"], device=spec["device"], threads=spec["threads"],
+                impl_dir=impl, entry=spec["entry"], in_size=sizes[0], out_size=sizes[1],
+                work_dir=work_dir, log_path=self.log,
+                startup_timeout_s=float(spec["startup_timeout_s"]))
+            # NB: the cost of handing over an input and taking an output back, with no call:
+            # measured before any implementation code is imported, the same for both arms
+            self.worker.fork()
+            self.header = None
+            self.set_layout(header)
+            self.ipc_ns = sorted(
+                R.timed_call(self.worker, -1 - k, packed, 0, self.timeout, echo=True).elapsed_ns
+                for k in range(IPC_PROBES))
+            self.worker.end_child(self.timeout)
+        except (R.WorkerStartError, R.WorkerFault) as exc:
+            if hasattr(self, "worker"):
+                self.worker.kill()
+            raise C.HarnessError(f"the {name} worker failed before any implementation code "
+                                 f"ran: {exc}") from exc
+
+    def set_layout(self, header: dict) -> None:
+        if header != self.header:
+            self.worker.layout(header, self.timeout)
+            self.header = header
+
+    def begin(self) -> dict | None:
+        """Fork a pristine worker and import the implementation; the reason when it failed."""
+        try:
+            self.worker.fork()
+        except R.WorkerStartError as exc:
+            raise C.HarnessError(f"the {self.name} worker could not be forked before any "
+                                 f"implementation code ran in it: {exc}") from exc
+        self.header = None
+        try:
+            reply = self.worker.import_impl(self.timeout)
+        except R.WorkerFault as exc:
+            self.dead = {"code": "timeout" if exc.code == "timeout" else "crash",
+                         "detail": f"while importing: {exc.detail}"}
+            return self.dead
+        if reply.get("op") == "import_failed":
+            kind = reply.get("kind")
+            err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+            return {"code": "syntax_error" if kind == "syntax_error" else "import_error",
+                    "detail": f"{err.get('type')}: {err.get('message')}"}
+        if reply.get("op") != "imported":
+            self.dead = {"code": "crash", "detail": f"protocol: import answered "
+                         f"{str(reply)[:200]}"}
+            return self.dead
+        return None
+
+
+def run_arm(arm: Arm, pair: dict, spec: dict, oracle: Oracle, expected: dict,
+            deadline: float) -> dict:
+    doc = new_arm(arm.name)
+    failed = arm.dead or arm.begin()
+    if failed:
+        doc["reasons"].append(dict(failed, sample=None))
+        return doc
+    timeout = float(spec["call_timeout_s"])
+    worker = arm.worker
+    atol, rtol = C.tolerance_for(spec, expected["dtype"])
+    started = time.monotonic()
+    cpu0 = worker.cpu_ns()
+    calls_wall = 0
+    cuda = spec["device"] != "cpu"
     seen: dict[str, str] = {}
-    for j, (in_digest, out_digest) in enumerate(zip(result["input_digests"],
-                                                    result["output_digests"], strict=True)):
-        if seen.setdefault(out_digest, in_digest) != in_digest:
-            arm["reasons"].append({"code": "stale_output", "sample": j, "detail": "the same output "
-                                   "bytes came back for different inputs"})
-            return arm
-    for j in value_check_indices(len(item["timed_seeds"]), int(spec["measure"]["value_checks"])):
-        digest, expected = expect.probe(item["timed_seeds"][j], probe_idx)
-        if result["input_digests"][j] != digest:
-            arm["reasons"].append({"code": "input_digest_mismatch", "sample": j,
-                                   "detail": "the arm timed an input other than the one prepared"})
-            return arm
-        got = np.asarray(result["probes"][j], dtype=np.float64)
-        if not C.compare(got, expected, atol, rtol)["passed"]:
-            arm["reasons"].append({"code": "wrong_output", "sample": j, "detail": "probe values "
-                                   "disagree with the oracle (stale, memoised or wrong output)"})
-            return arm
-    _, ref, _ = expect.reference(item["timed_seeds"][-1])
-    last = C.as_float64(np.load(io_dir / "last_out.npy", allow_pickle=False), out_dtype)
-    if last.shape != ref.shape or not C.compare(last, ref, atol, rtol)["passed"]:
-        arm["reasons"].append({"code": "wrong_output", "sample": len(item["timed_seeds"]) - 1,
-                               "detail": "the last timed output disagrees with the oracle"})
-        return arm
-    arm["valid"] = True
-    return arm
-
-
-def _device_report(items: list[dict]) -> tuple[dict | None, dict | None]:
-    """The device facts and L2 flush the first arm that got that far recorded (all share one
-    device: the arms of a measurement run one after another in this process tree)."""
-    for item in items:
-        path = Path(item["io_dir"]) / "result.json"
-        if path.exists():
-            result = C.read_json(path)
-            if result.get("device"):
-                return result["device"], result.get("l2_flush")
-    return None, None
+    try:
+        arm.set_layout(pair["header"])
+        for k, packed in enumerate(pair["warm_packed"]):
+            call = R.timed_call(worker, k, packed, expected["nbytes"], timeout)
+            calls_wall += call.elapsed_ns
+            doc["warmup_ns"].append(call.event_ns if cuda and call.event_ns is not None
+                                    else call.elapsed_ns)
+            problem = claim_problem(call.reply, expected)
+            if problem:
+                doc["reasons"].append({"code": problem[0], "sample": None,
+                                       "detail": f"warmup {k}: {problem[1]}"})
+                arm.dead = {"code": problem[0], "detail": "an earlier call failed"}
+                return doc
+        for j, packed in enumerate(pair["timed_packed"]):
+            call = R.timed_call(worker, 1000 + j, packed, expected["nbytes"], timeout)
+            calls_wall += call.elapsed_ns
+            if call.reply.get("op") == "done" and call.reply.get("i") != 1000 + j:
+                doc["reasons"].append({"code": "crash", "sample": j,
+                                       "detail": "protocol: a reply for another call"})
+                return doc
+            sample = call.elapsed_ns
+            if cuda:
+                if call.event_ns is None or not 0 < call.event_ns <= call.elapsed_ns:
+                    doc["reasons"].append({"code": "forged_timing", "sample": j, "detail":
+                                           f"device time {call.event_ns} ns is not within the "
+                                           f"referee's {call.elapsed_ns} ns"})
+                    return doc
+                sample = call.event_ns
+                doc.setdefault("wall_ns", []).append(call.elapsed_ns)
+            doc["samples_ns"].append(sample)
+            doc["input_digests"].append(pair["digests"][j])
+            problem = claim_problem(call.reply, expected)
+            if problem is None and call.output is None:
+                problem = ("wrong_shape", f"{call.reply['out'].get('nbytes')} output bytes, "
+                           f"expected {expected['nbytes']}")
+            if problem is None and not call.inputs_intact:
+                problem = ("input_modified", "an input changed during the call")
+            if problem:
+                doc["reasons"].append({"code": problem[0], "sample": j, "detail": problem[1]})
+                return doc
+            out_digest = hashlib.sha256(call.output).hexdigest()
+            doc["output_digests"].append(out_digest)
+            if seen.setdefault(out_digest, pair["digests"][j]) != pair["digests"][j]:
+                doc["reasons"].append({"code": "stale_output", "sample": j, "detail":
+                                       "the same output bytes came back for different inputs"})
+                return doc
+            ref = oracle.reference(("timed", pair["index"], j), pair["timed_inputs"][j])
+            raw = np.frombuffer(call.output, dtype=np.uint16 if expected["dtype"] == "bfloat16"
+                                else np.dtype(expected["dtype"])).reshape(expected["shape"])
+            cmp = C.compare(C.as_float64(raw, expected["dtype"]), ref, atol, rtol)
+            if not cmp["passed"]:
+                doc["reasons"].append({"code": "wrong_output", "sample": j, "detail":
+                                       f"timed call {j}: {cmp['mismatched']} of {ref.size} "
+                                       "values disagree with the oracle"})
+                return doc
+            if time.monotonic() > deadline:
+                doc["reasons"].append({"code": "timeout", "sample": j, "detail":
+                                       "the measurement ran past its deadline"})
+                return doc
+    except R.WorkerFault as exc:
+        code = {"timeout": "timeout"}.get(exc.code, "crash")
+        detail = (f"a call took longer than call_timeout_s = {timeout} s; the worker was killed"
+                  if code == "timeout" else exc.detail)
+        doc["reasons"].append({"code": code, "sample": len(doc["samples_ns"]), "detail": detail})
+        arm.dead = {"code": code, "detail": detail}
+        return doc
+    finally:
+        doc["wall_s"] = round(time.monotonic() - started, 6)
+    cpu = worker.cpu_ns() - cpu0
+    try:
+        worker.end_child(timeout)
+    except R.WorkerFault as exc:
+        doc["reasons"].append({"code": "crash", "sample": None,
+                               "detail": f"after its last call: {exc.detail}"})
+        arm.dead = {"code": "crash", "detail": exc.detail}
+        return doc
+    doc["cpu_ns"], doc["calls_wall_ns"] = cpu, calls_wall
+    allowed = int(spec["threads"]) * calls_wall * CPU_FACTOR + CPU_SLACK_NS
+    if not cuda and cpu > allowed:
+        doc["reasons"].append({"code": "cpu_overuse", "sample": None, "detail":
+                               f"the worker used {cpu / 1e6:.1f} ms of CPU in "
+                               f"{calls_wall / 1e6:.1f} ms of calls; threads = "
+                               f"{spec['threads']} allows {allowed / 1e6:.1f} ms"})
+        return doc
+    doc["valid"] = True
+    return doc
 
 
 def _timing(spec: dict, flush: dict | None) -> dict:
+    base = {"referee_clock": "time.perf_counter_ns in the referee, from before the input is "
+            "handed over until the output has been copied out of the worker's buffer"}
     if spec["device"] == "cpu":
-        return {"clock": "perf_counter_ns", "sync": None, "l2_flush": None,
-                "samples": "host wall time of each call alone"}
-    return {"clock": "cuda_event", "sync": "torch.cuda.synchronize() after the end event",
-            "l2_flush": flush, "wall_ns": "host wall time from the start event's record to "
-            "after the synchronise, per sample",
-            "samples": "elapsed time between CUDA events recorded on the current stream "
-            "around the call (0.5 us resolution), in ns"}
+        return dict(base, clock="perf_counter_ns", sync=None, l2_flush=None,
+                    samples="the referee's clock around each call")
+    return dict(base, clock="cuda_event", sync="torch.cuda.synchronize() before the end event",
+                l2_flush=flush, wall_ns="the referee's clock around each call (bounds the event)",
+                samples="elapsed time between CUDA events recorded in the worker around the "
+                "call and a device-wide synchronise, in ns; refused when above the referee's")
 
 
 def _bandwidth(m: dict, tensor_bytes: int, pairs: list[dict], fprint: dict) -> dict:
-    """Achieved bandwidth of each arm (bytes per call / median of its valid samples), and its
-    fraction of the device's peak (null on a CPU or where the peak is not readable)."""
-    import statistics
-
     bytes_per_call = m.get("bytes_per_call") or tensor_bytes
     peak = fprint.get("gpu_peak_gb_s")
     doc = {"bytes_per_call": bytes_per_call,
@@ -180,104 +295,71 @@ def _bandwidth(m: dict, tensor_bytes: int, pairs: list[dict], fprint: dict) -> d
     return doc
 
 
+def _early_stop(pairs: list[dict]) -> bool:
+    """Stop a clearly slower candidate early: EARLY_STOP_PAIRS complete pairs, each with the
+    candidate at least EARLY_STOP_FACTOR x slower (the interval then lies wholly below 1)."""
+    done = [p for p in pairs if p["complete"]]
+    if len(done) < EARLY_STOP_PAIRS:
+        return False
+    for p in done:
+        b = statistics.median(p["arms"]["baseline"]["samples_ns"])
+        c = statistics.median(p["arms"]["candidate"]["samples_ns"])
+        if c < EARLY_STOP_FACTOR * b:
+            return False
+    return True
+
+
 def run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict,
-                work_dir: Path) -> dict:
+                work_dir: Path, secret: int) -> dict:
     started = time.monotonic()
-    zygote = C.Zygote(Path(__file__).resolve().parent / "timer.py", spec["framework"],
-                      work_dir / "job.json", work_dir, spec["threads"])
-    try:
-        return _run_measure(task_dir, baseline, candidate, spec, work_dir, zygote, started)
-    finally:
-        zygote.kill()
-
-
-def _run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict, work_dir: Path,
-                 zygote, started: float) -> dict:
     m = spec["measure"]
     if "workload" not in m:
         raise C.HarnessError("spec measure section lacks 'workload'")
+    case = m["workload"]
     workloads = C.load_task_module(task_dir, "workloads")
-    oracle = C.load_task_module(task_dir, "oracle")
+    oracle = Oracle(C.load_task_module(task_dir, "oracle"))
     impls = {"baseline": baseline, "candidate": candidate}
     digests = {arm: C.tree_digest(path) for arm, path in impls.items()}
-    expect = Expectations(spec, workloads, oracle)
-    mseed = int(m["seed"])
     n_pairs, n_samples, n_warm = int(m["pairs"]), int(m["samples"]), int(m["warmups"])
     if n_pairs < 1 or n_samples < 1 or n_warm < 0:
         raise C.HarnessError("measure needs pairs >= 1, samples >= 1, warmups >= 0")
-    first_seed = C.derive_seed(mseed, "timed", 0, 0)
-    _, ref0, inputs0 = expect.reference(first_seed)
-    out_dtype = m["workload"].get("out_dtype", m["workload"]["dtype"])
+    out_dtype = case.get("out_dtype", case["dtype"])
     C.tolerance_for(spec, out_dtype)
-    n_probe = min(int(m["probes"]), ref0.size)
-    probe_rng = np.random.default_rng(C.derive_seed(mseed, "probes"))
-    probe_idx = np.sort(probe_rng.choice(ref0.size, size=n_probe, replace=False))
-    arm_timeout = m["arm_timeout_s"] or (float(spec["call_timeout_s"]) * (n_warm + n_samples) + 60)
-    if spec.get("action_timeout_s"):
-        # NB: every arm must fit in the action's own limit, or a merely slow candidate would
-        # time the whole action out: an infrastructure fault, retried forever. Capped, a slow
-        # arm is that arm's timeout: the candidate's failure (or an inconclusive baseline).
-        budget = 0.9 * float(spec["action_timeout_s"]) - 30 - float(spec["startup_timeout_s"])
-        arm_timeout = max(1.0, min(arm_timeout, budget / (2 * n_pairs) - 10))
-    items, pairs = [], []
-    for i in range(n_pairs):
-        order = list(ARMS) if i % 2 == 0 else list(reversed(ARMS))
-        timed_seeds = [C.derive_seed(mseed, "timed", i, j) for j in range(n_samples)]
-        warmup_seeds = [C.derive_seed(mseed, "warmup", i, k) for k in range(n_warm)]
-        pair = {"index": i, "order": order, "timed_seeds": timed_seeds,
-                "warmup_seeds": warmup_seeds, "items": {}}
-        for arm in order:
-            item = {"id": f"p{i:03d}-{arm}", "arm": arm, "impl_dir": str(impls[arm]),
-                    "io_dir": str(work_dir / f"p{i:03d}-{arm}"), "timed_seeds": timed_seeds,
-                    "warmup_seeds": warmup_seeds, "timeout_s": arm_timeout}
-            items.append(item)
-            pair["items"][arm] = item
-        pairs.append(pair)
+    inputs0 = make_inputs(workloads, case, C.derive_seed(secret, "probe"))
+    ref0 = oracle.reference(("probe",), inputs0)
+    header0, packed0 = R.pack_inputs(C, inputs0)
+    expected = {"shape": list(ref0.shape), "dtype": out_dtype, "device": spec["device"],
+                "nbytes": int(ref0.size) * C.dtype_itemsize(out_dtype)}
+    sizes = (len(packed0) + R.ALIGN, expected["nbytes"])
     call_bytes = C.tensor_bytes(inputs0, ref0.shape, out_dtype)
-    del inputs0
-    job = {"framework": spec["framework"], "device": spec["device"], "entry": spec["entry"],
-           "threads": spec["threads"],
-           "workload": m["workload"], "workloads_path": str(task_dir / "workloads.py"),
-           "probe_indices": probe_idx.tolist(), "arm_timeout_s": arm_timeout,
-           "expected": {"shape": list(ref0.shape), "dtype": out_dtype, "device": spec["device"]},
-           "work_dir": str(work_dir), "items": items}
-    zygote.submit(job)
-    zyg = zygote.finish(spec["startup_timeout_s"] + len(items) * (arm_timeout + 10))
-    if not (Path(items[0]["io_dir"]) / "started.json").exists():
-        raise C.HarnessError(f"timer failed before the first arm (exit {zyg['returncode']}): "
-                             f"{zyg['stderr_tail']}")
-    facts, flush = _device_report(items)
+    oracle.clear()
+    # NB: the measurement's own deadline, inside the action's: past it the arm running is cut
+    # (a `timeout` of that arm) rather than the whole action (an infrastructure fault)
+    action_s = float(spec.get("action_timeout_s") or 0) or math.inf
+    deadline = started + max(30.0, 0.85 * action_s - float(spec["startup_timeout_s"]))
+    arms: dict[str, Arm] = {}
+    try:
+        for name in ARMS:
+            arms[name] = Arm(name, impls[name], spec, sizes, work_dir, header0, packed0)
+        out_pairs, invalid = _run_pairs(spec, m, workloads, oracle, arms, expected, secret,
+                                        n_pairs, n_samples, n_warm, deadline)
+    finally:
+        for arm in arms.values():
+            arm.worker.kill()
+    logs = {name: R.tail(arm.log) for name, arm in arms.items()}
+    for p in out_pairs:
+        for name in ARMS:
+            if p["arms"][name]["reasons"] and p["arms"][name]["reasons"][0]["code"] != "not_run":
+                p["arms"][name]["log_tail"] = logs[name]
+    facts = _device_facts(spec)
     fprint = C.fingerprint(spec, facts, C.nvidia_smi() if spec["device"] != "cpu" else None)
-    judge_started = time.monotonic()
-    out_pairs, invalid = [], {"baseline": [], "candidate": []}
-    for pair in pairs:
-        arms = {}
-        for arm in ARMS:
-            judged = judge_arm(spec, pair["items"][arm], expect, probe_idx, out_dtype)
-            arms[arm] = judged
-            real = [r for r in judged["reasons"] if r["code"] != "not_run"]
-            invalid[arm].extend(dict(r, pair=pair["index"]) for r in real)
-        if any(r["code"] == "input_digest_mismatch" for r in invalid["baseline"]):
-            raise C.HarnessError("the baseline arm timed inputs other than the parent prepared: "
-                                 "workloads.make_inputs is not deterministic")
-        complete = all(a["valid"] for a in arms.values())
-        if complete and arms["baseline"]["input_digests"] != arms["candidate"]["input_digests"]:
-            raise C.HarnessError("the two arms of a pair timed different inputs: "
-                                 "workloads.make_inputs is not deterministic")
-        out_pairs.append({"index": pair["index"], "order": pair["order"], "complete": complete,
-                          "timed_seeds": pair["timed_seeds"],
-                          "warmup_seeds": pair["warmup_seeds"],
-                          "inputs_identical": complete,
-                          "arms": arms})
-    # NB: an identical tree at another path is an A/A run too; its digest says so.
     calibration = baseline == candidate or digests["baseline"][0] == digests["candidate"][0]
     status = "ok"
     if invalid["candidate"]:
         status = "candidate_invalid"
     elif invalid["baseline"]:
         status = "baseline_invalid"
-    if zyg["timed_out"]:
-        raise C.HarnessError("the timer exceeded its overall deadline")
+    early = any(p.get("stopped_early") for p in out_pairs)
     return {
         "schema": SCHEMA,
         "status": status,
@@ -288,12 +370,23 @@ def _run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict, wo
         "measure": m,
         "threads": spec["threads"],
         "framework": spec["framework"],
-        "expected_output": job["expected"],
-        "probe_indices": probe_idx.tolist(),
+        "expected_output": {k: expected[k] for k in ("shape", "dtype", "device")},
+        "probe_indices": [],
         "n_pairs": n_pairs,
         "n_complete_pairs": sum(p["complete"] for p in out_pairs),
-        "pairs": out_pairs,
-        "timing": _timing(spec, flush),
+        "stopped_early": early,
+        "pairs": [{k: v for k, v in p.items() if k != "stopped_early"} for p in out_pairs],
+        "timing": _timing(spec, None),
+        "referee": {
+            "isolation": {name: arm.worker.mode for name, arm in arms.items()},
+            "secret_seed": str(secret),
+            "seed_source": "--seed (replay)" if spec.get("_seed_given") else "os.urandom",
+            "ipc_overhead_ns": {name: int(statistics.median(arm.ipc_ns))
+                                for name, arm in arms.items()},
+            "cpu_limit": {"threads": spec["threads"], "factor": CPU_FACTOR,
+                          "slack_ns": CPU_SLACK_NS},
+            "call_timeout_s": float(spec["call_timeout_s"]),
+        },
         "device": facts,
         "fingerprint": fprint,
         "bandwidth": _bandwidth(m, call_bytes, out_pairs, fprint),
@@ -302,11 +395,72 @@ def _run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict, wo
                  "cpu_count": os.cpu_count(),
                  "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                  else None,
+                 "worker_cpus": R.worker_cpus(spec["threads"]),
                  "loadavg_start": None},
         "wall_s": round(time.monotonic() - started, 3),
-        "phases_s": {"timer": zyg["wall_s"],
-                     "judge": round(time.monotonic() - judge_started, 3)},
+        "phases_s": {"timer": round(time.monotonic() - started, 3), "judge": 0.0},
     }
+
+
+def _run_pairs(spec, m, workloads, oracle, arms, expected, secret, n_pairs, n_samples, n_warm,
+               deadline):
+    out_pairs, invalid = [], {"baseline": [], "candidate": []}
+    stopped = False
+    for i in range(n_pairs):
+        order = list(ARMS) if i % 2 == 0 else list(reversed(ARMS))
+        record = {"index": i, "order": order, "complete": False, "inputs_identical": True,
+                  "timed_seeds": [], "warmup_seeds": [], "arms": {}}
+        if stopped or invalid["baseline"] or invalid["candidate"]:
+            why = ("stopped early: the candidate was at least "
+                   f"{EARLY_STOP_FACTOR}x slower in {EARLY_STOP_PAIRS} pairs" if stopped
+                   else "an earlier arm ended the measurement")
+            for name in ARMS:
+                record["arms"][name] = new_arm(name)
+                record["arms"][name]["reasons"].append({"code": "not_run", "detail": why})
+            record["stopped_early"] = stopped
+            out_pairs.append(record)
+            continue
+        timed_seeds = [C.derive_seed(secret, "timed", i, j) for j in range(n_samples)]
+        warm_seeds = [C.derive_seed(secret, "warmup", i, k) for k in range(n_warm)]
+        record["timed_seeds"], record["warmup_seeds"] = timed_seeds, warm_seeds
+        timed_inputs = [make_inputs(workloads, m["workload"], s) for s in timed_seeds]
+        packed = [R.pack_inputs(C, inp) for inp in timed_inputs]
+        header = packed[0][0]
+        if any(h != header for h, _ in packed):
+            raise C.HarnessError("workloads.make_inputs gave one workload different layouts")
+        pair = {"index": i, "header": header, "timed_inputs": timed_inputs,
+                "timed_packed": [p for _, p in packed],
+                "warm_packed": [R.pack_inputs(C, make_inputs(workloads, m["workload"], s))[1]
+                                for s in warm_seeds],
+                "digests": [C.inputs_digest(inp) for inp in timed_inputs]}
+        for name in order:
+            record["arms"][name] = run_arm(arms[name], pair, spec, oracle, expected, deadline)
+            real = [r for r in record["arms"][name]["reasons"] if r["code"] != "not_run"]
+            invalid[name].extend(dict(r, pair=i) for r in real)
+            if real:
+                break
+        for name in ARMS:
+            if name not in record["arms"]:
+                record["arms"][name] = new_arm(name)
+                record["arms"][name]["reasons"].append(
+                    {"code": "not_run", "detail": "the other arm of this pair was invalid"})
+        record["complete"] = all(record["arms"][a]["valid"] for a in ARMS)
+        oracle.clear()
+        out_pairs.append(record)
+        if _early_stop(out_pairs):
+            stopped = True
+    return out_pairs, invalid
+
+
+def _device_facts(spec: dict) -> dict | None:
+    if spec["device"] == "cpu":
+        return None
+    try:
+        torch = C.import_torch()
+        torch.cuda.init()
+        return C.cuda_device_facts(torch)
+    except Exception:  # noqa: BLE001  facts are informational; unknown is null
+        return None
 
 
 def main() -> int:
@@ -316,17 +470,23 @@ def main() -> int:
     parser.add_argument("--candidate", required=True, type=Path)
     parser.add_argument("--spec", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--seed", type=int, default=None,
+                        help="replay a run: the secret seed its evidence revealed")
     args = parser.parse_args()
     out_path = args.out.resolve()
+    R.harden_self()
     C.become_subreaper()
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     work_dir = Path(tempfile.mkdtemp(prefix="rsi-measure-"))
     try:
         spec = C.load_spec(args.spec)
         C.require_device(spec)
+        secret = R.secret_seed() if args.seed is None else int(args.seed)
+        spec["_seed_given"] = args.seed is not None
         doc = run_measure(args.task.resolve(), args.baseline.resolve(), args.candidate.resolve(),
-                          spec, work_dir)
+                          spec, work_dir, secret)
         doc["host"]["loadavg_start"] = load_start
+        C.kill_descendants()
         C.write_json(out_path, doc)
     except C.HarnessError as exc:
         print(f"rsi harness fault (measure): {exc}", file=sys.stderr)

@@ -1,0 +1,523 @@
+"""The referee's side of a judged call: secret seeds, the worker's sandbox, the call protocol,
+the clock that counts and the CPU time the worker really used.
+
+The referee (check.py, measure.py) owns everything that decides a verdict. Candidate code runs
+only in a worker (worker.py) started here, in the strongest isolation this host allows:
+
+- `namespaces`: a nested bubblewrap with its own user, pid, ipc, net and mount namespaces; the
+  exec root, the referee's work dir and /tmp are replaced by empty tmpfs, /proc by an empty one;
+  it sees its own implementation folder read-only and nothing else of the action.
+- `uid`: the referee is root and no namespace can be made: the worker runs as another uid
+  (65533) in its own session; the referee's files are 0700.
+- `process`: neither: its own session, the same uid. Recorded in the evidence.
+
+The referee marks itself non-dumpable, so a same-uid worker can neither ptrace it nor read its
+memory through /proc. Inputs reach the worker only when its call starts (written into a shared
+buffer after the referee's clock started); the output is copied out of the worker's buffer
+before the clock stops. What the worker says is data: JSON with a length prefix, size-capped.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MAX_MESSAGE = 1 << 20
+_LEN = struct.Struct("<I")
+WORKER_UID = 65533
+ALIGN = 64
+SCRATCH_BYTES = 256 << 20  # the worker's /tmp and /dev/shm (tmpfs: counted against its memory)
+_TICK_NS = 1_000_000_000 // (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+
+
+class WorkerStartError(Exception):
+    """The worker could not be started or did not get ready: nothing of the candidate ran."""
+
+
+class WorkerFault(Exception):
+    """The worker ended, stalled or broke the protocol after candidate code was imported."""
+
+    def __init__(self, code: str, detail: str):
+        super().__init__(detail)
+        self.code, self.detail = code, detail
+
+
+def secret_seed() -> int:
+    """A 63-bit seed from the OS, never derived from anything public; revealed after the run."""
+    return int.from_bytes(os.urandom(8), "big") >> 1
+
+
+def harden_self() -> None:
+    """No ptrace, no /proc/<pid>/mem for a same-uid process; children inherit nothing of it."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+    except (OSError, AttributeError):
+        pass
+
+
+# -------------------------------------------------------------------------- CPU accounting
+
+_libc = None
+
+
+def _cpu_clock_ns(pid: int) -> int | None:
+    global _libc
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        clk = ctypes.c_int()
+        if _libc.clock_getcpuclockid(pid, ctypes.byref(clk)) != 0:
+            return None
+        return time.clock_gettime_ns(clk.value)
+    except (OSError, AttributeError, ValueError):
+        return None
+
+
+def _proc_table() -> dict[int, tuple[int, int]]:
+    """pid -> (ppid, cutime+cstime in ns) for every process we can read."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        table[int(entry)] = (int(fields[1]), (int(fields[13]) + int(fields[14])) * _TICK_NS)
+    return table
+
+
+def tree_cpu_ns(root: int) -> int:
+    """CPU time (ns) used so far by `root` and every process below it, the reaped ones included
+    (through their parents' cutime/cstime). Read from outside: the worker cannot forge it."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    total, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        if pid not in table:
+            continue
+        own = _cpu_clock_ns(pid)
+        if own is None:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    fields = f.read().decode().rsplit(")", 1)[1].split()
+                own = (int(fields[11]) + int(fields[12])) * _TICK_NS
+            except (OSError, ValueError, IndexError):
+                own = 0
+        total += own + table[pid][1]
+        stack.extend(children.get(pid, []))
+    return total
+
+
+def descendants(root: int) -> list[int]:
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, stack = [], [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+# -------------------------------------------------------------------------- isolation
+
+
+def _bwrap() -> str | None:
+    for path in (shutil.which("bwrap"), "/usr/bin/bwrap"):
+        if path and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def isolation_modes() -> list[str]:
+    forced = os.environ.get("RSI_WORKER_ISOLATION")
+    if forced:
+        return [forced]
+    modes = []
+    if _bwrap():
+        modes.append("namespaces")
+    if os.geteuid() == 0:
+        modes.append("uid")
+    modes.append("process")
+    return modes
+
+
+def _python_paths() -> list[Path]:
+    paths = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(),
+             Path(os.path.realpath(sys.executable)).parent}
+    return sorted(paths)
+
+
+def _hidden_dirs(work_dir: Path) -> list[str]:
+    """Folders the worker must not see: the exec root (and its parent, the pool slot's logs,
+    when no interpreter lives there), the referee's work dir, temp folders."""
+    cwd = Path.cwd().resolve()
+    hide = {cwd, work_dir.resolve().parent, Path("/tmp"), Path("/dev/shm")}
+    if str(cwd.parent) != "/" and not any(p.is_relative_to(cwd.parent) for p in _python_paths()):
+        hide.add(cwd.parent)
+    tmp = os.environ.get("TMPDIR")
+    if tmp:
+        hide.add(Path(tmp).resolve())
+    return sorted(str(p) for p in hide if str(p) != "/" and p.is_dir())
+
+
+def _env(threads: int, home: str) -> dict[str, str]:
+    t = str(int(threads))
+    env = {k: os.environ[k] for k in ("PATH", "LD_LIBRARY_PATH") if k in os.environ}
+    env.update(OMP_NUM_THREADS=t, MKL_NUM_THREADS=t, OPENBLAS_NUM_THREADS=t,
+               NUMEXPR_NUM_THREADS=t, VECLIB_MAXIMUM_THREADS=t, PYTHONHASHSEED="0",
+               LC_ALL="C", TMPDIR=home, HOME=home, PYTHONDONTWRITEBYTECODE="1",
+               GLIBC_TUNABLES="glibc.malloc.mmap_threshold=33554432:"
+               "glibc.malloc.trim_threshold=1073741824:glibc.malloc.top_pad=67108864")
+    return env
+
+
+def worker_cpus(threads: int) -> list[int] | None:
+    """The CPUs a worker is pinned to (None: not pinned). NB: pinning is a limit the worker can
+    undo (sched_setaffinity), and on a busy host it stops the scheduler from moving a worker
+    off a contended core; the limit that holds is the CPU time read from outside."""
+    return None
+
+
+class WorkerProcess:
+    """One worker: started, asked to import, called, killed. Every wait has a deadline."""
+
+    def __init__(self, *, framework: str, device: str, threads: int, impl_dir: Path,
+                 entry: dict, in_size: int, out_size: int, work_dir: Path, log_path: Path,
+                 mode: str, startup_timeout_s: float) -> None:
+        self.mode, self.impl_dir, self.entry = mode, impl_dir.resolve(), entry
+        self.framework, self.device, self.threads = framework, device, int(threads)
+        self.log_path = log_path
+        self.in_fd = os.memfd_create("rsi-in", 0)
+        self.out_fd = os.memfd_create("rsi-out", 0)
+        self.in_size, self.out_size = max(in_size, 1), max(out_size, 1)
+        os.ftruncate(self.in_fd, self.in_size)
+        os.ftruncate(self.out_fd, self.out_size)
+        self.in_buf = mmap.mmap(self.in_fd, self.in_size)
+        self.out_buf = mmap.mmap(self.out_fd, self.out_size)
+        req_r, self.req_w = os.pipe()
+        self.resp_r, resp_w = os.pipe()
+        os.set_inheritable(req_r, True)
+        os.set_inheritable(resp_w, True)
+        os.set_inheritable(self.in_fd, True)
+        os.set_inheritable(self.out_fd, True)
+        worker_script = Path(__file__).resolve().parent / "worker.py"
+        args = {"framework": framework, "device": device, "threads": self.threads,
+                "req_fd": req_r, "resp_fd": resp_w, "in_fd": self.in_fd, "out_fd": self.out_fd,
+                "in_size": self.in_size, "out_size": self.out_size,
+                "own_pid_namespace": mode == "namespaces"}
+        home = "/tmp"
+        argv = [sys.executable, "-I", "-B", str(worker_script), json.dumps(args)]
+        cwd = "/"
+        cpus = worker_cpus(threads)
+        preexec = None
+        if mode == "namespaces":
+            argv = self._bwrap_argv(work_dir, worker_script) + argv
+        elif mode == "uid":
+            home_dir = Path(os.environ.get("TMPDIR") or "/tmp") / f"rsi-worker-{os.getpid()}-" \
+                f"{time.monotonic_ns()}"
+            home_dir.mkdir(mode=0o700)
+            os.chown(home_dir, WORKER_UID, WORKER_UID)
+            self._home = home_dir
+            home = cwd = str(home_dir)
+
+            def preexec():
+                os.setgroups([])
+                os.setgid(WORKER_UID)
+                os.setuid(WORKER_UID)
+        else:
+            home_dir = work_dir / f"home-{time.monotonic_ns()}"
+            home_dir.mkdir()
+            self._home = home_dir
+            home = cwd = str(home_dir)
+        log = open(log_path, "ab")  # noqa: SIM115
+
+        def start():
+            if cpus:
+                try:
+                    os.sched_setaffinity(0, cpus)
+                except OSError:
+                    pass
+            if preexec:
+                preexec()
+
+        try:
+            self.proc = subprocess.Popen(
+                argv, cwd=cwd, env=_env(threads, home), stdin=subprocess.DEVNULL, stdout=log,
+                stderr=log, pass_fds=(req_r, resp_w, self.in_fd, self.out_fd),
+                start_new_session=True, preexec_fn=start)
+        except OSError as exc:
+            raise WorkerStartError(f"cannot start the worker ({mode}): {exc}") from exc
+        finally:
+            log.close()
+            os.close(req_r)
+            os.close(resp_w)
+        self.pid = self.proc.pid
+        self.startup_timeout_s = startup_timeout_s
+        self.child_alive = False
+        try:
+            ready = self.recv(startup_timeout_s)
+        except WorkerFault as exc:
+            self.kill()
+            raise WorkerStartError(f"worker ({mode}) did not get ready: {exc.detail}; log: "
+                                   f"{tail(log_path)}") from exc
+        if ready.get("op") != "zygote":
+            self.kill()
+            raise WorkerStartError(f"worker ({mode}) answered {ready!r} instead of ready")
+
+    def fork(self) -> None:
+        """A fresh worker forked from the sandbox's pristine zygote (no candidate code yet)."""
+        try:
+            reply = self.request({"op": "fork"}, self.startup_timeout_s)
+        except WorkerFault as exc:
+            raise WorkerStartError(f"worker fork failed: {exc.detail}") from exc
+        if reply.get("op") != "ready":
+            raise WorkerStartError(f"worker fork answered {str(reply)[:200]}")
+        self.child_alive = True
+
+    def end_child(self, timeout_s: float) -> None:
+        """Ask the worker to exit, wait for the zygote to say so, and check from outside that
+        nothing of it is left (a worker that will not end is the candidate's failure)."""
+        if not self.child_alive:
+            return
+        self.child_alive = False
+        reply = self.request({"op": "exit"}, timeout_s)
+        if reply.get("op") != "ended":
+            raise WorkerFault("crash", f"protocol: exit answered {str(reply)[:200]}")
+        keep = 2 if self.mode == "namespaces" else 0
+        deadline = time.monotonic() + 2.0
+        while len(descendants(self.pid)) > keep:
+            if time.monotonic() > deadline:
+                raise WorkerFault("crash", "processes of the worker outlived it")
+            time.sleep(0.005)
+        if len(descendants(self.pid)) != keep or self.proc.poll() is not None:
+            raise WorkerFault("crash", "the worker took its sandbox down (its zygote is gone)")
+
+    def _bwrap_argv(self, work_dir: Path, worker_script: Path) -> list[str]:
+        argv = [_bwrap(), "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-net",
+                "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+                "--cap-drop", "ALL", "--ro-bind", "/", "/", "--tmpfs", "/proc",
+                "--ro-bind-try", "/proc/cpuinfo", "/proc/cpuinfo", "--dev", "/dev"]
+        for path in _hidden_dirs(work_dir):
+            argv += ["--size", str(SCRATCH_BYTES), "--tmpfs", path]
+        if self.device != "cpu":
+            for dev in sorted(Path("/dev").glob("nvidia*")):
+                argv += ["--dev-bind-try", str(dev), str(dev)]
+        hidden = [Path(p) for p in _hidden_dirs(work_dir)]
+        for path in _python_paths():
+            if any(path.is_relative_to(h) for h in hidden):
+                argv += ["--ro-bind", str(path), str(path)]
+        argv += ["--ro-bind", str(self.impl_dir), str(self.impl_dir),
+                 "--ro-bind", str(worker_script), str(worker_script),
+                 "--chdir", "/tmp"]
+        return argv
+
+    # ------------------------------------------------------------------------ protocol
+    def send(self, doc: dict) -> None:
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        try:
+            os.write(self.req_w, _LEN.pack(len(body)) + body)
+        except (BrokenPipeError, OSError) as exc:
+            raise WorkerFault("crash", f"the worker is gone ({exc})") from exc
+
+    def recv(self, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        head = self._read(_LEN.size, deadline)
+        (size,) = _LEN.unpack(head)
+        if size > MAX_MESSAGE:
+            raise WorkerFault("protocol", f"a {size}-byte reply (the limit is {MAX_MESSAGE})")
+        body = self._read(size, deadline)
+        try:
+            doc = json.loads(body)
+        except ValueError as exc:
+            raise WorkerFault("protocol", f"a reply that is not JSON: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise WorkerFault("protocol", "a reply that is not a JSON object")
+        return doc
+
+    def _read(self, size: int, deadline: float) -> bytes:
+        chunks, left = [], size
+        while left:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WorkerFault("timeout", "no reply in time; the worker was killed")
+            ready, _, _ = select.select([self.resp_r], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(self.resp_r, left)
+            if not chunk:
+                code = self.proc.poll()
+                if code is None:
+                    try:
+                        code = self.proc.wait(timeout=2)
+                    except subprocess.TimeoutExpired:
+                        code = None
+                how = (f"signal {-code}" if code is not None and code < 0 else f"exit {code}")
+                raise WorkerFault("crash", f"the worker ended ({how}) without a reply")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    def request(self, doc: dict, timeout_s: float) -> dict:
+        self.send(doc)
+        return self.recv(timeout_s)
+
+    def import_impl(self, timeout_s: float) -> dict:
+        return self.request({"op": "import", "impl_dir": str(self.impl_dir),
+                             "entry": self.entry}, timeout_s)
+
+    def layout(self, header: dict, timeout_s: float) -> None:
+        reply = self.request({"op": "layout", "inputs": header}, timeout_s)
+        if reply.get("op") != "ok":
+            raise WorkerFault("protocol", f"layout answered {str(reply)[:200]}")
+
+    def cpu_ns(self) -> int:
+        return tree_cpu_ns(self.pid)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in descendants(self.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        for fd in (self.req_w, self.resp_r, self.in_fd, self.out_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        for buf in (self.in_buf, self.out_buf):
+            try:
+                buf.close()
+            except (BufferError, ValueError):
+                pass
+        home = getattr(self, "_home", None)
+        if home is not None:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def start_worker(*, attempts: int = 3, **kw) -> WorkerProcess:
+    """Start a worker in the strongest isolation that works here; a start that fails (nothing
+    of the candidate has run) is retried at most twice more, then is the harness's fault."""
+    errors = []
+    modes = isolation_modes()
+    for attempt in range(attempts):
+        for mode in modes:
+            try:
+                return WorkerProcess(mode=mode, **kw)
+            except WorkerStartError as exc:
+                errors.append(str(exc))
+        if attempt + 1 < attempts:
+            time.sleep(0.2)
+    raise WorkerStartError("; ".join(errors[-3:]))
+
+
+def tail(path: Path, limit: int = 2000) -> str | None:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return None
+    return text[-limit:] if text else None
+
+
+# -------------------------------------------------------------------------- input packing
+
+
+def pack_inputs(C, inputs: dict) -> tuple[dict, bytes]:
+    """(layout header, packed bytes): each array's raw memory span at an aligned offset."""
+    header, parts, at = {}, [], 0
+    for name in sorted(inputs):
+        meta = C.describe_input(inputs[name])
+        if meta["kind"] == "array":
+            span = C.extent_bytes(inputs[name])
+            pad = (-at) % ALIGN
+            if pad:
+                parts.append(b"\0" * pad)
+                at += pad
+            meta = dict(meta, at=at, span=len(span))
+            parts.append(span)
+            at += len(span)
+        header[name] = meta
+    return header, b"".join(parts)
+
+
+def packed_size(C, inputs: dict) -> int:
+    return len(pack_inputs(C, inputs)[1]) + ALIGN
+
+
+class Call:
+    """One judged call: the referee's clock around handing over the input and taking the output.
+
+    `result`: ("ok", raw output bytes, meta), ("raised", error), ("problem", code, detail).
+    """
+
+    __slots__ = ("elapsed_ns", "reply", "output", "inputs_intact", "event_ns")
+
+    def __init__(self):
+        self.elapsed_ns = None
+        self.reply = None
+        self.output = None
+        self.inputs_intact = None
+        self.event_ns = None
+
+
+def timed_call(worker: WorkerProcess, index: int, packed: bytes, out_nbytes: int,
+               timeout_s: float, echo: bool = False) -> Call:
+    """Hand `packed` to the worker, call, take `out_nbytes` of output: all inside our clock."""
+    call = Call()
+    n = len(packed)
+    if n > worker.in_size or out_nbytes > worker.out_size:
+        raise WorkerFault("protocol", "buffers too small for this call")
+    msg = json.dumps({"op": "call", "i": index, "echo": echo}).encode()
+    frame = _LEN.pack(len(msg)) + msg
+    in_buf, out_buf = worker.in_buf, worker.out_buf
+    t0 = time.perf_counter_ns()
+    in_buf[:n] = packed
+    try:
+        os.write(worker.req_w, frame)
+    except OSError as exc:
+        raise WorkerFault("crash", f"the worker is gone ({exc})") from exc
+    reply = worker.recv(timeout_s)
+    output = None
+    ok = reply.get("op") == "done" and reply.get("i") == index
+    meta = reply.get("out") if ok else None
+    if ok and isinstance(meta, dict) and meta.get("problem") is None and \
+            meta.get("nbytes") == out_nbytes:
+        output = out_buf[:out_nbytes]
+    t1 = time.perf_counter_ns()
+    call.elapsed_ns = t1 - t0
+    call.reply = reply
+    call.output = output
+    call.inputs_intact = in_buf[:n] == packed
+    if isinstance(reply.get("event_ns"), int):
+        call.event_ns = reply["event_ns"]
+    return call

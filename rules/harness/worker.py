@@ -1,0 +1,381 @@
+"""The referee's callee: the only process that ever imports candidate code.
+
+Started by the referee (check.py, measure.py through referee.py) in a sandbox of its own, with
+two pipes and two shared buffers as inherited descriptors. It answers requests one at a time:
+import the implementation, take a layout (where each input lives in the input buffer), call the
+entry on the inputs the referee has just written, copy the returned array into the output
+buffer, and reply with what it returned. It never sees a seed, an oracle, an expected output or
+a later input; it reads no clock that counts; its stdout and stderr are a log nobody parses.
+
+Whatever it reports (type, dtype, shape) is a claim: the referee judges the raw bytes of the
+output buffer against the oracle, with dtype and shape from the task's spec.
+Stdlib + numpy, torch only when the framework is torch. Never imports rsi, rules or _common.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+import sys
+import traceback
+import types
+import uuid
+from pathlib import Path
+
+MAX_MESSAGE = 1 << 20
+_LEN = struct.Struct("<I")
+
+
+def read_message(fd: int) -> dict | None:
+    head = _read_exact(fd, _LEN.size)
+    if head is None:
+        return None
+    (size,) = _LEN.unpack(head)
+    if size > MAX_MESSAGE:
+        raise ValueError("message too large")
+    body = _read_exact(fd, size)
+    if body is None:
+        return None
+    return json.loads(body)
+
+
+def _read_exact(fd: int, size: int) -> bytes | None:
+    chunks, left = [], size
+    while left:
+        chunk = os.read(fd, left)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def write_message(fd: int, doc: dict) -> None:
+    body = json.dumps(doc, separators=(",", ":"), allow_nan=False, default=str).encode()
+    data = _LEN.pack(len(body)) + body
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _error(exc: BaseException) -> dict:
+    return {"type": type(exc).__name__, "message": str(exc)[:2000],
+            "traceback": traceback.format_exc()[-4000:]}
+
+
+def load_entry(impl_dir: str, entry: dict):
+    """Import the editable folder as a uniquely named private package; return the entry."""
+    import importlib.util
+
+    impl = Path(impl_dir)
+    pkg_name = f"_rsi_impl_{uuid.uuid4().hex[:12]}"
+    package = types.ModuleType(pkg_name)
+    package.__path__ = [str(impl)]
+    package.__package__ = pkg_name
+    sys.modules[pkg_name] = package
+    module_path = impl / f"{entry['module']}.py"
+    if not module_path.is_file():
+        raise LookupError(f"editable module {entry['module']}.py is missing")
+    full_name = f"{pkg_name}.{entry['module']}"
+    spec = importlib.util.spec_from_file_location(full_name, module_path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[full_name] = module
+    spec.loader.exec_module(module)
+    fn = getattr(module, entry["function"], None)
+    if not callable(fn):
+        raise LookupError(f"{entry['module']}.py defines no callable {entry['function']!r}")
+    return fn
+
+
+class Worker:
+    def __init__(self, args: dict) -> None:
+        self.framework = args["framework"]
+        self.device = args.get("device", "cpu")
+        self.req, self.resp = args["req_fd"], args["resp_fd"]
+        self.in_buf = mmap.mmap(args["in_fd"], args["in_size"])
+        self.out_buf = mmap.mmap(args["out_fd"], args["out_size"])
+        self.fn = None
+        self.layout_msg: dict = {}
+        self.kept: list[dict] = []
+        import numpy as np
+
+        self.np = np
+        self.torch = None
+        if self.framework == "torch":
+            import torch
+
+            self.torch = torch
+            torch.set_num_threads(int(args["threads"]))
+            torch.ones(4).mul(2).sum()
+            if self.device != "cpu":
+                torch.cuda.init()
+
+    # ----------------------------------------------------------------------- requests
+    def layout(self, msg: dict) -> dict:
+        """Where each input lives in the input buffer, with the geometry the referee gives."""
+        for meta in msg["inputs"].values():
+            if meta["kind"] == "array":
+                base, length = int(meta["at"]), int(meta["span"])
+                if base < 0 or base + length > len(self.in_buf):
+                    raise ValueError("layout outside the input buffer")
+        self.layout_msg = msg["inputs"]
+        return {"op": "ok"}
+
+    def fresh_inputs(self) -> dict:
+        """New view objects over the buffer for every call (a call never gets the identity of
+        an earlier input); every one stays alive until the worker ends, so no id is reused."""
+        np = self.np
+        inputs = {}
+        for name, meta in self.layout_msg.items():
+            if meta["kind"] == "scalar":
+                inputs[name] = {"float": float, "int": int, "bool": bool}[meta["type"]](
+                    meta["value"])
+                continue
+            base, length = int(meta["at"]), int(meta["span"])
+            raw = np.frombuffer(self.in_buf, dtype=np.uint8, count=length, offset=base)
+            if meta["framework"] == "numpy":
+                value = np.ndarray(tuple(meta["shape"]), dtype=np.dtype(meta["dtype"]),
+                                   buffer=self.in_buf, offset=base + meta["offset_bytes"],
+                                   strides=tuple(meta["strides_bytes"]))
+            else:
+                value = self._torch_view(raw, meta)
+            inputs[name] = value
+        self.kept.append(inputs)
+        return inputs
+
+    def _torch_view(self, raw, meta: dict):
+        torch = self.torch
+        itemsize = int(meta["itemsize"])
+        dtype = getattr(torch, meta["dtype"])
+        if self.device != "cpu":
+            span = torch.empty(raw.size, dtype=torch.uint8, device=self.device)
+        else:
+            span = torch.frombuffer(memoryview(raw), dtype=torch.uint8) if raw.size else \
+                torch.empty(0, dtype=torch.uint8)
+        view = torch.empty(0, dtype=dtype, device=span.device)
+        view.set_(span.untyped_storage(), meta["offset_bytes"] // itemsize, tuple(meta["shape"]),
+                  tuple(s // itemsize for s in meta["strides_bytes"]))
+        if self.device != "cpu":
+            view._rsi_host_span = raw  # NB: copied to the device at every call
+            view._rsi_device_span = span
+        return view
+
+    def call(self, msg: dict) -> dict:
+        reply = {"op": "done", "i": msg["i"]}
+        if msg.get("echo"):
+            return reply
+        inputs = self.fresh_inputs()
+        torch = self.torch
+        if self.device != "cpu":
+            for value in inputs.values():
+                if hasattr(value, "_rsi_device_span"):
+                    value._rsi_device_span.copy_(torch.from_numpy(value._rsi_host_span))
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+        try:
+            out = self.fn(**inputs)
+            if self.device != "cpu":
+                # NB: a device-wide synchronise before the end event: work the candidate left
+                # on other streams is inside the timed region too
+                torch.cuda.synchronize()
+                end.record()
+                torch.cuda.synchronize()
+                reply["event_ns"] = round(start.elapsed_time(end) * 1e6)
+                for value in inputs.values():
+                    if hasattr(value, "_rsi_device_span"):
+                        value._rsi_host_span[...] = value._rsi_device_span.cpu().numpy()
+        except BaseException as exc:  # noqa: BLE001  SystemExit included: it is the candidate's
+            return {"op": "raised", "i": msg["i"], "error": _error(exc)}
+        reply["out"] = self.materialise(out)
+        return reply
+
+    def materialise(self, out) -> dict:
+        """Copy `out` into the output buffer (C order); report what it claims to be."""
+        np, torch = self.np, self.torch
+        meta = {"type": f"{type(out).__module__}.{type(out).__qualname__}", "problem": None}
+        if self.framework == "numpy":
+            if type(out) is not np.ndarray:
+                meta["problem"] = "wrong_type"
+                return meta
+            meta.update(dtype=out.dtype.name, shape=list(out.shape), device="cpu")
+            if out.dtype.hasobject or out.dtype.fields is not None:
+                meta["problem"] = "wrong_dtype"
+                return meta
+            flat = np.ascontiguousarray(out)
+        else:
+            if type(out) is not torch.Tensor:
+                meta["problem"] = "wrong_type"
+                return meta
+            meta.update(dtype=str(out.dtype).removeprefix("torch."), shape=list(out.shape),
+                        device=out.device.type)
+            if out.layout != torch.strided or out.is_quantized or out.is_complex():
+                meta["problem"] = "wrong_type"
+                return meta
+            if out.device.type != self.device:
+                meta["problem"] = "wrong_device"
+                return meta
+            t = out.detach().contiguous()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            if t.dtype == torch.bfloat16:
+                t = t.view(torch.int16)
+            try:
+                flat = t.numpy()
+            except (TypeError, RuntimeError):
+                meta["problem"] = "wrong_dtype"
+                return meta
+        nbytes = flat.size * flat.itemsize
+        meta["nbytes"] = nbytes
+        if nbytes > len(self.out_buf):
+            meta["problem"] = "wrong_shape"
+            return meta
+        dest = np.frombuffer(self.out_buf, dtype=np.uint8, count=nbytes)
+        dest[...] = flat.reshape(-1).view(np.uint8)
+        return meta
+
+    def serve(self) -> None:
+        write_message(self.resp, {"op": "ready", "pid": os.getpid()})
+        while True:
+            msg = read_message(self.req)
+            if msg is None or msg.get("op") == "exit":
+                return
+            op = msg.get("op")
+            if op == "import":
+                try:
+                    self.fn = load_entry(msg["impl_dir"], msg["entry"])
+                except SyntaxError as exc:
+                    reply = {"op": "import_failed", "kind": "syntax_error", "error": _error(exc)}
+                except LookupError as exc:
+                    reply = {"op": "import_failed", "kind": "missing_entry", "error": _error(exc)}
+                except BaseException as exc:  # noqa: BLE001  anything the candidate raises
+                    reply = {"op": "import_failed", "kind": "import_error", "error": _error(exc)}
+                else:
+                    reply = {"op": "imported"}
+            elif op == "layout":
+                reply = self.layout(msg)
+            elif op == "call":
+                reply = self.call(msg)
+            else:
+                reply = {"op": "error", "message": f"unknown op {op!r}"}
+            sys.stdout.flush()
+            sys.stderr.flush()
+            write_message(self.resp, reply)
+
+
+def zygote(args: dict) -> None:
+    """Import the framework once, then fork one pristine worker per request: every arm of every
+    pair starts from the same state (a fresh heap and layout), and no candidate code ever runs
+    in this process. In its own pid namespace it ends every process a worker left behind."""
+    import gc
+    import signal
+
+    if args["framework"] == "torch":
+        import torch
+
+        torch.set_num_threads(int(args["threads"]))
+        torch.ones(4).mul(2).sum()
+    import numpy  # noqa: F401
+
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+    gc.collect()
+    gc.freeze()
+    req, resp = args["req_fd"], args["resp_fd"]
+    write_message(resp, {"op": "zygote"})
+    while True:
+        msg = read_message(req)
+        if msg is None or msg.get("op") != "fork":
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.setpgid(0, 0)
+                Worker(args).serve()
+            except BaseException:  # noqa: BLE001  never fall back into the zygote's loop
+                code = 70
+                try:
+                    traceback.print_exc()
+                except BaseException:  # noqa: BLE001, S110
+                    pass
+            finally:
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                except BaseException:  # noqa: BLE001, S110
+                    pass
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        _reap_strays(bool(args.get("own_pid_namespace")))
+        ended = {"op": "ended", "exit": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+                 "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None}
+        write_message(resp, ended)
+
+
+def _reap_strays(own_pid_namespace: bool) -> None:
+    """Kill and reap every process a worker left (as a subreaper we inherit the double-forked
+    ones); return once we have no child at all, or after about two seconds."""
+    import signal
+    import time
+
+    for _ in range(400):
+        if own_pid_namespace:
+            try:
+                os.kill(-1, signal.SIGKILL)  # NB: in our own pid namespace: all but us and init
+            except OSError:
+                pass
+        else:
+            for pid in _children():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] != 0:
+                pass
+        except ChildProcessError:
+            return
+        time.sleep(0.005)
+
+
+def _children() -> list[int]:
+    mine = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return mine
+    for entry in entries:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == os.getpid():
+                mine.append(int(entry))
+    return mine
+
+
+def main() -> int:
+    sys.dont_write_bytecode = True
+    zygote(json.loads(sys.argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
