@@ -1,7 +1,9 @@
-"""Measurement quality of the harness on this host: A/A false PASS rate, detection of a ~20 %
-gain, the noise floor, and the wall time of one full verdict, for each shipped task.
+"""Measurement quality of the harness on this host: A/A interval coverage (how often the stated
+95 % interval of an A/A assessment contains 1.0) and false PASS rate, detection of a ~20 % gain,
+the noise floor, the referee's per-call hand-over cost (IPC), and the wall time of one full
+verdict, for each shipped task.
 
-Usage: python bench/measurement_quality.py [--tasks softmax rmsnorm silu_mul] [--reps 20]
+Usage: python bench/measurement_quality.py [--tasks softmax rmsnorm silu_mul] [--reps 40]
 Writes out/bench/measurement_quality.json and prints a table.
 """
 
@@ -125,6 +127,15 @@ def bench_task(task: str, reps: int, work: Path) -> dict:
         | spec["assess"],
         "reps": reps,
         "aa_false_pass": sum(v["verdict"] == "PASS" for v in aa_verdicts),
+        "aa_interval_contains_1": sum(
+            1
+            for v in aa_verdicts
+            if v["speedup"] and v["speedup"]["lo"] <= 1.0 <= v["speedup"]["hi"]
+        ),
+        "ipc_overhead_us_median": sorted(
+            json.loads(p.read_text())["referee"]["ipc_overhead_ns"]["candidate"] / 1e3
+            for p in aa_runs + gain_runs
+        )[len(aa_runs + gain_runs) // 2],
         "aa_verdicts": [v["verdict"] for v in aa_verdicts],
         "aa_speedups": [v["speedup"] for v in aa_verdicts],
         "gain20_detected": sum(v["verdict"] == "PASS" for v in gain_verdicts),
@@ -140,7 +151,7 @@ def bench_task(task: str, reps: int, work: Path) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tasks", nargs="+", default=["softmax", "rmsnorm", "silu_mul"])
-    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--reps", type=int, default=40)
     parser.add_argument(
         "--out", type=Path, default=ROOT / "out" / "bench" / "measurement_quality.json"
     )
@@ -151,7 +162,9 @@ def main() -> int:
             results.append(bench_task(task, args.reps, Path(tmp)))
         r = results[-1]
         print(
-            f"{task:8s} A/A false PASS {r['aa_false_pass']:2d}/{r['reps']}  gain20 detected "
+            f"{task:8s} A/A interval holds 1.0 {r['aa_interval_contains_1']:2d}/{r['reps']}  "
+            f"IPC {r['ipc_overhead_us_median']:.0f} us/call  "
+            f"A/A false PASS {r['aa_false_pass']:2d}/{r['reps']}  gain20 detected "
             f"{r['gain20_detected']:2d}/{r['reps']}  noise floor median "
             f"{r['noise_floor_median']:.3f} max {r['noise_floor_max']:.3f}  full verdict "
             f"{r['full_verdict_wall_s']:.1f} s  measure {r['measure_wall_s_median']:.1f} s",
