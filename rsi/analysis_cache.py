@@ -24,9 +24,12 @@ SCHEMA = "rsi.analysis/1"
 def _stat_sig(path: str) -> list:
     try:
         st = os.stat(path)
-    except OSError:
+    except (OSError, ValueError):  # NB: ValueError: a NUL in the path
         return ["absent"]
-    return ["dir" if os.path.isdir(path) else "file", bool(st.st_mode & 0o111)]
+    # NB: the real path too: a folder on the way swapped for a symlink out of the workspace
+    # must re-run analysis, which refuses it (rule.py), not reuse the old verdict
+    kind = "dir" if os.path.isdir(path) else "file"
+    return [kind, bool(st.st_mode & 0o111), os.path.realpath(path)]
 
 
 def _tree_sig(path: str, exclude: tuple[str, ...]) -> str:

@@ -6,6 +6,7 @@ any project code. Attributes of type `label`/`label_list` are the edges of the t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,11 @@ class Attr:
     default: Any = _MISSING
     choices: tuple[str, ...] = ()
     nonempty: bool = False
+    # bounds of an int or float (a float is always finite: nan and inf are refused)
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False  # `minimum` itself is refused (e.g. a timeout of 0)
+    environment: bool = False  # a string_dict whose keys are environment variable names
 
     @property
     def required(self) -> bool:
@@ -44,11 +50,30 @@ class Attr:
     def is_dependency(self) -> bool:
         return self.kind in ("label", "label_list")
 
+    def describe_range(self) -> str:
+        """The bounds in words, for the declaration reference ("" when unbounded)."""
+        parts = []
+        if self.minimum is not None:
+            word = "more than" if self.exclusive_minimum else "at least"
+            parts.append(f"{word} {_plain(self.minimum)}")
+        if self.maximum is not None:
+            parts.append(f"at most {_plain(self.maximum)}")
+        return ", ".join(parts)
+
+
+def _plain(number: float) -> str:
+    return str(int(number)) if float(number).is_integer() else repr(float(number))
+
 
 def attr(kind: str, doc: str = "", default: Any = _MISSING, **kw: Any) -> Attr:
     if kind not in KINDS:
         raise ValueError(f"unknown attribute kind {kind}")
-    return Attr(kind, doc, default, **kw)
+    made = Attr(kind, doc, default, **kw)
+    if (made.minimum is not None or made.maximum is not None) and kind not in ("int", "float"):
+        raise ValueError(f"bounds on a {kind} attribute")
+    if made.environment and kind != "string_dict":
+        raise ValueError(f"environment names on a {kind} attribute")
+    return made
 
 
 _TYPE_NAMES = {
@@ -95,6 +120,51 @@ def coerce(a: Attr, name: str, value: Any, where: Where) -> Any:
         raise bad.real() from None
 
 
+def _hostile_leaf(value: Any) -> str | None:
+    """What is wrong with a value no attribute may hold, at any depth: a string (key or value)
+    with a NUL character, a float that is nan or infinite, a TOML date or time."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if v is None or isinstance(v, (bool, int)):
+            continue  # NB: None only reaches here from a generated target (JSON null)
+        if isinstance(v, str):
+            if "\x00" in v:
+                return f"{v!r:.60} contains a NUL character"
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                return f"expected a finite number, got {v!r}"
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+        else:
+            return f"a TOML {type(v).__name__} ({v}) is not a value declarations may hold"
+    return None
+
+
+def _check_number(a: Attr, name: str, value: int | float, where: Where) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _err(where, name, f"expected a finite number, got {value!r}")
+    low, high = a.minimum, a.maximum
+    if low is not None and (value < low or (a.exclusive_minimum and value == low)):
+        raise _err(where, name, f"{value!r} is out of range: must be {a.describe_range()}")
+    if high is not None and value > high:
+        raise _err(where, name, f"{value!r} is out of range: must be {a.describe_range()}")
+
+
+def _check_environment(a: Attr, name: str, value: dict, where: Where) -> None:
+    for key in value:
+        if not key or "=" in key:
+            raise _err(
+                where,
+                name,
+                f"{key!r} is not an environment variable name",
+                hint="a name is not empty and holds no '='",
+            )
+
+
 def _coerce(a: Attr, name: str, value: Any, where: Where) -> Any:
     k = a.kind
     want = {
@@ -110,6 +180,13 @@ def _coerce(a: Attr, name: str, value: Any, where: Where) -> Any:
         "table_list": "a list of tables",
     }[k]
     bad = _LazyBad(where, name, want, value)
+    # NB: scalars of another type (a TOML date in a string attribute) get the type error
+    hostile = _hostile_leaf(value) if isinstance(value, (str, float, list, dict)) else None
+    if hostile is not None:
+        # NB: a NUL cannot reach an argv, an environment or a path, and nan/inf have no
+        # canonical encoding; refused here, for every attribute, rather than as a traceback
+        # or an infrastructure fault when the action starts
+        raise _err(where, name, hostile)
     if k == "string":
         if not isinstance(value, str):
             raise bad
@@ -121,11 +198,17 @@ def _coerce(a: Attr, name: str, value: Any, where: Where) -> Any:
     if k == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             raise bad
+        _check_number(a, name, value, where)
         return value
     if k == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # NB: an int past 1.8e308
+            raise _err(where, name, f"{value!r:.60} is too large") from None
+        _check_number(a, name, number, where)
+        return number
     if k == "bool":
         if not isinstance(value, bool):
             raise bad
@@ -150,6 +233,8 @@ def _coerce(a: Attr, name: str, value: Any, where: Where) -> Any:
             isinstance(kk, str) and isinstance(v, str) for kk, v in value.items()
         ):
             raise bad
+        if a.environment:
+            _check_environment(a, name, value, where)
         return dict(value)
     if k == "table":
         if not isinstance(value, dict):

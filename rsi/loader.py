@@ -90,6 +90,16 @@ class Loader:
         if self.tracker is not None:
             self.tracker.file(path)
         rel = os.path.relpath(path, Path.cwd()) if path.is_absolute() else str(path)
+        real, real_root = os.path.realpath(path), os.path.realpath(self.root)
+        if not real.startswith(real_root.rstrip(os.sep) + os.sep):
+            # NB: a package folder that is a symlink out of the workspace would make its
+            # sources (and its declarations) the host's
+            raise DeclarationError(
+                f"package //{package} resolves to {os.path.dirname(real)}, outside the "
+                f"workspace {real_root}",
+                file=rel,
+                hint="a package is a folder of the workspace; copy it in instead of linking it",
+            )
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:

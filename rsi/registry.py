@@ -7,6 +7,7 @@ through here, so it never depends on a particular family.
 from __future__ import annotations
 
 import importlib
+import re
 from importlib import metadata
 from typing import Iterable
 
@@ -14,32 +15,62 @@ from rsi.errors import DeclarationError
 from rsi.rule import Rule
 
 ENTRY_POINT_GROUP = "rsi.rules"
+CONFIG_FILE = "rsi.toml"
+_REF = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*)?$")
+
+
+def _bad(ref: str, message: str, hint: str | None = None) -> DeclarationError:
+    return DeclarationError(
+        f"rule module {ref!r}: {message}", file=CONFIG_FILE, field="rules", hint=hint
+    )
 
 
 def _load(ref: str) -> list[Rule]:
+    """The rules `module:function` (or `module:list`) returns; every way it can go wrong is a
+    declaration error naming the entry, never a traceback."""
+    if not isinstance(ref, str) or not _REF.match(ref):
+        raise _bad(ref, "is not of the form module.name or module.name:function")
     module_name, _, attr = ref.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise DeclarationError(
-            f"cannot import rule module {module_name!r}: {exc}", file="rsi.toml", field="rules"
+            f"cannot import rule module {module_name!r}: {exc}", file=CONFIG_FILE, field="rules"
         ) from None
+    except Exception as exc:  # NB: the workspace's own code; whatever it raises is its error
+        raise _bad(ref, f"importing it raised {type(exc).__name__}: {exc}") from None
     factory = getattr(module, attr or "rules", None)
     if factory is None:
         raise DeclarationError(
-            f"{module_name} has no {attr or 'rules'}", file="rsi.toml", field="rules"
+            f"{module_name} has no {attr or 'rules'}", file=CONFIG_FILE, field="rules"
         )
-    found = factory() if callable(factory) else factory
-    return list(found)
+    try:
+        found = factory() if callable(factory) else factory
+        found = list(found)
+    except Exception as exc:
+        raise _bad(
+            ref,
+            f"did not give a list of rules ({type(exc).__name__}: {exc})",
+            hint="name a function taking no arguments that returns a list of rsi.rule.Rule",
+        ) from None
+    for rule in found:
+        if not isinstance(rule, Rule):
+            raise _bad(ref, f"gave {type(rule).__name__} {rule!r:.60}, not an rsi.rule.Rule")
+    return found
 
 
 def load_rules(extra: Iterable[str] = ()) -> dict[str, Rule]:
+    extra = tuple(extra)
     rules: dict[str, Rule] = {}
     sources = [ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
     for ref in [*sources, *extra]:
         for rule in _load(ref):
             if rule.name in rules and rules[rule.name] is not rule:
-                raise DeclarationError(f"rule {rule.name!r} is registered twice ({ref})")
+                raise DeclarationError(
+                    f"rule {rule.name!r} is registered twice ({ref})",
+                    file=CONFIG_FILE if ref in extra else None,
+                    field="rules" if ref in extra else None,
+                )
             rules[rule.name] = rule
     return rules
 
@@ -58,6 +89,7 @@ def describe_rules(rules: dict[str, Rule]) -> list[dict]:
                     "required": a.required,
                     "default": list(default) if isinstance(default, tuple) else default,
                     "choices": list(a.choices) or None,
+                    "range": a.describe_range() or None,
                     "doc": a.doc,
                 }
             )
@@ -93,6 +125,8 @@ def rules_markdown(doc: list[dict]) -> str:
         for a in r["attrs"]:
             default = "" if a["required"] else f"`{json.dumps(a['default'])}`"
             meaning = a["doc"] + (f" (one of {', '.join(a['choices'])})" if a["choices"] else "")
+            if a.get("range"):
+                meaning += f" ({a['range']})"
             lines.append(
                 f"| `{a['name']}` | {a['kind']} | {'yes' if a['required'] else 'no'} "
                 f"| {default} | {meaning} |"

@@ -9,7 +9,9 @@ point.
 
 from __future__ import annotations
 
+import math
 import os
+import posixpath
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -20,6 +22,12 @@ from rsi.attrs import Attr, Schema
 from rsi.digest import Digest, SymlinkNode, TreeError, scan_tree
 from rsi.errors import DeclarationError
 from rsi.label import Label
+
+
+# NB: past a month an action's limit is a mistake, and past ~9e9 s the timers that enforce it
+# overflow; a rule-computed limit (a multiple of a declared one) is checked against this too
+MAX_TIMEOUT_S = 30 * 24 * 3600.0
+_NAME_MAX = 255  # bytes in one path component (Linux NAME_MAX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +122,8 @@ class RuleContext:
         self.settings = settings
         self.actions: list[ActionSpec] = []
         self._declared_outputs: dict[str, str] = {}
+        self._source_fields: dict[str, str] = {}  # exec path -> the attribute that named it
+        self._workspace_real: str | None = None
 
     # ---------------------------------------------------------------------------- errors
     def error(
@@ -130,14 +140,58 @@ class RuleContext:
     def dep(self, label: Label) -> Provider:
         return self._deps[label]
 
+    def _package_path(self, rel: str, field_name: str, what: str) -> str:
+        """`rel` checked as a path inside this package; returned normalised ('a/./b' is 'a/b').
+        Absolute paths and '..' are refused: a declaration names its own package's files."""
+        if not isinstance(rel, str) or not rel or "\x00" in rel:
+            raise self.error(f"{what} {rel!r} is not a path", field_name)
+        parts = rel.split("/")
+        if rel.startswith("/"):
+            raise self.error(
+                f"{what} {rel!r} is an absolute path, outside the package",
+                field_name,
+                hint="name it relative to the package folder",
+            )
+        if ".." in parts:
+            norm = posixpath.normpath(rel)
+            where = "outside the package" if norm.split("/")[0] == ".." else "a path with '..'"
+            raise self.error(
+                f"{what} {rel!r} is {where}",
+                field_name,
+                hint="name it relative to the package folder, without '..'",
+            )
+        for part in parts:
+            if len(part.encode("utf-8", "surrogateescape")) > _NAME_MAX:
+                raise self.error(
+                    f"{what} {rel!r}: the name {part[:40]!r}... is too long", field_name
+                )
+        return posixpath.normpath(rel)
+
+    def _real_root(self) -> str:
+        if self._workspace_real is None:
+            self._workspace_real = os.path.realpath(self.workspace_root)
+        return self._workspace_real
+
+    def _check_inside_workspace(self, full: Path, rel: str, field_name: str, what: str) -> None:
+        """Refuse a path whose real location (every symlink on the way resolved: the file's,
+        a folder's) leaves the workspace: a build reads the workspace, never the host."""
+        real = os.path.realpath(full)
+        root = self._real_root()
+        if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+            raise self.error(
+                f"{what} {rel!r} resolves to {real}, outside the workspace {root}",
+                field_name,
+                hint="a symlink may point only inside the workspace; copy the file in instead",
+            )
+
     def source(self, rel: str, field_name: str = "srcs") -> Artifact:
         """A file of this package, by package-relative path."""
-        norm = os.path.normpath(rel)
-        if rel.startswith("/") or norm.startswith(".."):
-            raise self.error(f"{rel!r} is outside the package", field_name)
+        norm = self._package_path(rel, field_name, "source file")
         full = self.package_dir / norm
+        self._check_inside_workspace(full, rel, field_name, "source file")
         if self.tracker is not None:
-            # NB: existence and the executable bit feed the action key via this artifact
+            # NB: existence, the executable bit and the real path (analysis_cache._stat_sig)
+            # feed the action key or this check via this artifact
             self.tracker.stat(full)
             if full.is_symlink():
                 self.tracker.stat(os.path.realpath(full))
@@ -152,15 +206,9 @@ class RuleContext:
             if full.is_dir():
                 hint = "name files, not folders (use a tree attribute for folders)"
             raise self.error(f"source file {rel!r} does not exist ({full})", field_name, hint)
-        if full.is_symlink():
-            real = os.path.realpath(full)
-            if not real.startswith(str(self.workspace_root.resolve()) + os.sep):
-                raise self.error(f"{rel!r} is a symlink out of the workspace", field_name)
-        return Artifact(
-            self.exec_path(norm.replace(os.sep, "/")),
-            source=str(full),
-            executable=os.access(full, os.X_OK),
-        )
+        path = self.exec_path(norm)
+        self._source_fields.setdefault(path, field_name)
+        return Artifact(path, source=str(full), executable=os.access(full, os.X_OK))
 
     def source_tree(
         self,
@@ -171,7 +219,13 @@ class RuleContext:
         prefix: str | None = None,
     ) -> tuple[Artifact, ...]:
         """Every file under a package folder; the file set itself is part of the digest."""
-        full = self.package_dir / rel
+        norm = self._package_path(rel, field_name, "folder")
+        if norm != rel.rstrip("/"):
+            raise self.error(
+                f"folder {rel!r} is not written plainly", field_name, f"write {norm!r}"
+            )
+        full = self.package_dir / norm
+        self._check_inside_workspace(full, rel, field_name, "folder")
         exclude = tuple(exclude)
         if self.tracker is not None:
             self.tracker.stat(full)
@@ -183,14 +237,27 @@ class RuleContext:
             entries = scan_tree(full, None, exclude=exclude)
         except TreeError as exc:
             raise self.error(exc.message, field_name, exc.hint) from None
-        base = prefix if prefix is not None else self.exec_path(rel.rstrip("/"))
+        if prefix is not None:
+            base = prefix
+        else:
+            base = self.exec_path(norm) if norm != "." else self.label.package
         arts = []
         for sub, entry in sorted(entries.items()):
             path = f"{base}/{sub}" if base else sub
             if isinstance(entry, SymlinkNode):
+                # NB: kept as a link, it is read where the tree is materialised: its text,
+                # not only its target on this host, must stay inside the tree
+                lands = posixpath.normpath(posixpath.join(posixpath.dirname(sub), entry.target))
+                if lands == ".." or lands.startswith("../") or posixpath.isabs(entry.target):
+                    raise self.error(
+                        f"{norm}/{sub} is a symlink to {entry.target!r}, which leaves {norm!r}",
+                        field_name,
+                        hint="a link in a folder may point only inside that folder",
+                    )
                 arts.append(Artifact(path, symlink=entry.target))
             else:
                 arts.append(Artifact(path, source=str(full / sub), executable=entry.executable))
+                self._source_fields.setdefault(path, field_name)
         return tuple(arts)
 
     def write(self, rel: str, content: bytes | str) -> Artifact:
@@ -219,19 +286,34 @@ class RuleContext:
         platform: Mapping[str, str] | None = None,
         timeout_s: float = 600.0,
         tags: Iterable[str] = (),
+        fields: Mapping[str, str] | None = None,
     ) -> tuple[Artifact, ...]:
-        """Declare an action; `outputs` are package-relative; returns them as artifacts."""
+        """Declare an action; `outputs` are package-relative; returns them as artifacts.
+
+        Everything that cannot run is refused here, at analysis, as a declaration error: a NUL
+        in argv, env or platform, an environment name that is empty or holds '=', a timeout
+        that is not a positive finite number up to MAX_TIMEOUT_S, two different files at one
+        input path, a file where another path needs a folder. `fields` names the attribute
+        behind argv, env, timeout_s and outputs, for those errors."""
+        fields = dict(fields or {})
         action_id = f"{self.label}#{mnemonic}"
         if any(a.id == action_id for a in self.actions):
             action_id = f"{action_id}.{len(self.actions)}"
+        argv = tuple(argv)
+        self._check_argv(argv, mnemonic, fields.get("argv"))
+        env_items = self._check_mapping(env, mnemonic, "environment", fields.get("env"))
+        platform_items = self._check_mapping(platform, mnemonic, "platform", None)
+        timeout = self._check_timeout(timeout_s, mnemonic, fields.get("timeout_s"))
+        out_field = fields.get("outputs", "outs")
         out_paths = []
         for rel in outputs:
-            norm = os.path.normpath(rel)
-            if rel.startswith("/") or norm.startswith("..") or norm == "." or not rel:
-                raise self.error(f"output {rel!r} must name a file inside the package", "outs")
+            inside = isinstance(rel, str) and not rel.startswith("/") and ".." not in rel.split("/")
+            norm = self._package_path(rel, out_field, "output") if inside else ""
+            if norm in ("", "."):
+                raise self.error(f"output {rel!r} must name a file inside the package", out_field)
             path = self.exec_path(norm)
             if path in self._declared_outputs:
-                raise self.error(f"output {rel!r} is declared twice", "outs")
+                raise self.error(f"output {rel!r} is declared twice", out_field)
             self._declared_outputs[path] = action_id
             out_paths.append(path)
         for p in out_paths:
@@ -239,28 +321,133 @@ class RuleContext:
                 if q.startswith(p + "/"):
                     raise self.error(
                         f"output {q!r} lies inside output {p!r}",
-                        "outs",
+                        out_field,
                         hint="outputs are files; a file cannot hold another",
                     )
         input_list = tuple(inputs)
-        in_paths = {a.path for a in input_list}
+        by_path = self._check_inputs(input_list)
         for p in out_paths:
-            if p in in_paths:
-                raise self.error(f"output {p!r} has the same path as an input", "outs")
+            if p in by_path:
+                raise self.error(f"output {p!r} has the same path as an input", out_field)
+        files = set(by_path) | set(out_paths)
+        for p in sorted(files):
+            parent = p.rpartition("/")[0]
+            while parent:
+                if parent in files:
+                    what = (
+                        "an output of this action"
+                        if parent in out_paths
+                        else self._describe(by_path[parent])
+                    )
+                    raise self.error(
+                        f"{p!r} lies under {parent!r}, which is {what}",
+                        self._source_fields.get(parent, out_field),
+                        hint="a path is a file or a folder, not both",
+                    )
+                parent = parent.rpartition("/")[0]
         spec = ActionSpec(
             id=action_id,
             label=str(self.label),
             mnemonic=mnemonic,
-            argv=tuple(argv),
+            argv=argv,
             inputs=input_list,
             outputs=tuple(out_paths),
-            env=tuple(sorted((env or {}).items())),
-            platform=tuple(sorted((platform or {}).items())),
-            timeout_s=float(timeout_s),
+            env=env_items,
+            platform=platform_items,
+            timeout_s=timeout,
             tags=tuple(tags),
         )
         self.actions.append(spec)
         return tuple(Artifact(p, producer=action_id) for p in out_paths)
+
+    def _check_argv(self, argv: tuple, mnemonic: str, field_name: str | None) -> None:
+        if not argv:
+            raise self.error(f"action {mnemonic} has an empty command line", field_name)
+        for arg in argv:
+            if not isinstance(arg, str):
+                raise self.error(
+                    f"action {mnemonic}: argument {arg!r:.60} is not a string", field_name
+                )
+            if "\x00" in arg:
+                raise self.error(
+                    f"action {mnemonic}: argument {arg!r:.60} contains a NUL character",
+                    field_name,
+                )
+
+    def _check_mapping(
+        self, mapping: Mapping[str, str] | None, mnemonic: str, what: str, field_name: str | None
+    ) -> tuple[tuple[str, str], ...]:
+        items = dict(mapping or {}).items()
+        for name, value in items:
+            if not isinstance(name, str) or not name or "=" in name or "\x00" in name:
+                raise self.error(
+                    f"action {mnemonic}: {name!r:.60} is not a valid {what} name",
+                    field_name,
+                    hint="a name is a non-empty string without '=' or NUL",
+                )
+            if not isinstance(value, str) or "\x00" in value:
+                raise self.error(
+                    f"action {mnemonic}: {what} value of {name} ({value!r:.60}) is not a string "
+                    "without NUL",
+                    field_name,
+                )
+        return tuple(sorted(items))
+
+    def _check_timeout(self, timeout_s: Any, mnemonic: str, field_name: str | None) -> float:
+        try:
+            timeout = float(timeout_s)
+        except (TypeError, ValueError, OverflowError):
+            timeout = math.nan
+        if not (0 < timeout <= MAX_TIMEOUT_S):  # NB: false for nan too
+            if field_name is None:
+                # NB: only to name the field: the float attribute of this target holding it
+                held = [
+                    name
+                    for name, a in self.rule.attrs.items()
+                    if a.kind == "float" and self.attrs.get(name) == timeout_s
+                ]
+                named = [n for n in held if "timeout" in n] or held
+                field_name = named[0] if len(named) == 1 else None
+            raise self.error(
+                f"action {mnemonic}: timeout {timeout_s!r} is not a number of seconds above 0 "
+                f"and at most {MAX_TIMEOUT_S:.0f}",
+                field_name,
+            )
+        return timeout
+
+    def _check_inputs(self, inputs: tuple[Artifact, ...]) -> dict[str, Artifact]:
+        """Inputs by path. The same artifact twice is one input; two different files at one
+        path (a source and a dependency's output, say) are refused, naming both."""
+        by_path: dict[str, Artifact] = {}
+        for art in inputs:
+            if not isinstance(art, Artifact):
+                raise self.error(f"input {art!r:.60} is not an Artifact")
+            other = by_path.setdefault(art.path, art)
+            if other is art or other == art or (other.producer and art.producer):
+                continue  # NB: two producers at one path are one shared action (analysis.py)
+            raise self.error(
+                f"input path {art.path!r} is both {self._describe(other)} and "
+                f"{self._describe(art)}",
+                self._source_fields.get(art.path),
+                hint="every input path holds one file: rename the source or the output",
+            )
+        return by_path
+
+    def _describe(self, art: Artifact) -> str:
+        if art.producer:
+            return f"an output of {art.producer.split('#', 1)[0]}"
+        if art.symlink is not None:
+            return f"a symlink to {art.symlink!r}"
+        if art.digest is not None:
+            return "a file the rule writes"
+        source = art.source or ""
+        try:
+            shown = os.path.relpath(source, self.workspace_root)
+        except ValueError:
+            shown = source
+        if shown.startswith(".."):
+            shown = source
+        return f"the source file {shown}"
 
 
 _MAKE_VAR = re.compile(r"\$\$|\$\((\w+)(?:\s+([^)]*))?\)")

@@ -109,6 +109,7 @@ class CampaignLog:
 
     def __init__(self, store_root: str | os.PathLike, label: Label | str) -> None:
         self.label = str(label)
+        self.store_root = Path(store_root)
         self.dir = campaign_dir(store_root, label)
         self.path = self.dir / "log.jsonl"
 
@@ -140,6 +141,9 @@ class CampaignLog:
     @contextmanager
     def locked(self) -> Iterator["CampaignLog"]:
         """One writer at a time: budget checks and the append happen under this lock."""
+        from rsi.store import claim_store
+
+        claim_store(self.store_root)  # NB: the log may be the first thing written in the store
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             meta = self.dir / "campaign.json"
@@ -681,7 +685,9 @@ EXTERNAL_PROJECT = Rule(
             "table", "min_improvement, confidence, bootstrap_resamples, min_pairs", default={}
         ),
         "seed": attr("int", "exported as RSI_SEED (derived per pair) to the commands", default=0),
-        "env": attr("string_dict", "extra environment for the commands", default={}),
+        "env": attr(
+            "string_dict", "extra environment for the commands", default={}, environment=True
+        ),
         "exclude": attr(
             "string_list",
             "names never snapshotted (besides .git, __pycache__, .venv, node_modules, ...)",
@@ -693,8 +699,22 @@ EXTERNAL_PROJECT = Rule(
             "(`python3` in a command is the toolchain's interpreter)",
             default=None,
         ),
-        "command_timeout_s": attr("float", "limit of one command run", default=300.0),
-        "timeout_s": attr("float", "limit of each action", default=1800.0),
+        "command_timeout_s": attr(
+            "float",
+            "limit of one command run",
+            default=300.0,
+            minimum=0,
+            exclusive_minimum=True,
+            maximum=7 * 86400,
+        ),
+        "timeout_s": attr(
+            "float",
+            "limit of each action",
+            default=1800.0,
+            minimum=0,
+            exclusive_minimum=True,
+            maximum=7 * 86400,
+        ),
         "doc": attr("string", "free text", default=""),
         "tags": attr("string_list", "", default=[]),
     },

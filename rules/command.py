@@ -4,7 +4,7 @@ of dependencies, producing declared outputs. Makes the engine usable with no dom
 from __future__ import annotations
 
 from rsi.attrs import attr
-from rsi.rule import Provider, Rule, RuleContext, expand_make_vars
+from rsi.rule import MAX_TIMEOUT_S, Provider, Rule, RuleContext, expand_make_vars
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -59,6 +59,7 @@ def _command(ctx: RuleContext) -> Provider:
         env=env,
         timeout_s=a["timeout"],
         tags=a["tags"],
+        fields={"argv": "cmd", "env": "env", "timeout_s": "timeout", "outputs": "outs"},
     )
     return Provider(files=produced)
 
@@ -74,8 +75,20 @@ COMMAND = Rule(
         "cmd": attr(
             "string", "shell command; $(SRCS) $(OUTS) $(OUT) $(location x) expand", nonempty=True
         ),
-        "env": attr("string_dict", "environment variables (the rest is cleared)", default={}),
-        "timeout": attr("float", "seconds before the whole process tree is killed", default=600.0),
+        "env": attr(
+            "string_dict",
+            "environment variables (the rest is cleared)",
+            default={},
+            environment=True,
+        ),
+        "timeout": attr(
+            "float",
+            "seconds before the whole process tree is killed",
+            default=600.0,
+            minimum=0,
+            exclusive_minimum=True,
+            maximum=MAX_TIMEOUT_S,
+        ),
         "tags": attr("string_list", "scheduling tags, e.g. 'exclusive'", default=[]),
         "doc": attr("string", "free text", default=""),
     },

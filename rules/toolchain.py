@@ -40,12 +40,18 @@ TOOLCHAIN = Rule(
         "suite": attr("string", "Debian suite, e.g. bookworm", nonempty=True),
         "packages": attr("string_list", "Debian packages to install", default=[]),
         "wheels": attr("table_list", "pinned wheels: {name, version, file, sha256}", default=[]),
-        "source_date_epoch": attr("int", "fixed mtime of every file", default=1735689600),
+        "source_date_epoch": attr(
+            "int", "fixed mtime of every file", default=1735689600, minimum=0, maximum=253402300799
+        ),
         "components": attr("string_list", "archive components", default=["main"]),
         "variant": attr("string", "mmdebstrap variant", default="essential"),
         "architecture": attr("string", "Debian architecture", default="amd64"),
-        "env": attr("string_dict", "environment of actions run in it (default: C.UTF-8 "
-                    "locale, no bytecode)", default=None),
+        "env": attr(
+            "string_dict",
+            "environment of actions run in it (default: C.UTF-8 locale, no bytecode)",
+            default=None,
+            environment=True,
+        ),
         "doc": attr("string", "free text", default=""),
         "tags": attr("string_list", "", default=[]),
     },
