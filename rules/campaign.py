@@ -22,7 +22,7 @@ from typing import Any, Iterator, Mapping
 
 from rsi.attrs import attr
 from rsi.digest import Digest, digest_value
-from rsi.errors import DeclarationError, RsiError
+from rsi.errors import DeclarationError, RsiError, UsageError
 from rsi.label import Label
 from rsi.rule import Artifact, GeneratedTarget, Provider, Rule, RuleContext
 from rules.domain import (
@@ -354,7 +354,7 @@ def walk_files(
             if d in exclude or os.path.realpath(full) in skip_real:
                 continue
             if full.is_symlink():
-                raise RsiError(
+                raise UsageError(
                     f"{full} is a symlink; snapshots hold plain files only",
                     hint="replace the link by the file, or exclude it",
                 )
@@ -365,7 +365,7 @@ def walk_files(
             if name in exclude or name.endswith((".pyc", ".pyo")):
                 continue
             if full.is_symlink():
-                raise RsiError(
+                raise UsageError(
                     f"{full} is a symlink; snapshots hold plain files only",
                     hint="replace the link by the file, or exclude it",
                 )

@@ -686,6 +686,12 @@ def add_candidate(camp: Campaign, src: Path, hypothesis: str | None, usage: dict
     """Append the candidate (idempotent by content) and return {round, entry, added, ...}."""
     from rsi.build import open_store
 
+    if not src.is_dir():
+        # NB: checked here, not by click, so a --json caller gets a JSON refusal too
+        raise UsageError(
+            f"--from {src}: {'not a folder' if src.exists() else 'no such folder'}",
+            hint="give the folder that holds the candidate's editable files",
+        )
     store = open_store(camp.ws)
     with camp.log.locked():
         state = state_of(camp.log.read())
@@ -920,11 +926,20 @@ def _attempt_message(errors: list[dict]) -> str | None:
     return f"{first['action']}: {first['status']}: {first['message']}{more}"
 
 
-def _build(camp: Campaign, labels: list[Label], events) -> Any:
+def _build(camp: Campaign, labels: list[Label], events, lock_timeout: float | None = None) -> Any:
     from rsi.build import build
 
     ws = camp.ws.with_overrides(keep_going=True)
-    return build(ws, [str(lb) for lb in labels], events_to=events)
+    return build(ws, [str(lb) for lb in labels], events_to=events, lock_timeout=lock_timeout)
+
+
+LOCK_TIMEOUT = click.option(
+    "--lock-timeout",
+    type=float,
+    metavar="SECONDS",
+    help="Give up (exit 1, retryable) when the host lock (RSI_HOST_LOCK) is not free within "
+    "SECONDS (default: wait, saying who holds it).",
+)
 
 
 def _failures(report, label: Label) -> list[dict]:
@@ -990,7 +1005,7 @@ def candidate() -> None:
     "--from",
     "src",
     required=True,
-    type=click.Path(file_okay=False),
+    type=click.Path(),
     help="Folder holding the candidate's editable files (for an external project: "
     "the working copy; only the editable scope is taken).",
 )
@@ -1050,12 +1065,41 @@ def candidate_add(
     click.echo(label)
 
 
+ROUND_ATTEMPTS = 3
+
+
+def _round_error(camp: Campaign, number: int, doc: dict) -> dict:
+    """End round `number` in the `error` state: an `abandon` entry marked `error`, so the
+    campaign goes on (the round counts against the budget and is never selected)."""
+    message = _attempt_message(doc["errors"]) or "the build failed"
+    with camp.log.locked():
+        state = state_of(camp.log.read())
+        if number not in state.abandoned:
+            camp.log.append(
+                {
+                    "kind": "abandon",
+                    "time": time.time(),
+                    "round": number,
+                    "reason": f"error: an infrastructure fault in {ROUND_ATTEMPTS} attempts: "
+                    + message.splitlines()[0][:500],
+                    "error": True,
+                }
+            )
+    return dict(
+        doc,
+        state="error",
+        retryable=False,
+        hint=f"the round ended in the error state after {ROUND_ATTEMPTS} attempts; it counts "
+        "against the budget, is never selected, and blocks nothing; submit a new candidate",
+    )
+
+
 @click.command("round")
 @click.argument("campaign")
 @click.option(
     "--from",
     "src",
-    type=click.Path(file_okay=False),
+    type=click.Path(),
     help="Submit this folder as a new candidate, then build its round.",
 )
 @click.option(
@@ -1068,6 +1112,7 @@ def candidate_add(
     type=click.File("w"),
     help="Also write the build's event stream (JSON lines) to this file.",
 )
+@LOCK_TIMEOUT
 @click.option("--json", "as_json", is_flag=True, help="Print one rsi.round/1 document.")
 @click.pass_context
 def round_cmd(
@@ -1078,6 +1123,7 @@ def round_cmd(
     hypothesis: str | None,
     usage_file: str | None,
     events,
+    lock_timeout: float | None,
     as_json: bool,
 ) -> None:
     """Submit a candidate and build its round in one call (or rebuild round N).
@@ -1117,29 +1163,44 @@ def round_cmd(
                     hint=f"submit a new candidate: rsi round {camp.label} --from DIR",
                 )
         attempts, key = Attempts(camp.log), f"round-{number}"
-        attempts.record(key, "building")
-        try:
-            report = _build(camp, [camp.round_label(number), camp.sub("best")], events)
-        except RsiError as exc:
-            attempts.record(key, "failed", errors=[], message=exc.message)
-            raise
-        state = state_of(camp.log.read())
-        rt = report.targets[str(camp.round_label(number))]
-        doc = round_document(
-            camp,
-            number,
-            report.graph,
-            report.outcomes,
-            store,
-            cache=rt["cache"],
-            failed=_failures(report, camp.round_label(number)),
-            added=added,
-            state=state,
-            now=time.time(),
-        )
-        attempts.record(
-            key, doc["state"], errors=doc["errors"], message=_attempt_message(doc["errors"])
-        )
+        # NB: a candidate's own failure is a verdict (the referee attributes every abnormal end
+        # after the import to it); what fails a build is an infrastructure fault, retried at
+        # most twice, after which the round ends in the explicit `error` state and no longer
+        # blocks best, final or report
+        for attempt in range(1, ROUND_ATTEMPTS + 1):
+            attempts.record(key, "building")
+            try:
+                report = _build(
+                    camp, [camp.round_label(number), camp.sub("best")], events, lock_timeout
+                )
+            except RsiError as exc:
+                attempts.record(key, "failed", errors=[], message=exc.message)
+                raise
+            state = state_of(camp.log.read())
+            rt = report.targets[str(camp.round_label(number))]
+            doc = round_document(
+                camp,
+                number,
+                report.graph,
+                report.outcomes,
+                store,
+                cache=rt["cache"],
+                failed=_failures(report, camp.round_label(number)),
+                added=added,
+                state=state,
+                now=time.time(),
+            )
+            attempts.record(
+                key,
+                doc["state"],
+                errors=doc["errors"],
+                message=_attempt_message(doc["errors"]),
+                attempt=attempt,
+            )
+            if doc["state"] != "failed":
+                break
+        if doc["state"] == "failed":
+            doc = _round_error(camp, number, doc)
     except RsiError as exc:
         if as_json:
             _fail_json(ROUND_SCHEMA, campaign, exc)
@@ -1251,7 +1312,7 @@ def status_document(camp: Campaign, store) -> dict:
         gave_up = state.abandoned.get(i)
         last = attempts.get(f"round-{i}")
         if gave_up is not None:
-            rstate = "abandoned"
+            rstate = "error" if gave_up.get("error") else "abandoned"
         elif doc:
             rstate = "done"
         else:
@@ -1260,7 +1321,7 @@ def status_document(camp: Campaign, store) -> dict:
             "round": i,
             "label": str(camp.round_label(i)),
             "state": rstate,
-            "retryable": rstate not in ("done", "abandoned"),
+            "retryable": rstate not in ("done", "abandoned", "error"),
             "verdict": doc["verdict"] if doc else None,
             "speedup": doc["speedup"] if doc else None,
             "failure_kind": doc["correctness"]["failure_kind"] if doc else None,
@@ -1557,9 +1618,12 @@ def campaign_abandon(
 @campaign_group.command("final")
 @click.argument("campaign")
 @click.option("--events", type=click.File("w"), help="Also write the build's event stream.")
+@LOCK_TIMEOUT
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def campaign_final(ctx: click.Context, campaign: str, events, as_json: bool) -> None:
+def campaign_final(
+    ctx: click.Context, campaign: str, events, lock_timeout: float | None, as_json: bool
+) -> None:
     """Build CAMPAIGN's final (and report) once its rounds are over: an independent re-measure
     of the selected candidate. Asking again returns the cached final; a final that failed for
     an infrastructure fault runs again.
@@ -1599,7 +1663,7 @@ def campaign_final(ctx: click.Context, campaign: str, events, as_json: bool) -> 
             attempts = Attempts(camp.log)
             attempts.record("final", "building")
             try:
-                report = _build(camp, [flabel, rlabel], events)
+                report = _build(camp, [flabel, rlabel], events, lock_timeout)
             except RsiError as exc:
                 attempts.record("final", "failed", errors=[], message=exc.message)
                 raise
