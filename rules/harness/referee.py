@@ -34,6 +34,10 @@ from pathlib import Path
 
 MAX_MESSAGE = 1 << 20
 _LEN = struct.Struct("<I")
+_SEQ = struct.Struct("<q")
+CTL_SIZE = 4096
+REQ_AT, DONE_AT = 0, 64  # the same layout as worker.py's control buffer
+SPIN_S = 0.02  # spin this long for a call to end, then poll every 50 us
 WORKER_UID = 65533
 ALIGN = 64
 SCRATCH_BYTES = 256 << 20  # the worker's /tmp and /dev/shm (tmpfs: counted against its memory)
@@ -208,6 +212,11 @@ class WorkerProcess:
         self.log_path = log_path
         self.in_fd = os.memfd_create("rsi-in", 0)
         self.out_fd = os.memfd_create("rsi-out", 0)
+        self.ctl_fd = os.memfd_create("rsi-ctl", 0)
+        os.ftruncate(self.ctl_fd, CTL_SIZE)
+        self.ctl = mmap.mmap(self.ctl_fd, CTL_SIZE)
+        _SEQ.pack_into(self.ctl, REQ_AT, -1)
+        _SEQ.pack_into(self.ctl, DONE_AT, -1)
         self.in_size, self.out_size = max(in_size, 1), max(out_size, 1)
         os.ftruncate(self.in_fd, self.in_size)
         os.ftruncate(self.out_fd, self.out_size)
@@ -219,9 +228,11 @@ class WorkerProcess:
         os.set_inheritable(resp_w, True)
         os.set_inheritable(self.in_fd, True)
         os.set_inheritable(self.out_fd, True)
+        os.set_inheritable(self.ctl_fd, True)
         worker_script = Path(__file__).resolve().parent / "worker.py"
         args = {"framework": framework, "device": device, "threads": self.threads,
                 "req_fd": req_r, "resp_fd": resp_w, "in_fd": self.in_fd, "out_fd": self.out_fd,
+                "ctl_fd": self.ctl_fd,
                 "in_size": self.in_size, "out_size": self.out_size,
                 "own_pid_namespace": mode == "namespaces"}
         home = "/tmp"
@@ -262,7 +273,7 @@ class WorkerProcess:
         try:
             self.proc = subprocess.Popen(
                 argv, cwd=cwd, env=_env(threads, home), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=log, pass_fds=(req_r, resp_w, self.in_fd, self.out_fd),
+                stderr=log, pass_fds=(req_r, resp_w, self.in_fd, self.out_fd, self.ctl_fd),
                 start_new_session=True, preexec_fn=start)
         except OSError as exc:
             raise WorkerStartError(f"cannot start the worker ({mode}): {exc}") from exc
@@ -410,12 +421,12 @@ class WorkerProcess:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        for fd in (self.req_w, self.resp_r, self.in_fd, self.out_fd):
+        for fd in (self.req_w, self.resp_r, self.in_fd, self.out_fd, self.ctl_fd):
             try:
                 os.close(fd)
             except OSError:
                 pass
-        for buf in (self.in_buf, self.out_buf):
+        for buf in (self.in_buf, self.out_buf, self.ctl):
             try:
                 buf.close()
             except (BufferError, ValueError):
@@ -492,31 +503,50 @@ class Call:
 
 def timed_call(worker: WorkerProcess, index: int, packed: bytes, out_nbytes: int,
                timeout_s: float, echo: bool = False) -> Call:
-    """Hand `packed` to the worker, call, take `out_nbytes` of output: all inside our clock."""
+    """Hand `packed` to the worker, call, take `out_nbytes` of output: all inside our clock.
+
+    Untimed: the worker is armed for call `index` (it answers, then spins on the control
+    buffer). Timed: the input is written, the call published, and we spin until the worker
+    publishes the end, then copy the output. Untimed again: its reply (what it returned).
+    """
     call = Call()
     n = len(packed)
     if n > worker.in_size or out_nbytes > worker.out_size:
         raise WorkerFault("protocol", "buffers too small for this call")
-    msg = json.dumps({"op": "call", "i": index, "echo": echo}).encode()
-    frame = _LEN.pack(len(msg)) + msg
-    in_buf, out_buf = worker.in_buf, worker.out_buf
-    t0 = time.perf_counter_ns()
+    armed = worker.request({"op": "arm", "i": index, "echo": echo}, timeout_s)
+    if armed.get("op") != "armed" or armed.get("i") != index:
+        raise WorkerFault("crash", f"protocol: arm answered {str(armed)[:200]}")
+    in_buf, out_buf, ctl = worker.in_buf, worker.out_buf, worker.ctl
+    unpack, clock = _SEQ.unpack_from, time.perf_counter_ns
+    t0 = clock()
     in_buf[:n] = packed
-    try:
-        os.write(worker.req_w, frame)
-    except OSError as exc:
-        raise WorkerFault("crash", f"the worker is gone ({exc})") from exc
-    reply = worker.recv(timeout_s)
-    output = None
-    ok = reply.get("op") == "done" and reply.get("i") == index
-    meta = reply.get("out") if ok else None
-    if ok and isinstance(meta, dict) and meta.get("problem") is None and \
-            meta.get("nbytes") == out_nbytes:
-        output = out_buf[:out_nbytes]
-    t1 = time.perf_counter_ns()
+    _SEQ.pack_into(ctl, REQ_AT, index)
+    spin_until = t0 + int(SPIN_S * 1e9)
+    deadline = t0 + int(timeout_s * 1e9)
+    spins = 0
+    while unpack(ctl, DONE_AT)[0] != index:
+        spins += 1
+        if spins & 0x3FF == 0:
+            now = clock()
+            if now > deadline:
+                raise WorkerFault("timeout", "no reply in time; the worker was killed")
+            if now > spin_until:
+                # NB: a long call: poll, so the referee does not take a core from the worker
+                ready, _, _ = select.select([worker.resp_r], [], [], 0.00005)
+                if ready:
+                    break  # the worker wrote (or died) without publishing: judged below
+    output = out_buf[:out_nbytes] if out_nbytes else b""
+    t1 = clock()
     call.elapsed_ns = t1 - t0
+    reply = worker.recv(max(1.0, timeout_s - (t1 - t0) / 1e9))
+    if unpack(ctl, DONE_AT)[0] != index:
+        raise WorkerFault("crash", f"protocol: reply {str(reply)[:200]} before call {index} "
+                          "ended")
     call.reply = reply
-    call.output = output
+    meta = reply.get("out") if reply.get("op") == "done" and reply.get("i") == index else None
+    ok = isinstance(meta, dict) and meta.get("problem") is None and \
+        meta.get("nbytes") == out_nbytes
+    call.output = output if ok or echo else None
     call.inputs_intact = in_buf[:n] == packed
     if isinstance(reply.get("event_ns"), int):
         call.event_ns = reply["event_ns"]
