@@ -1,4 +1,9 @@
-"""Inspecting and maintaining the local store: ls, show, verify, gc, stats."""
+"""Inspecting and maintaining the local store: ls, show, verify, gc, stats.
+
+gc keeps what any registered, existing workspace references (`<store>/roots/`), never only
+what the workspace running it does; it removes before it rewrites, so a full disk cannot leave
+a kept result without its blobs.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,12 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rsi.digest import Digest, digest_file
-from rsi.errors import UsageError
-from rsi.store import LocalStore
+from rsi.errors import StoreError, UsageError
+from rsi.fsutil import atomic_write_bytes
+from rsi.store import LocalStore, OutdatedEntry
 
 
 def _labels_by_key(store: LocalStore) -> dict[str, dict]:
@@ -69,6 +76,10 @@ class VerifyReport:
     actions: int = 0
     corrupt_blobs: list[str] = field(default_factory=list)
     corrupt_actions: list[str] = field(default_factory=list)
+    # NB: entries of an older format cannot show which key they belong to: removed (they are
+    # rebuilt), but not corruption
+    outdated_actions: list[str] = field(default_factory=list)
+    stale_temporaries: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -81,12 +92,16 @@ class VerifyReport:
             "actions": self.actions,
             "corrupt_blobs": self.corrupt_blobs,
             "corrupt_actions": self.corrupt_actions,
+            "outdated_actions": self.outdated_actions,
+            "stale_temporaries": self.stale_temporaries,
         }
 
 
 def cache_verify(store: LocalStore) -> VerifyReport:
-    """Re-hash every blob and check every action result; remove whatever fails."""
+    """Re-hash every blob and check every action result (against the key it is filed under);
+    remove whatever fails, and what killed writers left behind."""
     report = VerifyReport()
+    report.stale_temporaries = store.remove_stale_temporaries()
     for name, path in store.iter_blobs():
         report.blobs += 1
         try:
@@ -100,11 +115,14 @@ def cache_verify(store: LocalStore) -> VerifyReport:
         report.actions += 1
         path = store._ac_path(key)
         try:
-            result = store.parse_action_result(path.read_bytes())
+            result = store.parse_action_result(path.read_bytes(), key)
             missing = [d for d in result.blobs() if not store.has(d)]
             if missing:
                 raise ValueError("missing blobs")
-        except (OSError, ValueError, KeyError, TypeError):
+        except OutdatedEntry:
+            report.outdated_actions.append(key.hash)
+            store._quarantine(path)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             report.corrupt_actions.append(key.hash)
             store._quarantine(path)
     return report
@@ -128,6 +146,9 @@ def cache_stats(store: LocalStore) -> dict:
         "action_results": actions,
         "builds_logged": events,
         "tracked_actions": len(store.load_target_index()),
+        "workspaces": sorted(
+            str(doc.get("workspace")) for _, doc in store.registrations() if doc.get("workspace")
+        ),
     }
 
 
@@ -164,25 +185,72 @@ def _logged_blobs(store: LocalStore) -> set[str]:
     return found
 
 
-def cache_gc(store: LocalStore, keep_labels: set[str] | None, dry_run: bool) -> dict:
-    """Keep action results of the workspace's targets (or named roots) and every blob they
-    reference; remove the rest. Never removes a blob a kept result references."""
+def _workspace_exists(path: str) -> bool:
+    return bool(path) and (Path(path) / "rsi.toml").is_file()
+
+
+def cache_gc(
+    store: LocalStore,
+    keep_labels: set[str] | None,
+    dry_run: bool,
+    workspace: Path | None = None,
+) -> dict:
+    """Keep the action results `workspace` reaches (its targets, or `keep_labels`), those of
+    every other registered workspace that still exists, and every blob they reference; remove
+    the rest. Never removes a blob a kept result references.
+
+    Order, for a crash or a full disk at any point: action results go first, then blobs no
+    kept result names, then the target index and registrations are rewritten; removing needs
+    no space, and an index naming a removed result only means a miss.
+    """
     index = store.load_target_index()
+    mine_path = store._registration_path(workspace) if workspace is not None else None
+    root_keys: set[str] = set()
+    mine: dict[str, dict] = {}
+    others: list[str] = []
+    dropped: list[dict] = []
+    for path, doc in store.registrations():
+        actions = doc.get("actions")
+        if path == mine_path:
+            mine = actions if isinstance(actions, dict) else {}
+            continue
+        where = doc.get("workspace")
+        if not isinstance(actions, dict) or not isinstance(where, str):
+            reason = "its registration is unreadable"
+            dropped.append({"workspace": where, "file": str(path), "reason": reason})
+            continue
+        if not _workspace_exists(where):
+            dropped.append({"workspace": where, "file": str(path), "reason": "its folder is gone"})
+            continue
+        others.append(where)
+        for entry in actions.values():
+            if isinstance(entry, dict) and isinstance(entry.get("key"), str):
+                root_keys.add(entry["key"].split("/")[0])
+
+    def wanted(entry: dict) -> bool:
+        return keep_labels is None or entry.get("label") in keep_labels
+
+    my_keep = {i: e for i, e in mine.items() if isinstance(e, dict) and wanted(e)}
+    for entry in [*my_keep.values(), *(e for e in index.values() if wanted(e))]:
+        if isinstance(entry.get("key"), str):
+            root_keys.add(entry["key"].split("/")[0])
+
     kept_keys: set[str] = set()
     kept_blobs: set[str] = set()
-    new_index = {}
-    for action_id, entry in index.items():
-        if keep_labels is not None and entry.get("label") not in keep_labels:
-            continue
-        key = Digest.parse(entry["key"])
-        result = store.get_action_result(key, check_blobs=False)
+    for key_hash in sorted(root_keys):
+        result = store.get_action_result(Digest(key_hash, 0), check_blobs=False)
         if result is None:
             continue
-        kept_keys.add(key.hash)
+        kept_keys.add(key_hash)
         kept_blobs.update(d.hash for d in result.blobs())
-        kept_blobs.update(store.index_blobs(entry))
-        new_index[action_id] = entry
+    new_index = {}
+    for action_id, entry in index.items():
+        if entry.get("key", "").split("/")[0] in kept_keys:
+            new_index[action_id] = entry
+            kept_blobs.update(store.index_blobs(entry))
     kept_blobs |= _logged_blobs(store)
+    my_new = {i: e for i, e in my_keep.items() if str(e.get("key")).split("/")[0] in kept_keys}
+
     removed_actions = [k.hash for k in store.iter_action_keys() if k.hash not in kept_keys]
     removed_blobs = []
     freed = 0
@@ -193,19 +261,23 @@ def cache_gc(store: LocalStore, keep_labels: set[str] | None, dry_run: bool) -> 
                 freed += path.stat().st_size
             except OSError:
                 pass
+    temporaries: list[str] = []
     if not dry_run:
+        temporaries = store.remove_stale_temporaries()
         for k in removed_actions:
             store._quarantine(store._ac_path(Digest(k, 0)))
         for name in removed_blobs:
             store._quarantine(store.cas / name[:2] / name)
-        idx = store._target_index_path()
-        from rsi.fsutil import atomic_write_bytes
-
-        atomic_write_bytes(idx, json.dumps(new_index).encode())
+        for gone in dropped:
+            try:
+                os.unlink(gone["file"])
+            except OSError:
+                pass
         try:
             os.unlink(store.root / "blob-memo.json")
         except OSError:
             pass
+        _rewrite(store, index, new_index, workspace, mine_path, mine, my_new, removed_actions)
     return {
         "dry_run": dry_run,
         "kept_actions": len(kept_keys),
@@ -213,4 +285,36 @@ def cache_gc(store: LocalStore, keep_labels: set[str] | None, dry_run: bool) -> 
         "removed_actions": removed_actions,
         "removed_blobs": removed_blobs,
         "freed_bytes": freed,
+        "workspaces": sorted(others),
+        "dropped_workspaces": dropped,
+        "removed_temporaries": temporaries,
     }
+
+
+def _rewrite(
+    store: LocalStore,
+    index: dict,
+    new_index: dict,
+    workspace: Path | None,
+    mine_path: Path | None,
+    mine: dict,
+    my_new: dict,
+    removed_actions: list[str],
+) -> None:
+    """The writes of gc, after its removals: the target index and this workspace's roots."""
+    path = store._target_index_path()
+    try:
+        if new_index != index:
+            atomic_write_bytes(path, json.dumps(new_index).encode(), tmp_dir=store.tmp)
+        if workspace is not None and mine_path is not None and my_new != mine:
+            path = mine_path
+            store._write_registration(mine_path, workspace, my_new)
+    except (OSError, StoreError) as exc:
+        cause = exc.__cause__ if isinstance(exc, StoreError) else exc
+        reason = getattr(cause, "strerror", None) or str(cause or exc)
+        raise StoreError(
+            f"cache gc removed {len(removed_actions)} action results and the blobs only they "
+            f"named, but could not rewrite {path}: {reason}. Nothing half-deleted: every kept "
+            "result still has its blobs, and an entry naming a removed result is only a miss",
+            hint="free some disk space and run `rsi cache gc` again to finish",
+        ) from exc

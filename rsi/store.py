@@ -1,19 +1,25 @@
 """The local store: content-addressed blobs and the action cache, on disk, crash-safe.
 
-Layout (Bazel's disk cache): `cas/ab/<hash>` blobs, `ac/ab/<key>` action results, `targets/`
-the last key per action id (for "why did this rebuild?"). Every write is temp file + rename, made
-durable by an fsync each or, during a scheduler run, by group commit (`sync_each`); every read
-that serves content verifies it; a corrupt entry is deleted and reported, never served.
+Layout (Bazel's disk cache): `STORE.json` (the marker: only a folder holding it, or an empty
+one, is used as a store), `cas/ab/<hash>` blobs, `ac/ab/<key>` action results, `targets/` the
+last key per action id (for "why did this rebuild?"), `roots/` the workspaces using the store
+(gc roots), `tmp/` temporaries. Every write is a temporary under `tmp/` (named by pid, so a
+killed writer's is found and removed) + rename, made durable by an fsync each or, during a
+scheduler run, by group commit (`sync_each`); every read that serves content verifies it; a
+corrupt entry is deleted and reported, never served.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -22,11 +28,105 @@ from typing import Iterator
 from rsi.action import ActionResult
 from rsi.canonical import canonical_bytes
 from rsi.digest import DEFAULT_FUNCTION, Digest, FileDigestMemo, digest_bytes, digest_file
-from rsi.errors import CorruptEntry, RsiError, StoreError
-from rsi.fsutil import atomic_write_bytes, store_write_error
+from rsi.errors import EXIT_USAGE, CorruptEntry, RsiError, StoreError
+from rsi.fsutil import (
+    atomic_write_bytes,
+    create_temp,
+    pid_alive,
+    replace_into,
+    store_write_error,
+    temp_pid,
+)
 
 STORE_SCHEMA = "rsi.store/1"
+STORE_MARKER = "STORE.json"
+# NB: version 2 hashes the key with the content: an entry moved to another key never verifies
+AC_SCHEMA = "rsi.ac/2"
+ROOT_SCHEMA = "rsi.gcroot/1"
 _SMALL_COPY = 1 << 20
+# NB: files an empty folder may hold in a repository (the default `cache/` ships with one);
+# rsi never touches them
+_PLACEHOLDERS = frozenset({".gitkeep", ".gitignore", ".keep"})
+_SHARD = re.compile(r"[0-9a-f]{2}")
+_ENTRY = re.compile(r"[0-9a-f]{64}")
+# NB: how old a temporary without a pid in its name must be before it counts as abandoned:
+# in tmp/ (remote downloads; the same as a build's scratch clean-up) and in cas/ or ac/ (only
+# older rsi versions wrote temporaries there)
+_STALE_UNNAMED_S = {"tmp": 86400, "entries": 3600}
+
+
+def _marker(function: str | None) -> bytes:
+    doc = {"schema": STORE_SCHEMA}
+    if function is not None:
+        doc["digest_function"] = function
+    return json.dumps(doc).encode()
+
+
+def claim_store(root: Path, function: str | None = None) -> None:
+    """Make `root` a store before anything is written under it (StoreRefused when it may not
+    be one): every writer into a store folder, not only `LocalStore`, calls this first."""
+    root = Path(root)
+    problem = store_folder_problem(root)
+    if problem is not None:
+        raise StoreRefused(
+            f"{root} cannot be used as the store: {problem}",
+            hint="point the store at a new or empty folder (rsi.toml `store`, or --store)",
+        )
+    meta = root / STORE_MARKER
+    if meta.exists():
+        return
+    try:
+        # NB: the marker first, so a folder rsi starts to fill is recognisably a store
+        root.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(meta, _marker(function))
+    except OSError as exc:
+        raise store_write_error(root, exc) from exc
+
+
+class StoreRefused(StoreError):
+    """The configured folder cannot be a store (not empty and not an rsi store)."""
+
+    exit_code = EXIT_USAGE
+
+
+class OutdatedEntry(ValueError):
+    """An action-cache entry in an older format, whose integrity did not cover its key."""
+
+
+def store_folder_problem(root: Path) -> str | None:
+    """Why `root` cannot be used as a store, or None: it may be absent, empty, or a store.
+
+    rsi writes and deletes files under its store, so a folder holding anything else (and no
+    STORE.json) is refused rather than adopted.
+    """
+    try:
+        entries = [
+            e for e in os.listdir(root) if not e.startswith(".tmp-") and e not in _PLACEHOLDERS
+        ]
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return "it is a file, not a folder"
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror or exc})"
+    if STORE_MARKER not in entries:
+        if not entries:
+            return None  # NB: `.tmp-*`: another rsi is creating this store right now
+        shown = ", ".join(sorted(entries)[:3]) + (", ..." if len(entries) > 3 else "")
+        return (
+            f"it is not empty ({shown}) and is not an rsi store (no {STORE_MARKER}); rsi "
+            "deletes files in its store, so it only uses an empty folder or one it created"
+        )
+    try:
+        doc = json.loads((root / STORE_MARKER).read_bytes())
+        schema = doc.get("schema") if isinstance(doc, dict) else None
+    except (OSError, ValueError) as exc:
+        return f"its {STORE_MARKER} is unreadable ({exc})"
+    if schema == STORE_SCHEMA:
+        return None
+    if isinstance(schema, str) and schema.startswith("rsi.store/"):
+        return f"another version of rsi wrote it (schema {schema}; this rsi reads {STORE_SCHEMA})"
+    return f"its {STORE_MARKER} is not an rsi store marker (schema {schema!r})"
 
 
 @lru_cache(maxsize=1)
@@ -51,6 +151,7 @@ class LocalStore:
         self.ac = self.root / "ac"
         self.targets = self.root / "targets"
         self.tmp = self.root / "tmp"
+        self.roots = self.root / "roots"
         self.events_dir = self.root / "events"
         self.corrupt_seen: list[str] = []
         self._empty: Digest | None = None
@@ -67,19 +168,18 @@ class LocalStore:
 
     # ------------------------------------------------------------------------------ layout
     def _init(self) -> None:
-        meta = self.root / "STORE.json"
+        meta = self.root / STORE_MARKER
+        claim_store(self.root, self.function)
         try:
             for d in (self.cas, self.ac, self.targets, self.tmp, self.events_dir):
                 d.mkdir(parents=True, exist_ok=True)
-            if not meta.exists():
-                atomic_write_bytes(
-                    meta,
-                    json.dumps({"schema": STORE_SCHEMA, "digest_function": self.function}).encode(),
-                )
         except OSError as exc:
             raise store_write_error(self.root, exc) from exc
         try:
             found = json.loads(meta.read_text()).get("digest_function")
+            if found is None:  # NB: claimed by a writer that stores no digests (toolchains)
+                atomic_write_bytes(meta, _marker(self.function))
+                found = self.function
         except (OSError, ValueError) as exc:
             raise StoreError(f"{meta}: unreadable store metadata ({exc})") from exc
         if found != self.function:
@@ -138,7 +238,9 @@ class LocalStore:
         if not self.has(digest):
             path = self.blob_path(digest)
             try:
-                atomic_write_bytes(path, data, mode=0o444, fsync=fsync and self.sync_each)
+                atomic_write_bytes(
+                    path, data, mode=0o444, fsync=fsync and self.sync_each, tmp_dir=self.tmp
+                )
             except OSError as exc:
                 raise store_write_error(self.root, exc) from exc
         return digest
@@ -163,8 +265,9 @@ class LocalStore:
             if move:
                 tmp = os.fspath(src)
             else:
-                self.cas.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=self.cas, prefix=".tmp-")
+                # NB: under tmp/, named by pid: never where readers list blobs, and removed by
+                # the next build or gc if this process is killed mid-copy
+                fd, tmp = create_temp(self.tmp)
                 os.close(fd)
             try:
                 if not move:  # NB: inside the try, so a copy cut short (disk full) is removed
@@ -180,12 +283,7 @@ class LocalStore:
                         os.fsync(fd)
                     finally:
                         os.close(fd)
-                path = self.blob_path(digest)
-                try:
-                    os.replace(tmp, path)
-                except FileNotFoundError:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(tmp, path)
+                replace_into(tmp, self.blob_path(digest))
             except BaseException:
                 if not move and os.path.exists(tmp):
                     os.unlink(tmp)
@@ -291,8 +389,11 @@ class LocalStore:
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc}") from exc
         try:
-            result = self.parse_action_result(raw)
-        except (ValueError, KeyError, TypeError):
+            result = self.parse_action_result(raw, key)
+        except OutdatedEntry:
+            self._quarantine(path)  # NB: unverifiable, so a miss; the rebuild rewrites it
+            return None
+        except (ValueError, KeyError, TypeError, AttributeError):
             self._quarantine(path)
             self.corrupt_seen.append(str(key))
             return None
@@ -306,35 +407,139 @@ class LocalStore:
                     return None
         return result
 
-    def parse_action_result(self, raw: bytes) -> ActionResult:
-        """An action-cache entry's result; ValueError/KeyError/TypeError when it is corrupt."""
+    def _ac_integrity(self, key_hash: str, body: bytes) -> str:
+        return digest_bytes(
+            AC_SCHEMA.encode() + b"\0" + key_hash.encode() + b"\0" + body, self.function
+        ).hash
+
+    def parse_action_result(self, raw: bytes, key: Digest | str) -> ActionResult:
+        """The result an action-cache entry holds for `key`; ValueError/KeyError/TypeError when
+        it is corrupt or belongs to another key, `OutdatedEntry` when its format cannot say."""
+        key_hash = key if isinstance(key, str) else key.hash
         doc = json.loads(raw)
         body = doc["result"]
-        if doc.get("integrity") != digest_bytes(canonical_bytes(body), self.function).hash:
+        if doc.get("schema") != AC_SCHEMA:
+            if doc.get("integrity") != digest_bytes(canonical_bytes(body), self.function).hash:
+                raise ValueError("integrity mismatch")
+            raise OutdatedEntry("written in the older format (rsi.ac/1)")
+        if doc.get("key") != key_hash:
+            raise ValueError(f"it is the entry of key {doc.get('key')}, not of {key_hash}")
+        if doc.get("integrity") != self._ac_integrity(key_hash, canonical_bytes(body)):
             raise ValueError("integrity mismatch")
         return ActionResult.from_json(body)
 
     def put_action_result(self, key: Digest, result: ActionResult) -> None:
         body = canonical_bytes(result.to_json())
-        integrity = digest_bytes(body, self.function).hash
+        integrity = self._ac_integrity(key.hash, body)
         # NB: the same bytes json.dumps(sort_keys=True) would give, without encoding twice
-        data = b'{"integrity": "' + integrity.encode() + b'", "result": ' + body + b"}"
+        data = (
+            b'{"integrity": "'
+            + integrity.encode()
+            + b'", "key": "'
+            + key.hash.encode()
+            + b'", "result": '
+            + body
+            + b', "schema": "'
+            + AC_SCHEMA.encode()
+            + b'"}'
+        )
         try:
-            atomic_write_bytes(self._ac_path(key), data, fsync=self.sync_each)
+            atomic_write_bytes(self._ac_path(key), data, fsync=self.sync_each, tmp_dir=self.tmp)
         except OSError as exc:
             raise store_write_error(self.root, exc) from exc
 
     def iter_action_keys(self) -> Iterator[Digest]:
-        for shard in sorted(self.ac.iterdir()) if self.ac.exists() else ():
-            for entry in sorted(shard.iterdir()):
-                if not entry.name.startswith("."):
-                    yield Digest(entry.name, 0)
+        for name, _ in _entries(self.ac):
+            yield Digest(name, 0)
 
     def iter_blobs(self) -> Iterator[tuple[str, Path]]:
-        for shard in sorted(self.cas.iterdir()) if self.cas.exists() else ():
-            for entry in sorted(shard.iterdir()):
-                if not entry.name.startswith("."):
-                    yield entry.name, entry
+        yield from _entries(self.cas)
+
+    def remove_stale_temporaries(self) -> list[str]:
+        """Remove what killed writers left: temporaries under `tmp/`, and (from older rsi
+        versions) beside entries in `cas/` and `ac/`, whose writer is gone. Returns their paths.
+
+        A temporary whose pid is alive is never touched; one without a pid in its name only
+        once it is old (`_STALE_UNNAMED_S`).
+        """
+        from rsi.executors.base import remove_tree
+
+        removed: list[str] = []
+        now = time.time()
+
+        def stale(entry: os.DirEntry, where: str) -> bool:
+            pid = temp_pid(entry.name)
+            if pid is not None:
+                return not pid_alive(pid)
+            try:
+                age = now - entry.stat(follow_symlinks=False).st_mtime
+            except OSError:
+                return False
+            return age > _STALE_UNNAMED_S[where]
+
+        candidates = [(e, "tmp") for e in _scan(self.tmp)]
+        for folder in (self.cas, self.ac):
+            for entry in _scan(folder):
+                if entry.name.startswith(".tmp-"):
+                    candidates.append((entry, "entries"))
+                elif _SHARD.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+                    candidates += [
+                        (e, "entries") for e in _scan(entry.path) if e.name.startswith(".tmp-")
+                    ]
+        for entry, where in candidates:
+            if not stale(entry, where):
+                continue
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    remove_tree(Path(entry.path))
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                continue
+            removed.append(entry.path)
+        return removed
+
+    # -------------------------------------------------------------- gc roots (workspaces)
+    # NB: every workspace that builds with this store records the action keys it references,
+    # so `cache gc` run from one workspace keeps what the others still use.
+    def _registration_path(self, workspace: Path) -> Path:
+        name = hashlib.sha256(os.fsencode(str(workspace))).hexdigest()[:32]
+        return self.roots / f"{name}.json"
+
+    def register_workspace(self, workspace: Path, actions: dict[str, dict]) -> None:
+        """Add `actions` (action id -> {"key", "label"}) to what `workspace` references."""
+        path = self._registration_path(workspace)
+        try:
+            self.roots.mkdir(exist_ok=True)
+            fd = os.open(self.root / "roots.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise store_write_error(self.root, exc) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            doc = _read_json(path)
+            known = doc.get("actions") if doc.get("workspace") == str(workspace) else None
+            known = known if isinstance(known, dict) else {}
+            merged = {**known, **actions}
+            if path.exists() and merged == known:
+                return  # NB: a no-op build writes nothing
+            self._write_registration(path, workspace, merged)
+        finally:
+            os.close(fd)
+
+    def _write_registration(self, path: Path, workspace: Path, actions: dict) -> None:
+        doc = {"schema": ROOT_SCHEMA, "workspace": str(workspace), "actions": actions}
+        try:
+            atomic_write_bytes(path, json.dumps(doc, sort_keys=True).encode(), tmp_dir=self.tmp)
+        except OSError as exc:
+            raise store_write_error(self.root, exc) from exc
+
+    def registrations(self) -> list[tuple[Path, dict]]:
+        """Every workspace registration: (its file, its document; {} when unreadable)."""
+        return [
+            (Path(e.path), _read_json(Path(e.path)))
+            for e in sorted(_scan(self.roots), key=lambda e: e.name)
+            if e.name.endswith(".json")
+        ]
 
     # ------------------------------------------------------------------- target index (why)
     # NB: one small file for all action ids, so a no-op build reads it once; a concurrent
@@ -378,3 +583,29 @@ class LocalStore:
             atomic_write_bytes(self._target_index_path(), json.dumps(index).encode(), fsync=False)
         except OSError as exc:
             raise store_write_error(self.root, exc) from exc
+
+
+def _scan(folder: str | os.PathLike) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as it:
+            return list(it)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _entries(folder: Path) -> Iterator[tuple[str, Path]]:
+    """`(name, path)` of every entry in a sharded folder; temporaries and strays are skipped."""
+    for shard in sorted(_scan(folder), key=lambda e: e.name):
+        if not _SHARD.fullmatch(shard.name) or not shard.is_dir(follow_symlinks=False):
+            continue
+        for entry in sorted(_scan(shard.path), key=lambda e: e.name):
+            if _ENTRY.fullmatch(entry.name):
+                yield entry.name, Path(entry.path)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}

@@ -237,8 +237,11 @@ def build(
     says which packages moved against `previous_lock`, else the lock beside the declaration, else
     the last build of the same name in this store.
     """
+    from rsi.store import claim_store
+
     recipe = load_recipe(spec, name)
     say = progress or (lambda msg: print(f"[toolchain {recipe.name}] {msg}", file=sys.stderr))
+    claim_store(Path(store_dir).resolve())  # NB: never write into a folder that is not a store
     root = toolchains_root(store_dir)
     recipe_digest = recipe.digest().hash
     directory = root / recipe_digest
