@@ -55,9 +55,11 @@ class RsiGroup(click.Group):
         except RsiError as exc:
             click.echo(f"rsi: error: {exc}", err=True)
             sys.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            click.echo("rsi: interrupted", err=True)
-            sys.exit(130)
+        except KeyboardInterrupt as exc:
+            # NB: a build stopped by SIGTERM exits 143, by Ctrl-C (SIGINT) 130
+            name = getattr(exc, "signal", "SIGINT")
+            click.echo(f"rsi: interrupted ({name})", err=True)
+            sys.exit(getattr(exc, "exit_code", 130))
 
 
 @click.group(cls=RsiGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
@@ -121,6 +123,13 @@ def main(ctx: click.Context, workspace: str | None, store: str | None) -> None:
     type=click.File("w"),
     help="Also write the event stream (JSON lines) to this file ('-' for stdout).",
 )
+@click.option(
+    "--lock-timeout",
+    type=float,
+    metavar="SECONDS",
+    help="Give up (exit 1) when the host lock (RSI_HOST_LOCK) is not free within SECONDS "
+    "(default: wait, saying who holds it).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a build report as JSON.")
 @click.pass_context
 def build(
@@ -134,12 +143,16 @@ def build(
     remote_mode: str | None,
     remote_fallback: bool | None,
     events,
+    lock_timeout: float | None,
     as_json: bool,
 ) -> None:
     """Build TARGETS (labels or patterns: //pkg:name, :name, //pkg/..., //pkg:all).
 
     Only actions whose key is not in the cache run. Outputs of the named targets are copied
     under out/. Every build writes an event log under <store>/events/.
+
+    A target a pattern matches is skipped ("skipped: needs cuda") when its actions need a
+    device this host lacks (local executors); naming it explicitly fails the build (exit 1).
     """
     from rsi.build import build as run_build
 
@@ -155,12 +168,15 @@ def build(
         remote_mode=remote_mode,
         remote_fallback=remote_fallback,
     )
-    report = run_build(ws, list(targets), events_to=events)
+    report = run_build(ws, list(targets), events_to=events, lock_timeout=lock_timeout)
     if as_json:
         _emit(report.to_json(), True)
     else:
         c = report.counts
         for label, t in report.targets.items():
+            if t.get("skipped"):
+                click.echo(f"{label}: skipped: {t['skipped']}")
+                continue
             state = "ok" if t["ok"] else "FAILED"
             click.echo(f"{label}: {state} ({t['cache']})")
             for f in t["failed"]:
@@ -260,6 +276,23 @@ def why(ctx: click.Context, target: str, as_json: bool) -> None:
             click.echo(f"    - {reason}")
     if doc["ran"] and doc["cached"]:
         click.echo(f"  {doc['cached']} other action(s) were cached")
+
+
+@main.command(epilog=EPILOG)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def info(ctx: click.Context, as_json: bool) -> None:
+    """This host as rsi sees it: the sandbox, and every action's scratch and memory limits
+    with how each is enforced (or why it is not)."""
+    from rsi.errors import UsageError
+    from rsi.limits import describe, render
+
+    try:
+        ws = _workspace(ctx)
+    except UsageError:  # NB: outside a workspace: the defaults
+        ws = None
+    doc = describe(ws)
+    _emit(doc, as_json, render(doc))
 
 
 @main.command("rules", epilog=EPILOG)
@@ -436,6 +469,8 @@ def cache_verify_cmd(ctx: click.Context, as_json: bool) -> None:
         f"action results checked; removed {len(report.corrupt_blobs)} blobs, "
         f"{len(report.corrupt_actions)} action results"
     )
+    if report.outdated_actions:
+        human += f"; removed {len(report.outdated_actions)} results of an older format (rebuilt)"
     _emit(report.to_json(), as_json, human)
     sys.exit(0 if report.clean else EXIT_BUILD_FAILED)
 
@@ -446,7 +481,9 @@ def cache_verify_cmd(ctx: click.Context, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def cache_gc_cmd(ctx: click.Context, roots: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
-    """Remove everything not reachable from the workspace's targets (or the ROOTS patterns)."""
+    """Remove everything not reachable from the workspace's targets (or the ROOTS patterns)
+    or from any other registered workspace sharing the store (one whose folder is gone is
+    dropped)."""
     from rsi.build import make_loader, open_store
     from rsi.cacheops import cache_gc
 
@@ -462,12 +499,19 @@ def cache_gc_cmd(ctx: click.Context, roots: tuple[str, ...], dry_run: bool, as_j
         keep = set()  # NB: a workspace with no targets keeps only what logs name
     store = open_store(ws)
     with store.lock(exclusive=True):
-        doc = cache_gc(store, keep, dry_run)
+        doc = cache_gc(store, keep, dry_run, workspace=ws.root)
     verb = "would remove" if dry_run else "removed"
     human = (
         f"{verb} {len(doc['removed_actions'])} action results and {len(doc['removed_blobs'])} "
         f"blobs ({doc['freed_bytes']} bytes); kept {doc['kept_actions']} results"
     )
+    if doc["workspaces"]:
+        human += f" (also for {len(doc['workspaces'])} other workspace(s) sharing this store)"
+    for gone in doc["dropped_workspaces"]:
+        human += (
+            f"\n{'would drop' if dry_run else 'dropped'} the gc roots of workspace "
+            f"{gone['workspace']}: {gone['reason']}"
+        )
     if dry_run and not as_json:
         human += "".join(f"\n  ac  {k}" for k in doc["removed_actions"])
         human += "".join(f"\n  cas {k}" for k in doc["removed_blobs"])

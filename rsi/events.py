@@ -69,10 +69,30 @@ class EventLog:
             f"[{c['done']}/{c['total']}] {c['running']} running, {c['hit']} cached, "
             f"{c['executed']} executed, {c['failed']} failed  {current}"
         )
-        width = os.get_terminal_size(sys.stderr.fileno()).columns if sys.stderr.isatty() else 120
-        sys.stderr.write("\r" + line[: width - 1].ljust(width - 1))
-        sys.stderr.flush()
+        self._write_progress(line)
+
+    def _write_progress(self, line: str) -> None:
+        try:
+            tty = sys.stderr.isatty()
+            width = os.get_terminal_size(sys.stderr.fileno()).columns if tty else 120
+            sys.stderr.write("\r" + line[: width - 1].ljust(width - 1))
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            return
         self._drawn = True
+
+    def notice(self, message: str, *, new: bool = True) -> None:
+        """Something the build waits on, for people: at a terminal it is the progress line
+        (redrawn on every call); otherwise a line on stderr each time it is `new`."""
+        if self.progress:
+            self._last_draw = time.monotonic()
+            self._write_progress(message)
+        elif new:
+            try:
+                sys.stderr.write(f"rsi: {message}\n")
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
 
     def close(self) -> None:
         if self._drawn:

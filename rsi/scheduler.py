@@ -3,18 +3,19 @@ parallel within resource classes, and says for every miss why it missed.
 
 Early cutoff falls out of the keys: a consumer's key is computed from its producers' output
 digests, so a rebuilt producer with identical outputs leaves its consumers cached. Exclusive
-actions (timing) run with nothing else running. The scheduler never executes anything itself.
+actions (timing) run with nothing else running, here and (through the host lock) in any other
+rsi process. An action whose platform asks for something the executor lacks (an accelerator
+the host does not have) is not run: it is `incompatible`, and so is everything downstream.
+The scheduler never executes anything itself.
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
 import queue
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -26,6 +27,7 @@ from rsi.digest import Digest, FileNode, SymlinkNode
 from rsi.errors import CorruptEntry, ExecutionError, RsiError, StoreError
 from rsi.events import EventLog
 from rsi.executors.base import TRASH, Executor
+from rsi.host import Capabilities, Holder, HostLock, describe_holders, unmet_requirement
 from rsi.rule import ActionSpec
 from rsi.store import LocalStore
 
@@ -38,12 +40,14 @@ class RemoteCache(Protocol):
 @dataclass
 class Outcome:
     id: str
-    status: str  # hit | remote_hit | executed | failed | skipped | error | not_started
+    # hit | remote_hit | executed | failed | skipped | error | not_started | incompatible
+    status: str
     key: Digest | None = None
     result: ActionResult | None = None
     why: list[str] = field(default_factory=list)
     message: str | None = None
     retryable: bool = False
+    needs: str | None = None  # NB: what the executor lacks, for incompatible and its dependents
 
     @property
     def ok(self) -> bool:
@@ -62,7 +66,13 @@ class Scheduler:
         salt: str = "",
         remote: RemoteCache | None = None,
         remote_fallback: bool = False,
+        host_lock: HostLock | None = None,
+        capabilities: Callable[[], Capabilities] | None = None,
+        required: set[str] | None = None,
     ) -> None:
+        """`capabilities` says what the executor can provide (None: it checks for itself, as a
+        remote engine does); an action it cannot run is `incompatible`, a failure when it is
+        in `required` (default: every action), otherwise skipped and the build goes on."""
         self.store = store
         self.executor = executor
         self.events = events
@@ -76,6 +86,10 @@ class Scheduler:
         self._pack: dict[str, dict] = {}
         self._targets_by_name: dict | None = None
         self.cancel = threading.Event()
+        self.host_lock = host_lock if host_lock is not None else HostLock()
+        self._capabilities = capabilities
+        self._known_capabilities: Capabilities | None = None
+        self.required = required
 
     # ------------------------------------------------------------------------ resolution
     def resolve(self, spec: ActionSpec, outcomes: dict[str, Outcome]) -> Action:
@@ -250,18 +264,25 @@ class Scheduler:
                     if waiting[nxt] == 0:
                         ready.append(nxt)
             else:
+                needs = outcome.needs
                 for nxt in sorted(graph.descendants(action_id, wanted)):
                     if nxt not in outcomes:
                         outcomes[nxt] = Outcome(
-                            nxt, "skipped", message=f"not built: depends on {action_id}"
+                            nxt,
+                            "skipped",
+                            message=f"not built: depends on {action_id}"
+                            + (f", which needs {needs}" if needs else ""),
+                            needs=needs,
                         )
                         counts["done"] += 1
+                        extra = {"needs": needs} if needs else {}
                         self.events.emit(
                             "action_skipped",
                             build_event,
                             action=nxt,
                             label=graph.actions[nxt].label,
                             because=action_id,
+                            **extra,
                         )
 
         pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="rsi-exec")
@@ -313,6 +334,12 @@ class Scheduler:
                         )
                         finish(action_id, Outcome(action_id, status, action.key(), served))
                         continue
+                    unmet = self._unmet(action)
+                    if unmet is not None:
+                        required = self.required is None or action_id in self.required
+                        self._incompatible(action_id, spec, action, unmet, build_event, finish)
+                        stopped = stopped or (required and not self.keep_going)
+                        continue
                     why = self.why(spec, action)
                     to_execute.append((spec, action, why, 0))
                 # dispatch within resource classes
@@ -334,7 +361,7 @@ class Scheduler:
                         why=why,
                         exclusive=action.exclusive,
                     )
-                    fut = pool.submit(self._execute, spec, action)
+                    fut = pool.submit(self._execute, spec, action, ev)
                     running[fut] = (spec, action, why, ev)
                     counts["running"] = len(running)
                     if action.exclusive:
@@ -413,6 +440,8 @@ class Scheduler:
                             message=message,
                             exit_code=result.exit_code,
                             timed_out=result.timed_out,
+                            # NB: scratch_limit or memory_limit (rsi.limits), else null
+                            reason=(result.host.get("limits") or {}).get("exceeded"),
                             stderr=str(result.stderr) if result.stderr else None,
                         )
                         finish(
@@ -426,6 +455,7 @@ class Scheduler:
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+            self.host_lock.close()
             try:
                 self._committer.shutdown()
             finally:
@@ -511,7 +541,39 @@ class Scheduler:
             self.remote = None
             return None
 
-    def _execute(self, spec: ActionSpec, action: Action) -> ActionResult:
+    def _unmet(self, action: Action) -> tuple[str, str] | None:
+        if self._capabilities is None:
+            return None
+        if self._known_capabilities is None:
+            self._known_capabilities = self._capabilities()
+        return unmet_requirement(dict(action.platform), self._known_capabilities)
+
+    def _incompatible(self, action_id, spec, action, unmet, parent, finish) -> None:
+        """Not run: the executor lacks what the action's platform asks for."""
+        prop, value = unmet
+        have = sorted((self._known_capabilities or {}).get(prop, ()))
+        executor = getattr(self.executor, "name", "local")
+        message = (
+            f"needs {value}: the {executor} executor on this host has no {prop}={value} "
+            f"({prop}: {', '.join(have) or 'none'})"
+        )
+        if self.required is None or action_id in self.required:
+            self.events.counts["failed"] += 1
+        self.events.emit(
+            "action_skipped",
+            parent,
+            action=action_id,
+            label=spec.label,
+            because=None,
+            needs=value,
+            message=message,
+        )
+        finish(
+            action_id,
+            Outcome(action_id, "incompatible", action.key(), message=message, needs=value),
+        )
+
+    def _execute(self, spec: ActionSpec, action: Action, parent: int | None = None) -> ActionResult:
         if self.remote is not None or not getattr(self.executor, "copies_sources", False):
             # NB: a local executor copies sources from the workspace itself (verified against
             # their digests); only a remote cache or executor needs them in the store first
@@ -521,7 +583,11 @@ class Scheduler:
         else:
             # NB: `exclusive` must hold across every rsi process on this host (two agents, two
             # CI jobs), not only inside this scheduler: timing actions take the host lock alone
-            with host_slot(exclusive=action.exclusive):
+            waiter = _LockWaiter(self.events, self.host_lock, spec, action.exclusive, parent)
+            with self.host_lock.slot(
+                action.exclusive, spec.label, cancel=self.cancel, on_wait=waiter
+            ):
+                waiter.acquired()
                 result = self.executor.run(action, self.store, self.cancel)
         if result.ok:
             # NB: the action-cache entry (temp, fsync, rename) is written by one committer
@@ -638,22 +704,51 @@ class GroupCommitter:
                 pass
 
 
-HOST_LOCK = os.environ.get("RSI_HOST_LOCK", "/tmp/rsi-host.lock")
+class _LockWaiter:
+    """Tells people and the event stream who holds the host lock an action waits for: a
+    `host_lock_wait` event whenever the holders change, a progress line, and
+    `host_lock_acquired` once it is taken."""
 
+    def __init__(self, events: EventLog, lock: HostLock, spec: ActionSpec, exclusive, parent):
+        self.events, self.lock, self.spec = events, lock, spec
+        self.exclusive, self.parent = exclusive, parent
+        self.started: float | None = None
+        self._seen: tuple | None = None
 
-@contextmanager
-def host_slot(exclusive: bool):
-    """Shared for ordinary actions, exclusive for timing actions, across processes."""
-    try:
-        fd = os.open(HOST_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError:
-        yield  # NB: no writable lock file (read-only /tmp): in-process exclusivity still holds
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        yield
-    finally:
-        os.close(fd)
+    def __call__(self, holders: list[Holder], waited_s: float) -> None:
+        if self.started is None:
+            self.started = time.monotonic() - waited_s
+        seen = tuple((h.pid, h.label, h.exclusive, h.since) for h in holders)
+        changed = seen != self._seen
+        self._seen = seen
+        mode = "exclusive" if self.exclusive else "shared"
+        if changed:
+            self.events.emit(
+                "host_lock_wait",
+                self.parent,
+                action=self.spec.id,
+                label=self.spec.label,
+                lock=str(self.lock.path),
+                mode=mode,
+                holders=[h.to_json() for h in holders],
+                timeout_s=self.lock.timeout_s,
+            )
+        self.events.notice(
+            f"{self.spec.label} waits for the host lock ({mode}), held by "
+            f"{describe_holders(holders)}; lock file {self.lock.path}",
+            new=changed,
+        )
+
+    def acquired(self) -> None:
+        if self.started is None:
+            return
+        self.events.emit(
+            "host_lock_acquired",
+            self.parent,
+            action=self.spec.id,
+            label=self.spec.label,
+            waited_s=round(time.monotonic() - self.started, 3),
+        )
 
 
 def diff_descriptions(before: dict, after: dict) -> list[str]:

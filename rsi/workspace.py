@@ -7,6 +7,7 @@ errors naming the file and key, never ignored.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,6 +17,8 @@ from rsi.errors import DeclarationError, UsageError
 
 CONFIG_FILE = "rsi.toml"
 BUILD_FILE = "BUILD.toml"
+EXECUTORS = ("local", "bwrap", "docker", "remote")
+_RULE_REF = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*)?$")
 
 _SETTINGS = {
     "salt": str,
@@ -31,6 +34,28 @@ _SETTINGS = {
 }
 
 
+_LIMITS = ("scratch_mb", "memory_mb")
+
+
+def _limits(section: object, file: str) -> dict:
+    """The [limits] table: whole MiB, at least 1 (see rsi.limits)."""
+    if not isinstance(section, dict):
+        raise DeclarationError("[limits] must be a table", file=file, field="limits")
+    for key, value in section.items():
+        if key not in _LIMITS:
+            raise DeclarationError(
+                "unknown setting in [limits]",
+                file=file,
+                field=key,
+                hint=f"known settings: {', '.join(_LIMITS)}",
+            )
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise DeclarationError(
+                f"expected a whole number of MiB, at least 1, got {value!r}", file=file, field=key
+            )
+    return dict(section)
+
+
 @dataclass(frozen=True)
 class Workspace:
     root: Path
@@ -44,7 +69,12 @@ class Workspace:
     remote_fallback: bool = False
     executor: str = "local"
     rules: tuple[str, ...] = ()
+    # NB: [limits]: every action's scratch and memory in MiB (None: rsi.limits' defaults)
+    scratch_mb: int | None = None
+    memory_mb: int | None = None
     digest_function_explicit: bool = field(default=False, compare=False)
+    # NB: where `store` came from ("rsi.toml", "--store" or "" for the default), for errors
+    store_from: str = field(default="", compare=False)
 
     @property
     def store_dir(self) -> Path:
@@ -60,8 +90,17 @@ class Workspace:
             clean["digest_function_explicit"] = True
         if "store" in clean:
             clean["store"] = Path(str(clean["store"])).absolute()
+            clean["store_from"] = "--store"
         ws = replace(self, **clean)
         ws._check()
+        if ws.executor == "remote" and not ws.remote:
+            # NB: checked once the command line is applied: it may give the remote
+            raise DeclarationError(
+                "the remote executor needs a remote",
+                file=CONFIG_FILE,
+                field="executor",
+                hint='set remote = "grpc://HOST:PORT" (or --remote), or use another executor',
+            )
         return ws
 
     def _check(self, file: str = CONFIG_FILE) -> None:
@@ -78,6 +117,50 @@ class Workspace:
             raise DeclarationError(
                 "remote_mode must be 'cache' or 'execute'", file=file, field="remote_mode"
             )
+        if self.executor not in EXECUTORS:
+            raise DeclarationError(
+                f"unknown executor {self.executor!r}",
+                file=file,
+                field="executor",
+                hint=f"use one of {', '.join(EXECUTORS)}",
+            )
+        for ref in self.rules:
+            if not isinstance(ref, str) or not _RULE_REF.match(ref):
+                raise DeclarationError(
+                    f"{ref!r} is not a rule module",
+                    file=file,
+                    field="rules",
+                    hint='list "package.module" or "package.module:function" strings',
+                )
+
+    def check_store(self) -> None:
+        """Refuse a store folder rsi must not write into: the workspace root or a folder above
+        it, `out/`, or a folder that holds files and is not an rsi store (rsi deletes files in
+        its store). Exit 2, naming where the setting came from."""
+        from rsi.store import store_folder_problem
+
+        store = self.store_dir.resolve()
+        root = self.root.resolve()
+        problem = None
+        if store == root or store in root.parents:
+            where = "the workspace root" if store == root else "a folder above the workspace"
+            problem = f"it is {where} ({root}); rsi deletes files in its store"
+        elif store == self.out_dir.resolve() or self.out_dir.resolve() in store.parents:
+            problem = "it is under out/, which rsi replaces"
+        else:
+            problem = store_folder_problem(store)
+        if problem is None:
+            return
+        message = f"the store {store} cannot be used: {problem}"
+        hint = "use a new or empty folder, or an existing rsi store; nothing was written"
+        if self.store_from == "--store":
+            raise UsageError(f"--store: {message}", hint=hint)
+        raise DeclarationError(
+            message + ("" if self.store_from else " (the default store folder)"),
+            file=str(self.root / CONFIG_FILE),
+            field="store",
+            hint=hint + ("" if self.store_from else "; set `store` under [workspace]"),
+        )
 
     @classmethod
     def load(cls, root: Path) -> "Workspace":
@@ -91,14 +174,14 @@ class Workspace:
                 "not valid TOML: values are nested too deeply", file=str(path)
             ) from None
         section = data.get("workspace", {})
-        extra = set(data) - {"workspace"}
+        extra = set(data) - {"workspace", "limits"}
         if extra or not isinstance(section, dict):
             raise DeclarationError(
                 f"unknown section(s) {', '.join(sorted(extra)) or 'workspace'}",
                 file=str(path),
-                hint="settings go under [workspace]",
+                hint="settings go under [workspace] (and [limits])",
             )
-        kw: dict = {}
+        kw: dict = _limits(data.get("limits", {}), str(path))
         for key, value in section.items():
             want = _SETTINGS.get(key)
             if want is None:
@@ -117,7 +200,12 @@ class Workspace:
             kw["store"] = Path(kw["store"])
         if "rules" in kw:
             kw["rules"] = tuple(kw["rules"])
-        ws = cls(root=root, digest_function_explicit="digest_function" in kw, **kw)
+        ws = cls(
+            root=root,
+            digest_function_explicit="digest_function" in kw,
+            store_from=CONFIG_FILE if "store" in kw else "",
+            **kw,
+        )
         ws._check(str(path))
         return ws
 

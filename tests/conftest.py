@@ -8,10 +8,13 @@ files (BUILD.toml included) under a fresh folder; `run_rsi` runs `python -m rsi.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import uuid
 from collections.abc import Mapping
@@ -21,6 +24,21 @@ from pathlib import Path
 import pytest
 
 RSI = [sys.executable, "-m", "rsi.cli"]
+
+
+def _private_host_lock() -> None:
+    """Give this test run its own host lock (RSI_HOST_LOCK), set in the environment so every
+    test and every `rsi` subprocess uses it: the suite never waits on an unrelated build on
+    this machine, nor holds one up. Worker processes a run starts inherit the run's lock."""
+    if os.environ.get("RSI_TEST_HOST_LOCK_RUN"):
+        return
+    folder = tempfile.mkdtemp(prefix="rsi-test-hostlock-")
+    os.environ["RSI_TEST_HOST_LOCK_RUN"] = str(os.getpid())
+    os.environ["RSI_HOST_LOCK"] = os.path.join(folder, "host.lock")
+    atexit.register(shutil.rmtree, folder, True)
+
+
+_private_host_lock()
 
 
 def write_files(root: Path, files: Mapping[str, str | bytes]) -> None:

@@ -306,8 +306,8 @@ def test_a_live_builds_old_scratch_folder_is_never_swept(tmp_path, make_workspac
     ws = make_workspace(
         tmp_path, {"BUILD.toml": '[t]\nrule = "command"\nouts = ["o"]\ncmd = "echo > $(OUT)"\n'}
     )
+    build(ws, "//:t")  # NB: creates the store; rsi refuses a store folder it did not create
     tmp = ws / "cache" / "tmp"
-    tmp.mkdir(parents=True)
     live = tmp / f"scratch-{os.getpid()}-abc"
     dead = tmp / "scratch-999999999-abc"
     for folder in (live, dead):

@@ -52,6 +52,7 @@ def test_first_build_runs_everything_and_writes_outputs(build, diamond):
         "executed": 4,
         "failed": 0,
         "skipped": 0,
+        "incompatible": 0,
     }
     assert (diamond / "out" / "top.out").read_text() == "mid:ALPHA\nBETA\n"
 

@@ -1,9 +1,11 @@
 """The bwrap executor: the docker executor's sandbox without a daemon, in the same toolchain.
 
 The toolchain's rootfs tar is extracted once into the store and bound read-only as `/`; inputs
-are read-only, only the declared output folders are writable, /tmp is a tmpfs, there is no
-network, the sandbox has its own pid namespace and dies with its parent, and the action runs as
-an unprivileged user. A timeout kills bwrap, which takes the whole pid namespace with it.
+are read-only, only the declared output folders and /tmp, /dev/shm (folders of the action's
+scratch) are writable, the action's limits hold (`ActionGuard`: memory cgroup, file size cap,
+scratch counted), there is no network, the sandbox has its own pid namespace and dies with its
+parent, and the action runs as an unprivileged user. A timeout kills bwrap, which takes the
+whole pid namespace with it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rsi.action import Action, ActionResult
 from rsi.errors import ExecutionError
 from rsi.executors.base import (
     TRASH,
+    ActionGuard,
     BwrapStatus,
     finish_run,
     host_facts,
@@ -27,6 +30,7 @@ from rsi.executors.base import (
     readonly_units,
 )
 from rsi.executors.local import BWRAP_KERNEL_FS, BWRAP_SESSION, HOST_PYTHON, LocalExecutor
+from rsi.limits import Limits
 from rsi.store import LocalStore
 from rsi.toolchain.build import ToolchainInfo, lookup_toolchain, rootfs_dir
 from rsi.toolchain.runtime import (
@@ -70,14 +74,23 @@ class BwrapExecutor:
     name = "bwrap"
     copies_sources = True  # NB: materialise_inputs copies sources from the workspace
 
-    def __init__(self) -> None:
+    def __init__(self, limits: Limits | None = None) -> None:
         reason = bwrap_available()
         if reason:
             raise ExecutionError(f"the bwrap executor cannot run: {reason}")
+        self.limits = limits or Limits.default()
 
     def command(
-        self, action: Action, root: Path, exec_dir: Path, writable: list[str], env: dict[str, str]
+        self,
+        action: Action,
+        root: Path,
+        exec_dir: Path,
+        writable: list[str],
+        env: dict[str, str],
+        scratch: Path | None = None,
     ) -> list[str]:
+        """The bwrap command line; /tmp and /dev/shm are folders `tmp` and `shm` of the
+        action's `scratch` (counted against its limit), or small tmpfs mounts without one."""
         cmd = [
             "bwrap",
             "--unshare-all",
@@ -86,9 +99,18 @@ class BwrapExecutor:
             str(root),
             "/",
             *BWRAP_KERNEL_FS,
-            "--tmpfs",
-            "/tmp",
         ]
+        if scratch is not None:
+            cmd += [
+                "--bind",
+                str(scratch / "tmp"),
+                "/tmp",
+                "--bind",
+                str(scratch / "shm"),
+                "/dev/shm",
+            ]
+        else:
+            cmd += ["--tmpfs", "/tmp"]
         if writable == [""]:
             cmd += ["--bind", str(exec_dir), EXEC_ROOT]
             for unit in readonly_units(action):
@@ -116,7 +138,7 @@ class BwrapExecutor:
         toolchain = platform_map(action).get("toolchain")
         if toolchain == "host" or (toolchain or "").startswith(HOST_PYTHON + "@"):
             # NB: host toolchains have no rootfs; the local executor's bwrap mode is their sandbox
-            result = LocalExecutor(sandbox="bwrap").run(action, store, cancel)
+            result = LocalExecutor(sandbox="bwrap", limits=self.limits).run(action, store, cancel)
             return dataclasses.replace(result, executor=self.name)
         if not toolchain or "@" not in toolchain:
             raise ExecutionError(
@@ -129,42 +151,51 @@ class BwrapExecutor:
                 "the bwrap executor does not provide accelerators",
                 hint="run accelerator actions with the docker executor",
             )
+        limits = self.limits.for_action(platform_map(action))
         info = self._toolchain(store, toolchain)
         root = rootfs_dir(info)
         scratch = store.scratch_dir()
         exec_dir = scratch / "exec"
         exec_dir.mkdir()
+        for name in ("tmp", "shm"):
+            (scratch / name).mkdir()
+            os.chmod(scratch / name, 0o1777)
         os.chmod(scratch, 0o711)
         started = time.time()
+        guard = None
         try:
             materialise_inputs(action, store, exec_dir)
             writable = prepare_writable(exec_dir, action)
             os.chmod(exec_dir, 0o755)
-            cmd = self.command(action, root, exec_dir, writable, action_environment(info, action))
+            env = action_environment(info, action)
+            cmd = self.command(action, root, exec_dir, writable, env, scratch)
             stdout_path, stderr_path = scratch / "stdout", scratch / "stderr"
             status = BwrapStatus()
-            cmd = [cmd[0], *status.args(), *cmd[1:]]
+            guard = ActionGuard(limits)
             with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
                 t0 = time.perf_counter()
                 try:
-                    proc = subprocess.Popen(
+                    proc = guard.start_bwrap(
                         cmd,
+                        status,
                         cwd="/",
                         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                         stdin=subprocess.DEVNULL,
                         stdout=out,
                         stderr=err,
                         start_new_session=True,
-                        pass_fds=(status.fd,),
                         **_drop_privileges(),
                     )
                 except OSError as exc:
                     raise ExecutionError(f"cannot start bwrap: {exc}") from exc
-                finally:
-                    status.spawned()
                 timed_out = LocalExecutor._wait(proc, action.timeout_s, cancel)
                 wall = time.perf_counter() - t0
+            oom = guard.close()
             status.require_started(stderr_path, timed_out)
+            written, full = guard.scratch(scratch, action)
+            exceeded, cut_short = limits.verdict(
+                oom=oom, written=written, full=full, failed=proc.returncode != 0
+            )
             return finish_run(
                 store,
                 action,
@@ -172,12 +203,20 @@ class BwrapExecutor:
                 exit_code=proc.returncode,
                 timed_out=timed_out,
                 killed="sandbox killed",
+                cut_short=cut_short,
                 stdout_path=stdout_path,
                 stderr_path=stderr_path,
                 executor=self.name,
-                host={**host_facts(), "sandbox": "bwrap", "rootfs": str(info.rootfs)},
+                host={
+                    **host_facts(),
+                    "sandbox": "bwrap",
+                    "rootfs": str(info.rootfs),
+                    "limits": limits.facts("files on disk", guard.memory, exceeded),
+                },
                 started=started,
                 wall_s=wall,
             )
         finally:
+            if guard is not None:
+                guard.close()
             TRASH.put(scratch)

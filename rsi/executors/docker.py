@@ -1,7 +1,8 @@
 """The docker executor: one action, one container started by image ID from its toolchain.
 
 The container has no network, a read-only root, inputs bound read-only, only the declared output
-folders writable, a tmpfs /tmp, memory/CPU/pids limits, a non-root user, no capabilities and
+folders writable, a tmpfs /tmp, the action's limits (memory, swap included; /tmp and each
+file it writes capped at its scratch limit; CPU, pids), a non-root user, no capabilities and
 no-new-privileges. It is removed after every outcome: exit, timeout, OOM, cancel, Ctrl-C and
 SIGTERM of the build. It never pulls: the image is loaded from the toolchain's own tar.
 """
@@ -14,6 +15,7 @@ import signal
 import socket
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +27,12 @@ from rsi.action import Action, ActionResult
 from rsi.errors import ExecutionError
 from rsi.executors.base import (
     TRASH,
+    count_scratch,
     finish_run,
     host_facts,
     materialise_inputs,
 )
+from rsi.limits import Limits, parse_size
 from rsi.store import LocalStore
 from rsi.toolchain.build import ToolchainInfo, lookup_toolchain
 from rsi.toolchain.image import ensure_loaded
@@ -39,7 +43,6 @@ from rsi.toolchain.runtime import (
     action_environment,
     cpu_count,
     cpuset,
-    memory_limit,
     platform_map,
     prepare_writable,
 )
@@ -98,12 +101,21 @@ class DockerExecutor:
     copies_sources = True  # NB: materialise_inputs copies sources from the workspace
 
     def __init__(
-        self, client=None, *, memory: str = "4g", pids_limit: int = 1024, tmpfs_size: str = "1g"
+        self,
+        client=None,
+        *,
+        memory: str | None = None,
+        pids_limit: int = 1024,
+        limits: Limits | None = None,
     ) -> None:
+        """`limits` (default: the host's) bound every container's memory (`--memory`, swap
+        included), its /tmp (a tmpfs of the scratch limit) and each file it writes (`--ulimit
+        fsize`); `memory` overrides the memory limit."""
         self.client = client or docker_client()
-        self.memory = memory
+        self.limits = limits or Limits.default()
+        if memory:
+            self.limits = replace(self.limits, memory_bytes=parse_size(memory, "memory"))
         self.pids_limit = pids_limit
-        self.tmpfs_size = tmpfs_size
         self._loaded: set[str] = set()
         self._server = self.client.version().get("Version")
         _install_sigterm_cleanup()
@@ -159,7 +171,10 @@ class DockerExecutor:
                 mounts.append(
                     Mount(f"{EXEC_ROOT}/{unit}", str(exec_dir / unit), type="bind", read_only=True)
                 )
-        memory = memory_limit(action, self.memory)
+        from docker.types import Ulimit
+
+        limits = self.limits.for_action(platform_map(action))
+        memory, scratch = limits.memory_bytes, limits.scratch_bytes
         kwargs: dict[str, Any] = dict(  # noqa: C408 - mirrors the SDK's keyword names
             command=list(action.argv),
             environment=action_environment(info, action),
@@ -168,7 +183,8 @@ class DockerExecutor:
             network_mode="none",
             read_only=True,
             mounts=mounts,
-            tmpfs={"/tmp": f"rw,nosuid,nodev,size={self.tmpfs_size},mode=1777"},
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={scratch},mode=1777"},
+            ulimits=[Ulimit(name="fsize", soft=scratch, hard=scratch)],
             mem_limit=memory,
             memswap_limit=memory,
             pids_limit=self.pids_limit,
@@ -212,6 +228,7 @@ class DockerExecutor:
             )
         info = self._toolchain(store, toolchain)
         image = self.image_for(info)
+        limits = self.limits.for_action(platform_map(action))
         scratch = store.scratch_dir()
         exec_dir = scratch / "exec"
         exec_dir.mkdir()
@@ -244,6 +261,10 @@ class DockerExecutor:
             container.reload()
             state = container.attrs.get("State", {})
             oom = bool(state.get("OOMKilled"))
+            written, full = count_scratch(scratch, action, limits.scratch_bytes)
+            exceeded, cut_short = limits.verdict(
+                oom=oom, written=written, full=full, failed=exit_code != 0
+            )
             stdout_path, stderr_path = scratch / "stdout", scratch / "stderr"
             stdout_path.write_bytes(container.logs(stdout=True, stderr=False))
             stderr_path.write_bytes(container.logs(stdout=False, stderr=True))
@@ -254,12 +275,7 @@ class DockerExecutor:
                 exit_code=exit_code,
                 timed_out=timed_out,
                 killed="container killed",
-                cut_short=(
-                    f"out of memory: the kernel killed the action at the container's "
-                    f"memory limit ({memory_limit(action, self.memory)})"
-                    if oom
-                    else None
-                ),
+                cut_short=cut_short,
                 stdout_path=stdout_path,
                 stderr_path=stderr_path,
                 executor=self.name,
@@ -269,6 +285,7 @@ class DockerExecutor:
                     "docker_server": self._server,
                     "image": image,
                     "oom_killed": oom,
+                    "limits": limits.facts("files on disk, /tmp a tmpfs", "docker", exceeded),
                 },
                 started=started,
                 wall_s=wall,

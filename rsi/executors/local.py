@@ -24,14 +24,24 @@ from rsi.action import Action, ActionResult
 from rsi.digest import FileNode, digest_value
 from rsi.errors import ExecutionError
 from rsi.executors.base import (
+    TRASH,
+    ActionGuard,
+    BwrapStatus,
+    finish_run,
     host_facts,
     materialise_inputs,
     readonly_units,
-    TRASH,
-    BwrapStatus,
-    finish_run,
 )
-from rsi.executors.pool import POOL, bwrap_has_perms, pool_supported, prepare_exec_dir
+from rsi.executors.pool import (
+    POOL,
+    SLOT_ROOT,
+    bwrap_has_perms,
+    bwrap_has_size,
+    pool_supported,
+    prepare_exec_dir,
+    tmpfs_args,
+)
+from rsi.limits import Limits, cgroup_support
 from rsi.store import LocalStore
 
 # NB: inputs up to this size are copied into a pooled slot's tmpfs; above it, hard links
@@ -147,13 +157,22 @@ def gpu_binds() -> list[str]:
     return [*args, "--ro-bind", "/sys", "/sys"]
 
 
-@lru_cache(maxsize=1)
-def _pool_shape() -> tuple[str, ...]:
-    """The bwrap arguments of every persistent slot (GPU actions never use one). The slot's
-    runner is this interpreter, so its install is bound in every slot."""
+@lru_cache(maxsize=8)
+def _pool_shape(scratch_bytes: int) -> tuple[str, ...]:
+    """The bwrap arguments of every persistent slot of this scratch size (GPU actions never
+    use one). The slot's runner is this interpreter, so its install is bound in every slot.
+    `/tmp` and `/dev/shm` hold `scratch_bytes` each, `/rsi` that plus room for the inputs."""
     no_accelerator = Action(argv=("true",))
-    return tuple(
-        LocalExecutor._sandbox_args(no_accelerator, list(_python_binds()), tmp_perms="1777")
+    return (
+        *LocalExecutor._sandbox_args(no_accelerator, list(_python_binds()), scratch_bytes),
+        *tmpfs_args(SLOT_ROOT, "0755", scratch_bytes + POOL_MAX_INPUT_BYTES),
+    )
+
+
+def _tmpfs_bytes(action: Action) -> int:
+    """What the inputs take on a tmpfs, in whole pages."""
+    return sum(
+        -(-n.digest.size // 4096) * 4096 for _, n in action.inputs if isinstance(n, FileNode)
     )
 
 
@@ -161,9 +180,12 @@ class LocalExecutor:
     name = "local"
     copies_sources = True  # NB: materialise_inputs copies sources from the workspace
 
-    def __init__(self, sandbox: str | None = None, pool: bool = True) -> None:
+    def __init__(
+        self, sandbox: str | None = None, pool: bool = True, limits: Limits | None = None
+    ) -> None:
         self.sandbox = sandbox or sandbox_mode()
         self.pool = pool
+        self.limits = limits or Limits.default()
 
     def _argv(self, action: Action) -> tuple[list[str], list[str]]:
         """(argv to run, extra bwrap binds) after resolving the action's toolchain."""
@@ -195,16 +217,21 @@ class LocalExecutor:
             # NB: a container toolchain runs in its own rootfs; bwrap is the cheap way there
             from rsi.executors.bwrap import BwrapExecutor
 
-            return BwrapExecutor().run(action, store, cancel)
-        if self._pooled(action, store):
-            return self._run_pooled(action, store, cancel)
+            return BwrapExecutor(limits=self.limits).run(action, store, cancel)
+        limits = self.limits.for_action(dict(action.platform))
+        if self._pooled(action):
+            return self._run_pooled(action, store, cancel, limits)
         scratch = store.scratch_dir()
         exec_dir = scratch / "exec"
         exec_dir.mkdir()
         started = time.time()
+        guard = None
         try:
             materialise_inputs(action, store, exec_dir, link=self.sandbox == "bwrap")
             argv, extra_binds = self._argv(action)
+            for name in ("tmp", "shm"):  # NB: its /tmp and /dev/shm, counted as scratch
+                (scratch / name).mkdir()
+                os.chmod(scratch / name, 0o1777)
             cmd, cwd = self._wrap(action, argv, extra_binds, exec_dir)
             stdout_path, stderr_path = scratch / "stdout", scratch / "stderr"
             env = dict(action.env)
@@ -215,34 +242,39 @@ class LocalExecutor:
                 token = uuid.uuid4().hex
                 env[SWEEP_VAR] = token
             status = BwrapStatus() if self.sandbox == "bwrap" else None
-            if status is not None:
-                cmd = [cmd[0], *status.args(), *cmd[1:]]
+            guard = ActionGuard(limits)
             with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
                 t0 = time.perf_counter()
+                popen = dict(
+                    cwd=cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                )
                 try:
-                    proc = subprocess.Popen(
-                        cmd,
-                        cwd=cwd,
-                        env=env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=err,
-                        start_new_session=True,
-                        pass_fds=(status.fd,) if status else (),
-                    )
+                    if status is not None:
+                        proc = guard.start_bwrap(cmd, status, **popen)
+                    else:
+                        # NB: sh finds the program by its own PATH: resolved here, as Popen would
+                        exe = shutil.which(cmd[0], path=env.get("PATH", os.defpath)) or cmd[0]
+                        proc = guard.spawn([exe, *cmd[1:]], **popen)
                 except OSError as exc:
                     raise ExecutionError(f"cannot start {cmd[0]}: {exc}") from exc
-                finally:
-                    if status is not None:
-                        status.spawned()
                 try:
                     timed_out = self._wait(proc, action.timeout_s, cancel)
                 finally:
                     if token is not None:
                         sweep_processes(token, exec_dir)
                 wall = time.perf_counter() - t0
+            oom = guard.close()
             if status is not None:
                 status.require_started(stderr_path, timed_out)
+            written, full = guard.scratch(scratch, action)
+            exceeded, cut_short = limits.verdict(
+                oom=oom, written=written, full=full, failed=proc.returncode != 0
+            )
             return finish_run(
                 store,
                 action,
@@ -250,17 +282,24 @@ class LocalExecutor:
                 exit_code=proc.returncode,
                 timed_out=timed_out,
                 killed="process tree killed",
+                cut_short=cut_short,
                 stdout_path=stdout_path,
                 stderr_path=stderr_path,
                 executor=self.name,
-                host={**host_facts(), "sandbox": self.sandbox},
+                host={
+                    **host_facts(),
+                    "sandbox": self.sandbox,
+                    "limits": limits.facts("files on disk", guard.memory, exceeded),
+                },
                 started=started,
                 wall_s=wall,
             )
         finally:
+            if guard is not None:
+                guard.close()
             TRASH.put(scratch)
 
-    def _pooled(self, action: Action, store: LocalStore) -> bool:
+    def _pooled(self, action: Action) -> bool:
         """A persistent slot when bwrap is the sandbox, this process may hand out uids, and
         the inputs are small enough to copy onto a tmpfs (large ones are hard-linked from the
         store into a per-action sandbox instead)."""
@@ -268,48 +307,81 @@ class LocalExecutor:
             return False
         if dict(action.platform).get("accelerator"):
             return False
-        size = sum(n.digest.size for _, n in action.inputs if isinstance(n, FileNode))
-        return size <= POOL_MAX_INPUT_BYTES
+        return _tmpfs_bytes(action) <= POOL_MAX_INPUT_BYTES
 
     def _run_pooled(
-        self, action: Action, store: LocalStore, cancel: threading.Event | None
+        self,
+        action: Action,
+        store: LocalStore,
+        cancel: threading.Event | None,
+        limits: Limits,
     ) -> ActionResult:
         argv, _ = self._argv(action)
-        shape = _pool_shape()
+        shape = _pool_shape(limits.scratch_bytes)
         slot = POOL.acquire(shape)
         healthy = False
         started = time.time()
         try:
             exec_dir = slot.fresh_exec_dir()
             materialise_inputs(action, store, exec_dir)
-            prepare_exec_dir(
-                exec_dir, [rel for rel, _ in action.inputs], list(action.outputs)
-            )
-            resp = slot.run(argv, dict(action.env), action.timeout_s, cancel)
+            prepare_exec_dir(exec_dir, [rel for rel, _ in action.inputs], list(action.outputs))
+            resp = slot.run(argv, dict(action.env), action.timeout_s, cancel, limits.memory_bytes)
             if resp.get("error"):
                 raise ExecutionError(f"sandbox slot: {resp['error']}")
+            exit_code = int(resp.get("exit_code") or 0)
+            exceeded, cut_short = limits.verdict(
+                oom=bool(resp.get("oom")),
+                written=resp.get("written"),
+                full=list(resp.get("full") or []),
+                failed=exit_code != 0,
+            )
+            scratch = "tmpfs per slot" if bwrap_has_size() else "tmpfs per slot, unsized"
             result = finish_run(
                 store,
                 action,
                 exec_dir,
-                exit_code=int(resp.get("exit_code") or 0),
+                exit_code=exit_code,
                 timed_out=bool(resp.get("timed_out")),
                 killed="process tree killed",
+                cut_short=cut_short,
                 stdout_path=slot.stdout,
                 stderr_path=slot.stderr,
                 executor=self.name,
-                host={**host_facts(), "sandbox": "bwrap", "sandbox_slot": "persistent"},
+                host={
+                    **host_facts(),
+                    "sandbox": "bwrap",
+                    "sandbox_slot": "persistent",
+                    "limits": limits.facts(
+                        scratch, cgroup_support().label if slot.cgroup else None, exceeded
+                    ),
+                },
                 started=started,
                 wall_s=float(resp.get("wall_s") or 0.0),
             )
-            healthy = True
+            slot.clear()
+            healthy = slot.alive()
             return result
         finally:
             POOL.release(shape, slot, healthy)
 
     @staticmethod
-    def _sandbox_args(action: Action, extra_binds: list[str], tmp_perms: str | None = None):
-        """The bwrap arguments that shape the sandbox (namespaces, the root, /tmp)."""
+    def _sandbox_args(
+        action: Action,
+        extra_binds: list[str],
+        scratch_bytes: int | None = None,
+        scratch: Path | None = None,
+    ):
+        """The bwrap arguments that shape the sandbox (namespaces, the root, /tmp). A
+        persistent slot (`scratch_bytes`) gets sized tmpfs mounts at /tmp and /dev/shm; a
+        per-action sandbox binds folders `tmp` and `shm` of its `scratch` there."""
+        tmp = (
+            ["--bind", str(scratch / "shm"), "/dev/shm", "--bind", str(scratch / "tmp"), "/tmp"]
+            if scratch is not None
+            else [
+                *tmpfs_args("/dev/shm", "1777", scratch_bytes),
+                *tmpfs_args("/tmp", "1777", scratch_bytes),
+            ]
+        )
         # NB: explicit namespaces, not --unshare-all: a user namespace doubles start-up cost
         return [
             "--unshare-net",
@@ -319,11 +391,8 @@ class LocalExecutor:
             *BWRAP_SESSION,
             *_system_binds(),
             *BWRAP_KERNEL_FS,
-            *(["--perms", tmp_perms, "--tmpfs", "/dev/shm"] if tmp_perms else []),
-            *(["--perms", tmp_perms] if tmp_perms else []),
-            "--tmpfs",
-            "/tmp",
-            # NB: after the tmpfs, so an interpreter living under /tmp stays visible
+            *tmp,
+            # NB: after /tmp, so an interpreter living under /tmp stays visible
             *extra_binds,
             *(gpu_binds() if dict(action.platform).get("accelerator") else []),
         ]
@@ -334,7 +403,8 @@ class LocalExecutor:
         if self.sandbox == "bwrap":
             cmd = [
                 "bwrap",
-                *self._sandbox_args(action, extra_binds),
+                # NB: the action's /tmp and /dev/shm are folders next to exec_dir
+                *self._sandbox_args(action, extra_binds, scratch=exec_dir.parent),
                 "--dir",
                 "/rsi",
                 "--bind",

@@ -11,15 +11,21 @@ with `-I -S`) drops to uid/gid 65534 and then, per action:
 - empties `/tmp` and `/dev/shm` and removes System V IPC objects, so nothing passes between
   two actions of the same slot.
 
-What the host does per action (`PooledSandbox.run`): it replaces `/rsi/exec` with a fresh folder
-on a tmpfs, materialised by root: inputs root-owned 0444/0555, folders that hold only inputs
-0555, the others sticky 1777, so the action (uid 65534) can create its outputs but cannot
-change, remove or rename an input. Outputs are read back by lstat (regular files only) with
-every process of the action already dead.
+What the host does per action (`_Slot.run`): it makes a fresh `/rsi/exec`, materialised by
+root: inputs root-owned 0444/0555, folders that hold only inputs 0555, the others sticky 1777,
+so the action (uid 65534) can create its outputs but cannot change, remove or rename an input.
+Outputs are read back by lstat (regular files only) with every process of the action already
+dead, and the folder is removed before the slot serves anything else.
+
+Limits (`rsi.limits`): `/rsi`, `/tmp` and `/dev/shm` are tmpfs mounts of the slot's own mount
+namespace, sized (bwrap --size), so a runaway write stops there and no scratch outlives the
+slot, even when rsi is SIGKILLed; the runner counts what each action wrote. The runner, and
+with it every action process, lives in a memory cgroup of the slot's, set to each action's
+memory limit; an OOM kill there fails that action with `memory_limit`.
 
 The slot's network, UTS and IPC namespaces are the bwrap ones (no network). A runner that dies
 or stops answering takes its slot with it; the action fails as an infrastructure fault
-(retryable) and the next action starts a fresh slot.
+(retryable), unless the OOM killer ended it, and the next action starts a fresh slot.
 
 Used only where this process may set uids (euid 0, the CI and default set-up); elsewhere the
 local executor starts one bwrap per action, as before.
@@ -42,6 +48,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from rsi.errors import ExecutionError
+from rsi.limits import Cgroup, cgroup_support, host_memory_bytes, remove_stale_cgroups
 
 SANDBOX_UID = 65534
 SLOT_ROOT = "/rsi"
@@ -125,6 +132,18 @@ def wait_for(pid, timeout_s):
         return os.waitstatus_to_exitcode(status), False
     finally:
         os.close(fd)
+SCRATCH = ("/rsi", "/tmp", "/dev/shm")
+FULL_BELOW = 65536
+def usage():
+    # {file system: (bytes used, bytes free)} of the action's writable tmpfs mounts
+    found = {}
+    for top in SCRATCH:
+        try:
+            st = os.statvfs(top)
+            found[top] = ((st.f_blocks - st.f_bfree) * st.f_frsize, st.f_bavail * st.f_frsize)
+        except OSError:
+            found[top] = (0, FULL_BELOW)
+    return found
 # NB: default dispositions for the action (Python ignores SIGPIPE and SIGXFSZ for itself)
 SIGNALS = set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
 out = os.fdopen(1, "wb", buffering=0)
@@ -133,6 +152,7 @@ for line in sys.stdin.buffer:
     req = json.loads(line)
     resp = {"exit_code": None, "timed_out": False}
     t0 = time.perf_counter()
+    before = usage()
     try:
         fresh_session_keyring()
         try:
@@ -169,6 +189,10 @@ for line in sys.stdin.buffer:
         sweep()
         if resp["exit_code"] is None and not resp["timed_out"]:
             resp["exit_code"] = -9
+        # NB: what the action wrote, counted with every process of it dead and before the wipe
+        after = usage()
+        resp["written"] = sum(max(0, after[top][0] - before[top][0]) for top in SCRATCH)
+        resp["full"] = [top + " is full" for top in SCRATCH if after[top][1] < FULL_BELOW]
         for top in ("/tmp", "/dev/shm", "/dev/mqueue"):
             wipe(top)
         ipc_clean()
@@ -196,32 +220,29 @@ def bwrap_has_perms() -> bool:
     return version >= (0, 5)
 
 
-# NB: a tmpfs smaller than this (Docker gives containers a 64 MiB /dev/shm) would turn an
-# action's large output into "No space left on device"; such a tmpfs is not used
+@lru_cache(maxsize=1)
+def bwrap_has_size() -> bool:
+    """bubblewrap 0.7+ (it has --size, the size of the next --tmpfs)."""
+    try:
+        out = subprocess.run(["bwrap", "--help"], capture_output=True, text=True).stdout
+    except OSError:
+        return False
+    return "--size" in out
+
+
+def tmpfs_args(dest: str, perms: str, size: int | None) -> list[str]:
+    """bwrap arguments for a tmpfs at `dest`, of at most `size` bytes where bwrap can say so."""
+    sized = ["--size", str(size)] if size and bwrap_has_size() else []
+    return ["--perms", perms, *sized, "--tmpfs", dest]
+
+
+# NB: earlier versions of rsi put slot folders on a host tmpfs at least this big
 MIN_TMPFS_BYTES = 2 << 30
 
 
-def private_dir(path: Path) -> Path:
-    """`path` as a folder only this uid can use, created if missing. /dev/shm and /tmp are
-    world-writable: a folder someone else made there first (or a symlink) is refused, never
-    used, because rsi removes and reads what it finds inside."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        raise ExecutionError(
-            f"refusing scratch folder {path}: not a private folder of uid {os.geteuid()}",
-            hint="remove it, or point RSI_SCRATCH at a folder only this user can write",
-        )
-    return path
-
-
 def scratch_root() -> Path:
-    """Where slots keep their exec folders: a roomy tmpfs when there is one (file creation and
-    removal on the store's disk cost 0.1-1 ms each on small VMs; on a tmpfs, microseconds),
-    else /tmp. `RSI_SCRATCH` overrides both."""
+    """Where earlier versions of rsi kept slot folders on the host (`RSI_SCRATCH`, else a
+    roomy tmpfs, else /tmp); such folders are only removed now, once their build is gone."""
     forced = os.environ.get("RSI_SCRATCH")
     if forced:
         return Path(forced)
@@ -237,24 +258,27 @@ def scratch_root() -> Path:
 
 
 class _Slot:
-    def __init__(self, base_args: tuple[str, ...], index: int) -> None:
-        root = private_dir(scratch_root())
-        self.dir = root / f"slot-{os.getpid()}-{index}-{time.monotonic_ns()}"
-        self.dir.mkdir()
-        os.chmod(self.dir, 0o755)
-        self.exec_dir = self.dir / "exec"
-        self.stdout = self.dir / "stdout"
-        self.stderr = self.dir / "stderr"
+    """One persistent sandbox. Its `/rsi` (the action's folder and logs), `/tmp` and `/dev/shm`
+    are tmpfs mounts of the slot's own mount namespace, each sized: nothing of them is on the
+    host, so they are gone, RAM included, the moment the slot's last process is (a killed rsi
+    closes the runner's pipe, and the runner ends). rsi reaches `/rsi` through a descriptor
+    of it (`/proc/self/fd/N`), opened once the runner answers. The runner is in a memory
+    cgroup of its own where the host has them, so every action process is too."""
+
+    def __init__(self, base_args: tuple[str, ...]) -> None:
+        self._root_fd: int | None = None
+        self.cgroup: Cgroup | None = None
+        self._ooms = 0
+        status_read, status_write = os.pipe()
         cmd = [
             "bwrap",
+            "--json-status-fd",
+            str(status_write),
             # NB: not --die-with-parent: its signal follows the *thread* that started bwrap,
             # and slots outlive it. The runner ends when rsi's end of its pipe closes.
             *(a for a in base_args if a != "--die-with-parent"),
             "--mqueue",
             "/dev/mqueue",
-            "--bind",
-            str(self.dir),
-            SLOT_ROOT,
             "--cap-add",
             "CAP_SETUID",
             "--cap-add",
@@ -269,19 +293,42 @@ class _Slot:
             "-c",
             RUNNER % {"uid": SANDBOX_UID},
         ]
-        self.proc = subprocess.Popen(
-            cmd,
-            env={},  # NB: the runner never needs, and must never hold, the host's environment
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        line = self._read_line(30.0, None)
-        if not line or not json.loads(line).get("ready"):
-            err = self._stderr_text()
+        try:
+            self.proc = subprocess.Popen(
+                cmd,
+                env={},  # NB: the runner never needs, and must never hold, the host's environment
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=(status_write,),
+            )
+        finally:
+            os.close(status_write)
+        try:
+            line = self._read_line(30.0, None)
+            runner = _child_pid(status_read)
+            if not line or not json.loads(line).get("ready") or runner is None:
+                err = self._stderr_text()
+                raise ExecutionError(f"sandbox slot failed to start: {err or 'no answer'}")
+            self._root_fd = os.open(f"/proc/{runner}/root{SLOT_ROOT}", os.O_PATH | os.O_DIRECTORY)
+            if not self.alive():  # NB: the pid was the runner's when it opened
+                raise ExecutionError("sandbox slot ended while starting")
+            if cgroup_support().version:
+                try:
+                    self.cgroup = Cgroup(memory_bytes=host_memory_bytes())
+                    self.cgroup.add(runner)
+                except OSError as exc:
+                    raise ExecutionError(f"cannot make the slot's memory cgroup: {exc}") from exc
+        except BaseException:
             self.close()
-            raise ExecutionError(f"sandbox slot failed to start: {err or 'no answer'}")
+            raise
+        finally:
+            os.close(status_read)
+        self.root = Path(f"/proc/self/fd/{self._root_fd}")
+        self.exec_dir = self.root / "exec"
+        self.stdout = self.root / "stdout"
+        self.stderr = self.root / "stderr"
 
     def _stderr_text(self) -> str:
         try:
@@ -312,19 +359,13 @@ class _Slot:
                 return buf
 
     def fresh_exec_dir(self) -> Path:
-        try:
-            remove_small_tree(str(self.exec_dir))
-        except FileNotFoundError:
-            pass
+        """A new, empty /rsi/exec and new logs (the last action's were removed by `clear`:
+        a slot goes back to the pool only after it)."""
         os.mkdir(self.exec_dir, 0o1777)
         os.chmod(self.exec_dir, 0o1777)  # NB: mkdir's mode is masked by the umask
         for log in (self.stdout, self.stderr):
             # NB: new files each time: the last action owned these and could have left a mode,
             # an xattr or a hard link on them (it cannot create or remove names in the slot)
-            try:
-                os.unlink(log)
-            except FileNotFoundError:
-                pass
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             try:
                 os.fchown(fd, SANDBOX_UID, SANDBOX_UID)
@@ -332,13 +373,34 @@ class _Slot:
                 os.close(fd)
         return self.exec_dir
 
+    def clear(self) -> None:
+        """Remove the last action's folder and logs, so none of its scratch stays in RAM."""
+        try:
+            remove_small_tree(str(self.exec_dir))
+        except FileNotFoundError:
+            pass
+        for log in (self.stdout, self.stderr):
+            try:
+                os.unlink(log)
+            except FileNotFoundError:
+                pass
+
     def run(
         self,
         argv: list[str],
         env: dict[str, str],
         timeout_s: float,
         cancel: threading.Event | None,
+        memory_bytes: int | None = None,
     ) -> dict:
+        """The runner's answer: exit_code, timed_out, wall_s, written (bytes of scratch),
+        full (tmpfs mounts left full), and `oom` (the kernel's OOM killer acted in the slot's
+        cgroup during the action). A slot killed by the OOM killer answers `oom` too."""
+        if self.cgroup is not None and memory_bytes:
+            try:
+                self.cgroup.set_memory(memory_bytes)
+            except OSError as exc:
+                raise ExecutionError(f"cannot set the slot's memory limit: {exc}") from exc
         req = {"argv": argv, "env": env, "timeout_s": timeout_s}
         try:
             self.proc.stdin.write(json.dumps(req).encode() + b"\n")
@@ -346,12 +408,19 @@ class _Slot:
         except (BrokenPipeError, OSError) as exc:
             raise ExecutionError(f"sandbox slot is gone: {exc}") from exc
         line = self._read_line(timeout_s + RUNNER_GRACE_S, cancel)
+        oom = False
+        if self.cgroup is not None:
+            # NB: the count only moves while an action runs: the last one's is the baseline
+            ooms, self._ooms = self._ooms, self.cgroup.oom_kills()
+            oom = self._ooms > ooms
         if line is None:
+            if oom:  # NB: the kernel chose the runner: the action's failure, not the sandbox's
+                return {"exit_code": -signal.SIGKILL, "oom": True, "written": None, "full": []}
             raise ExecutionError(
                 "sandbox slot stopped answering"
                 + (f": {self._stderr_text()}" if self._stderr_text() else "")
             )
-        return json.loads(line)
+        return {**json.loads(line), "oom": oom}
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -370,7 +439,29 @@ class _Slot:
                 stream.close()
             except (OSError, ValueError):
                 pass
-        _remove(self.dir)
+        if self._root_fd is not None:
+            os.close(self._root_fd)  # NB: the last reference to the slot's tmpfs mounts
+            self._root_fd = None
+        if self.cgroup is not None:
+            self.cgroup.close()
+            self.cgroup = None
+
+
+def _child_pid(status_fd: int) -> int | None:
+    """The sandbox's pid (its runner, with --as-pid-1) from bwrap's --json-status-fd."""
+    buf = b""
+    deadline = time.monotonic() + 5
+    while b"\n" not in buf and time.monotonic() < deadline:
+        if not select.select([status_fd], [], [], 0.5)[0]:
+            continue
+        chunk = os.read(status_fd, 4096)
+        if not chunk:
+            break
+        buf += chunk
+    try:
+        return int(json.loads(buf.split(b"\n", 1)[0])["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def remove_small_tree(path: str) -> None:
@@ -386,19 +477,13 @@ def remove_small_tree(path: str) -> None:
     os.rmdir(path)
 
 
-def _remove(path: Path) -> None:
-    from rsi.executors.base import remove_tree
-
-    remove_tree(path)
-
-
 class SandboxPool:
     """Idle slots by sandbox shape (the bwrap arguments every action of that shape shares)."""
 
     def __init__(self) -> None:
         self._idle: dict[tuple[str, ...], list[_Slot]] = {}
         self._lock = threading.Lock()
-        self._count = 0
+        self._count = 0  # NB: slots started
 
     def acquire(self, base_args: tuple[str, ...]) -> _Slot:
         with self._lock:
@@ -409,8 +494,7 @@ class SandboxPool:
                     return slot
                 slot.close()
             self._count += 1
-            index = self._count
-        return _Slot(base_args, index)
+        return _Slot(base_args)
 
     def release(self, base_args: tuple[str, ...], slot: _Slot, healthy: bool) -> None:
         if not healthy or not slot.alive():
@@ -458,14 +542,16 @@ def prepare_exec_dir(exec_dir: Path, input_paths: list[str], output_paths: list[
 
 
 def remove_stale_slots() -> None:
-    """Slot folders left by a killed build (their pid is gone)."""
+    """What a killed build left: its memory cgroups, and slot folders of earlier versions (a
+    slot's tmpfs mounts now end with the slot)."""
+    remove_stale_cgroups()
     root = scratch_root()
     try:
         st = os.lstat(root)
     except OSError:
         return
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        return  # NB: not ours (see private_dir): never walked, let alone emptied
+        return  # NB: not a private folder of ours: never walked, let alone emptied
     for entry in root.iterdir():
         try:
             pid = int(entry.name.split("-")[1])

@@ -1,0 +1,378 @@
+"""What this machine offers the actions run on it, and who is using it: the host-wide lock that
+timing actions take alone (`RSI_HOST_LOCK`), and the platform capabilities (accelerators) a
+local executor can satisfy here. It never decides what runs; the scheduler asks it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import itertools
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterator
+
+from rsi.errors import ExecutionError
+
+DEFAULT_HOST_LOCK = "/tmp/rsi-host.lock"
+HOST_LOCK_ENV = "RSI_HOST_LOCK"
+ACCELERATORS_ENV = "RSI_HOST_ACCELERATORS"
+
+
+def host_lock_path() -> Path:
+    """The lock file every rsi process on this machine shares: `$RSI_HOST_LOCK`, read at each
+    use (not at import), or /tmp/rsi-host.lock."""
+    return Path(os.environ.get(HOST_LOCK_ENV) or DEFAULT_HOST_LOCK)
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One holding of the host lock, as its holder wrote it next to the lock file."""
+
+    pid: int
+    label: str | None
+    exclusive: bool
+    since: float | None  # NB: None when the holder left no record
+
+    def to_json(self) -> dict:
+        return {
+            "pid": self.pid,
+            "label": self.label,
+            "mode": "exclusive" if self.exclusive else "shared",
+            "since": round(self.since, 3) if self.since is not None else None,
+        }
+
+    def describe(self, now: float | None = None) -> str:
+        what = f", {self.label}" if self.label else ""
+        mode = "exclusive" if self.exclusive else "shared"
+        if self.since is None:
+            return f"pid {self.pid}{what} ({mode})"
+        held = max(0.0, (now or time.time()) - self.since)
+        clock = time.strftime("%H:%M:%S", time.localtime(self.since))
+        return f"pid {self.pid}{what} ({mode}, since {clock}, {_duration(held)} ago)"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def describe_holders(holders: list[Holder], now: float | None = None) -> str:
+    if not holders:
+        return "an unknown process (another pid namespace, or it just let go)"
+    first = holders[0].describe(now)
+    return first if len(holders) == 1 else f"{first} and {len(holders) - 1} other holding(s)"
+
+
+class HostLockTimeout(ExecutionError):
+    """The host lock was not free within `--lock-timeout`; retryable, nothing ran."""
+
+
+WaitCallback = Callable[[list[Holder], float], None]
+
+
+class HostLock:
+    """A readers-writer lock over one file (flock): ordinary actions hold it shared, timing
+    actions exclusive, across every rsi process on the machine.
+
+    So that a waiter can say whom it waits for, holders leave records in `<lock>.holders/`:
+    one per exclusive holding (pid, target, since), and one per process for its shared
+    holdings (pid, what it builds, since its first one), written once, so an ordinary action
+    pays no file write. A waiter trusts a record only while the kernel (/proc/locks) shows that
+    pid holding the lock. A wait polls (it never blocks in the kernel), so a cancel (Ctrl-C,
+    SIGTERM) ends it at once and `timeout_s` bounds it.
+    """
+
+    def __init__(
+        self,
+        path: Path | str | None = None,
+        *,
+        timeout_s: float | None = None,
+        owner: str | None = None,
+    ) -> None:
+        self.path = Path(path) if path is not None else host_lock_path()
+        self.holders_dir = self.path.with_name(self.path.name + ".holders")
+        self.timeout_s = timeout_s
+        self.owner = owner
+        self._seq = itertools.count(1)
+        self._shared_record: Path | None = None
+        self._guard = threading.Lock()
+
+    @contextmanager
+    def slot(
+        self,
+        exclusive: bool,
+        label: str | None = None,
+        *,
+        cancel: threading.Event | None = None,
+        on_wait: WaitCallback | None = None,
+    ) -> Iterator[None]:
+        fd = self._open()
+        if fd is None:
+            yield  # NB: no lock file can be opened (read-only /tmp): in-process exclusivity holds
+            return
+        try:
+            mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+            if not _try_flock(fd, mode):
+                self._wait(fd, mode, exclusive, cancel, on_wait)
+            record = None
+            if exclusive:
+                record = self._write_record(f"{os.getpid()}-{next(self._seq)}", label, True)
+            elif self._shared_record is None:
+                with self._guard:
+                    if self._shared_record is None:
+                        self._sweep()
+                        name = f"{os.getpid()}-shared-{id(self):x}"
+                        self._shared_record = self._write_record(name, self.owner or label, False)
+            try:
+                yield
+            finally:
+                if record is not None:
+                    _unlink(record)
+        finally:
+            os.close(fd)  # NB: releases the flock
+
+    def close(self) -> None:
+        """Remove this process's record of shared holdings (at the end of a build)."""
+        with self._guard:
+            if self._shared_record is not None:
+                _unlink(self._shared_record)
+                self._shared_record = None
+
+    def holders(self) -> list[Holder]:
+        """Who holds the lock now, exclusive holders first. Records of processes the kernel
+        does not show holding it (finished, or killed with -9) are left out; a holder that
+        left no record is listed by pid alone."""
+        records: list[Holder] = []
+        try:
+            names = os.listdir(self.holders_dir)
+        except OSError:
+            names = []
+        for name in names:
+            try:
+                doc = json.loads((self.holders_dir / name).read_text())
+                records.append(
+                    Holder(
+                        int(doc["pid"]),
+                        doc.get("label"),
+                        bool(doc["exclusive"]),
+                        float(doc["since"]),
+                    )
+                )
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # NB: being written or removed right now
+        held = self._kernel_holders()
+        if held is None:  # NB: no /proc/locks: trust the records of live processes
+            found = [h for h in records if _pid_alive(h.pid)]
+        else:
+            found = []
+            for pid, exclusive in sorted(held.items()):
+                mine = [h for h in records if h.pid == pid and h.exclusive == exclusive]
+                found += mine or [Holder(pid, None, exclusive, None)]
+        return sorted(found, key=lambda h: (not h.exclusive, h.since or 0.0, h.pid))
+
+    # ------------------------------------------------------------------------ internals
+    def _kernel_holders(self) -> dict[int, bool] | None:
+        """{pid: exclusive} of the flocks the kernel records on the lock file now."""
+        try:
+            st = os.stat(self.path)
+            text = Path("/proc/locks").read_text()
+        except OSError:
+            return None
+        want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+        held: dict[int, bool] = {}
+        for line in text.splitlines():
+            fields = line.split()
+            if len(fields) < 6 or fields[1] != "FLOCK":
+                continue  # NB: "->" marks a blocked request, not a holder
+            try:
+                major, minor, inode = fields[5].split(":")
+                where = (int(major, 16), int(minor, 16), int(inode))
+                pid = int(fields[4])
+            except ValueError:
+                continue
+            if where == want:
+                held[pid] = held.get(pid, False) or fields[3] == "WRITE"
+        return held
+
+    def _open(self) -> int | None:
+        for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):
+            try:
+                return os.open(self.path, flags, 0o666)
+            except OSError:
+                continue  # NB: another user's 0644 lock file still takes a flock read-only
+        return None
+
+    def _wait(
+        self,
+        fd: int,
+        mode: int,
+        exclusive: bool,
+        cancel: threading.Event | None,
+        on_wait: WaitCallback | None,
+    ) -> None:
+        start = time.monotonic()
+        delay, next_report = 0.02, 0.0
+        holders: list[Holder] = []
+        while True:
+            waited = time.monotonic() - start
+            if cancel is not None and cancel.is_set():
+                raise ExecutionError("cancelled while waiting for the host lock")
+            if waited >= next_report:
+                holders = self.holders()
+                if on_wait is not None:
+                    on_wait(holders, waited)
+                next_report = waited + 1.0
+            if self.timeout_s is not None and waited >= self.timeout_s:
+                raise HostLockTimeout(
+                    f"gave up after {self.timeout_s:g} s waiting for the host lock "
+                    f"{self.path} ({'exclusive' if exclusive else 'shared'}), held by "
+                    f"{describe_holders(holders)}",
+                    hint="wait for that build to finish, raise --lock-timeout, or set "
+                    "RSI_HOST_LOCK to a lock of your own if it measures on other hardware",
+                )
+            pause = delay
+            if self.timeout_s is not None:
+                pause = min(pause, max(0.0, self.timeout_s - waited))
+            if cancel is not None:
+                cancel.wait(pause)
+            else:
+                time.sleep(pause)
+            delay = min(delay * 2, 0.25)
+            if _try_flock(fd, mode):
+                return
+
+    def _write_record(self, name: str, label: str | None, exclusive: bool) -> Path | None:
+        doc = {"pid": os.getpid(), "label": label, "exclusive": exclusive, "since": time.time()}
+        record = self.holders_dir / name
+        for attempt in range(2):
+            try:
+                with open(record, "w", encoding="utf-8") as f:
+                    f.write(json.dumps(doc))
+                return record
+            except FileNotFoundError:
+                if attempt or not self._make_holders_dir():
+                    return None
+            except OSError:
+                return None  # NB: who holds the lock is a courtesy to waiters, never a failure
+        return None
+
+    def _sweep(self) -> None:
+        """Remove records of processes that no longer exist (killed with -9)."""
+        try:
+            names = os.listdir(self.holders_dir)
+        except OSError:
+            return
+        for name in names:
+            pid = name.split("-", 1)[0]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                _unlink(self.holders_dir / name)
+
+    def _make_holders_dir(self) -> bool:
+        try:
+            os.mkdir(self.holders_dir)
+        except FileExistsError:
+            return True
+        except OSError:
+            return False
+        try:
+            os.chmod(self.holders_dir, 0o1777)  # NB: every user's builds share the lock
+        except OSError:
+            pass
+        return True
+
+
+def _try_flock(fd: int, mode: int) -> bool:
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True  # NB: a file system without flock: in-process exclusivity still holds
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+# ---------------------------------------------------------------------------- capabilities
+Capabilities = Mapping[str, frozenset[str]]
+
+
+def host_capabilities() -> Capabilities:
+    """Platform properties this host can satisfy, by property name. Only the properties named
+    here constrain where an action runs: an action asking for a value not in the set cannot
+    run on this host. `RSI_HOST_ACCELERATORS` (comma-separated, empty for none) overrides what
+    is detected."""
+    forced = os.environ.get(ACCELERATORS_ENV)
+    if forced is not None:
+        values = frozenset(v.strip() for v in forced.split(",") if v.strip())
+    else:
+        values = _detected_accelerators()
+    return {"accelerator": values}
+
+
+@lru_cache(maxsize=1)
+def _detected_accelerators() -> frozenset[str]:
+    """The `accelerator` values this host provides: "cuda" and "nvidia" plus the GPU model
+    (e.g. "nvidia-h200"), as a remote worker advertises them; none without a GPU device."""
+    if not glob.glob("/dev/nvidia[0-9]*"):
+        return frozenset()
+    values = {"cuda", "nvidia"}
+    smi = shutil.which("nvidia-smi")
+    if smi is not None:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+            )
+            for name in out.stdout.splitlines() if out.returncode == 0 else ():
+                model = re.sub(r"[^a-z0-9]+", "-", name.strip().lower()).strip("-")
+                if model:
+                    values.add(model)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return frozenset(values)
+
+
+def unmet_requirement(
+    platform: Mapping[str, str], capabilities: Capabilities
+) -> tuple[str, str] | None:
+    """The first (property, value) of `platform` the capabilities do not provide, e.g.
+    ("accelerator", "cuda"), or None when every constrained property is met."""
+    for name in sorted(capabilities):
+        wanted = platform.get(name)
+        if wanted and wanted not in capabilities[name]:
+            return name, wanted
+    return None
