@@ -105,23 +105,38 @@ def claim_problem(reply: dict, expected: dict) -> tuple[str, str] | None:
     return None
 
 
-class Arm:
-    """One implementation's sandbox for the whole measurement; a fresh worker forked per pair."""
+class Role:
+    """An arm: one implementation, whichever sandbox runs it in a given pair."""
 
-    def __init__(self, name: str, impl: Path, spec: dict, sizes: tuple[int, int],
-                 work_dir: Path, header: dict, packed: bytes) -> None:
-        self.name, self.impl, self.spec = name, impl, spec
-        self.log = work_dir / f"{name}.log"
+    def __init__(self, name: str, impl: Path) -> None:
+        self.name, self.impl = name, impl
         self.dead: dict | None = None
+
+
+class Sandbox:
+    """One worker sandbox for the whole measurement; a fresh worker forked per arm-run.
+
+    NB: two sandboxes, and the arms swap them every pair: whatever makes one sandbox slower
+    than the other (where its buffers and heap landed, which CPU it keeps) then falls on both
+    arms equally instead of biasing one (an A/A run of a torch task was 2.4x off with a
+    sandbox per arm). Both implementation folders are visible, read-only, in both; nothing one
+    worker leaves behind reaches the next (its zygote empties its temp folder and kills what
+    it left)."""
+
+    def __init__(self, index: int, impls: dict[str, Path], spec: dict, sizes: tuple[int, int],
+                 work_dir: Path, header: dict, packed: bytes) -> None:
+        self.index, self.spec = index, spec
+        self.log = work_dir / f"sandbox{index}.log"
         self.timeout = float(spec["call_timeout_s"])
         try:
             self.worker = R.start_worker(
                 framework=spec["framework"], device=spec["device"], threads=spec["threads"],
-                impl_dir=impl, entry=spec["entry"], in_size=sizes[0], out_size=sizes[1],
+                impl_dir=impls["baseline"], also_visible=(impls["candidate"],),
+                entry=spec["entry"], in_size=sizes[0], out_size=sizes[1],
                 work_dir=work_dir, log_path=self.log,
                 startup_timeout_s=float(spec["startup_timeout_s"]))
             # NB: the cost of handing over an input and taking an output back, with no call:
-            # measured before any implementation code is imported, the same for both arms
+            # measured before any implementation code is imported
             self.worker.fork()
             self.header = None
             self.set_layout(header)
@@ -132,37 +147,38 @@ class Arm:
         except (R.WorkerStartError, R.WorkerFault) as exc:
             if hasattr(self, "worker"):
                 self.worker.kill()
-            raise C.HarnessError(f"the {name} worker failed before any implementation code "
-                                 f"ran: {exc}") from exc
+            raise C.HarnessError(f"worker sandbox {index} failed before any implementation "
+                                 f"code ran: {exc}") from exc
 
     def set_layout(self, header: dict) -> None:
         if header != self.header:
             self.worker.layout(header, self.timeout)
             self.header = header
 
-    def begin(self) -> dict | None:
-        """Fork a pristine worker and import the implementation; the reason when it failed."""
+    def begin(self, role: Role) -> dict | None:
+        """Fork a pristine worker and import the role's implementation; the reason when that
+        failed (the role's failure: its code ran)."""
         try:
             self.worker.fork()
         except R.WorkerStartError as exc:
-            raise C.HarnessError(f"the {self.name} worker could not be forked before any "
-                                 f"implementation code ran in it: {exc}") from exc
+            raise C.HarnessError(f"worker sandbox {self.index} could not fork before any "
+                                 f"implementation code ran in the worker: {exc}") from exc
         self.header = None
         try:
-            reply = self.worker.import_impl(self.timeout)
+            reply = self.worker.import_impl(self.timeout, role.impl)
         except R.WorkerFault as exc:
-            self.dead = {"code": "timeout" if exc.code == "timeout" else "crash",
+            role.dead = {"code": "timeout" if exc.code == "timeout" else "crash",
                          "detail": f"while importing: {exc.detail}"}
-            return self.dead
+            return role.dead
         if reply.get("op") == "import_failed":
             kind = reply.get("kind")
             err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
             return {"code": "syntax_error" if kind == "syntax_error" else "import_error",
                     "detail": f"{err.get('type')}: {err.get('message')}"}
         if reply.get("op") != "imported":
-            self.dead = {"code": "crash", "detail": f"protocol: import answered "
+            role.dead = {"code": "crash", "detail": f"protocol: import answered "
                          f"{str(reply)[:200]}"}
-            return self.dead
+            return role.dead
         return None
 
 
@@ -187,15 +203,16 @@ def judge_output(doc: dict, pair: dict, oracle: Oracle, expected: dict, j: int, 
     return False
 
 
-def run_arm(arm: Arm, pair: dict, spec: dict, oracle: Oracle, expected: dict,
+def run_arm(arm: Role, box: Sandbox, pair: dict, spec: dict, oracle: Oracle, expected: dict,
             deadline: float) -> dict:
     doc = new_arm(arm.name)
-    failed = arm.dead or arm.begin()
+    doc["sandbox"] = box.index
+    failed = arm.dead or box.begin(arm)
     if failed:
         doc["reasons"].append(dict(failed, sample=None))
         return doc
     timeout = float(spec["call_timeout_s"])
-    worker = arm.worker
+    worker = box.worker
     atol, rtol = C.tolerance_for(spec, expected["dtype"])
     started = time.monotonic()
     cpu0 = worker.cpu_ns()
@@ -203,8 +220,8 @@ def run_arm(arm: Arm, pair: dict, spec: dict, oracle: Oracle, expected: dict,
     cuda = spec["device"] != "cpu"
     seen: dict[str, str] = {}
     try:
-        arm.set_layout(pair["header"])
         for k, packed in enumerate(pair["warm_packed"]):
+            box.set_layout(pair["warm_headers"][k])
             call = R.timed_call(worker, k, packed, expected["nbytes"], timeout)
             calls_wall += call.elapsed_ns
             doc["warmup_ns"].append(call.event_ns if cuda and call.event_ns is not None
@@ -221,6 +238,7 @@ def run_arm(arm: Arm, pair: dict, spec: dict, oracle: Oracle, expected: dict,
         deferred = expected["nbytes"] * len(pair["timed_packed"]) <= DEFER_BYTES
         pending: list[tuple[int, object]] = []
         for j, packed in enumerate(pair["timed_packed"]):
+            box.set_layout(pair["timed_headers"][j])
             call = R.timed_call(worker, 1000 + j, packed, expected["nbytes"], timeout)
             calls_wall += call.elapsed_ns
             if call.reply.get("op") == "done" and call.reply.get("i") != 1000 + j:
@@ -350,27 +368,30 @@ def run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict,
     header0, packed0 = R.pack_inputs(C, inputs0)
     expected = {"shape": list(ref0.shape), "dtype": out_dtype, "device": spec["device"],
                 "nbytes": int(ref0.size) * C.dtype_itemsize(out_dtype)}
-    sizes = (len(packed0) + R.ALIGN, expected["nbytes"])
+    sizes = (len(packed0) + R.SHIFT_MAX + R.ALIGN, expected["nbytes"])
     call_bytes = C.tensor_bytes(inputs0, ref0.shape, out_dtype)
     oracle.clear()
     # NB: the measurement's own deadline, inside the action's: past it the arm running is cut
     # (a `timeout` of that arm) rather than the whole action (an infrastructure fault)
     action_s = float(spec.get("action_timeout_s") or 0) or math.inf
     deadline = started + max(30.0, 0.85 * action_s - float(spec["startup_timeout_s"]))
-    arms: dict[str, Arm] = {}
+    roles = {name: Role(name, impls[name]) for name in ARMS}
+    boxes: list[Sandbox] = []
     try:
-        for name in ARMS:
-            arms[name] = Arm(name, impls[name], spec, sizes, work_dir, header0, packed0)
-        out_pairs, invalid = _run_pairs(spec, m, workloads, oracle, arms, expected, secret,
-                                        n_pairs, n_samples, n_warm, deadline)
+        for index in range(2):
+            boxes.append(Sandbox(index, impls, spec, sizes, work_dir, header0, packed0))
+        out_pairs, invalid = _run_pairs(spec, m, workloads, oracle, roles, boxes, expected,
+                                        secret, n_pairs, n_samples, n_warm, deadline)
     finally:
-        for arm in arms.values():
-            arm.worker.kill()
-    logs = {name: R.tail(arm.log) for name, arm in arms.items()}
+        for box in boxes:
+            box.worker.kill()
+    logs = [R.tail(box.log) for box in boxes]
     for p in out_pairs:
         for name in ARMS:
-            if p["arms"][name]["reasons"] and p["arms"][name]["reasons"][0]["code"] != "not_run":
-                p["arms"][name]["log_tail"] = logs[name]
+            arm = p["arms"][name]
+            if arm["reasons"] and arm["reasons"][0]["code"] != "not_run" and \
+                    arm.get("sandbox") is not None:
+                arm["log_tail"] = logs[arm["sandbox"]]
     facts = _device_facts(spec)
     fprint = C.fingerprint(spec, facts, C.nvidia_smi() if spec["device"] != "cpu" else None)
     calibration = baseline == candidate or digests["baseline"][0] == digests["candidate"][0]
@@ -398,11 +419,14 @@ def run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict,
         "pairs": [{k: v for k, v in p.items() if k != "stopped_early"} for p in out_pairs],
         "timing": _timing(spec, None),
         "referee": {
-            "isolation": {name: arm.worker.mode for name, arm in arms.items()},
+            "isolation": {name: boxes[k].worker.mode for k, name in enumerate(ARMS)},
+            "sandboxes": "two; pair i runs the baseline in sandbox i % 2 and the candidate in "
+            "the other",
             "secret_seed": str(secret),
             "seed_source": "--seed (replay)" if spec.get("_seed_given") else "os.urandom",
-            "ipc_overhead_ns": {name: int(statistics.median(arm.ipc_ns))
-                                for name, arm in arms.items()},
+            "ipc_overhead_ns": {name: int(statistics.median(boxes[k].ipc_ns))
+                                for k, name in enumerate(ARMS)},
+            "ipc_probes_ns": {f"sandbox{box.index}": box.ipc_ns for box in boxes},
             "cpu_limit": {"threads": spec["threads"], "factor": CPU_FACTOR,
                           "slack_ns": CPU_SLACK_NS},
             "call_timeout_s": float(spec["call_timeout_s"]),
@@ -422,8 +446,8 @@ def run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict,
     }
 
 
-def _run_pairs(spec, m, workloads, oracle, arms, expected, secret, n_pairs, n_samples, n_warm,
-               deadline):
+def _run_pairs(spec, m, workloads, oracle, roles, boxes, expected, secret, n_pairs, n_samples,
+               n_warm, deadline):
     out_pairs, invalid = [], {"baseline": [], "candidate": []}
     stopped = False
     for i in range(n_pairs):
@@ -444,17 +468,27 @@ def _run_pairs(spec, m, workloads, oracle, arms, expected, secret, n_pairs, n_sa
         warm_seeds = [C.derive_seed(secret, "warmup", i, k) for k in range(n_warm)]
         record["timed_seeds"], record["warmup_seeds"] = timed_seeds, warm_seeds
         timed_inputs = [make_inputs(workloads, m["workload"], s) for s in timed_seeds]
-        packed = [R.pack_inputs(C, inp) for inp in timed_inputs]
-        header = packed[0][0]
-        if any(h != header for h, _ in packed):
-            raise C.HarnessError("workloads.make_inputs gave one workload different layouts")
-        pair = {"index": i, "header": header, "timed_inputs": timed_inputs,
-                "timed_packed": [p for _, p in packed],
-                "warm_packed": [R.pack_inputs(C, make_inputs(workloads, m["workload"], s))[1]
-                                for s in warm_seeds],
+        def shifted(role: str, k: int, inputs: dict, i: int = i) -> tuple[dict, bytes]:
+            shift = C.derive_seed(secret, "shift", role, i, k) % (R.SHIFT_MAX // R.ALIGN)
+            return R.pack_inputs(C, inputs, shift * R.ALIGN)
+
+        packed = [shifted("timed", j, inp) for j, inp in enumerate(timed_inputs)]
+        warm = [shifted("warmup", k, make_inputs(workloads, m["workload"], s))
+                for k, s in enumerate(warm_seeds)]
+        geometry = {n: {k: v for k, v in meta.items() if k != "at"}
+                    for n, meta in packed[0][0].items()}
+        for h, _ in packed + warm:
+            if {n: {k: v for k, v in meta.items() if k != "at"} for n, meta in h.items()} \
+                    != geometry:
+                raise C.HarnessError("workloads.make_inputs gave one workload different layouts")
+        pair = {"index": i, "timed_inputs": timed_inputs,
+                "timed_headers": [h for h, _ in packed], "timed_packed": [p for _, p in packed],
+                "warm_headers": [h for h, _ in warm], "warm_packed": [p for _, p in warm],
                 "digests": [C.inputs_digest(inp) for inp in timed_inputs]}
         for name in order:
-            record["arms"][name] = run_arm(arms[name], pair, spec, oracle, expected, deadline)
+            box = boxes[i % 2] if name == "baseline" else boxes[(i + 1) % 2]
+            record["arms"][name] = run_arm(roles[name], box, pair, spec, oracle, expected,
+                                           deadline)
             real = [r for r in record["arms"][name]["reasons"] if r["code"] != "not_run"]
             invalid[name].extend(dict(r, pair=i) for r in real)
             if real:

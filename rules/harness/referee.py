@@ -37,6 +37,7 @@ _LEN = struct.Struct("<I")
 _SEQ = struct.Struct("<q")
 CTL_SIZE = 4096
 REQ_AT, DONE_AT = 0, 64  # the same layout as worker.py's control buffer
+NO_CALL = -(1 << 62)  # the sequence numbers' value before the first call (never an index)
 SPIN_S = 0.02  # spin this long for a call to end, then poll every 50 us
 WORKER_UID = 65533
 ALIGN = 64
@@ -206,8 +207,10 @@ class WorkerProcess:
 
     def __init__(self, *, framework: str, device: str, threads: int, impl_dir: Path,
                  entry: dict, in_size: int, out_size: int, work_dir: Path, log_path: Path,
-                 mode: str, startup_timeout_s: float) -> None:
+                 mode: str, startup_timeout_s: float, also_visible: tuple[Path, ...] = ()
+                 ) -> None:
         self.mode, self.impl_dir, self.entry = mode, impl_dir.resolve(), entry
+        self.visible = (self.impl_dir, *(p.resolve() for p in also_visible))
         self.framework, self.device, self.threads = framework, device, int(threads)
         self.log_path = log_path
         self.in_fd = os.memfd_create("rsi-in", 0)
@@ -215,8 +218,8 @@ class WorkerProcess:
         self.ctl_fd = os.memfd_create("rsi-ctl", 0)
         os.ftruncate(self.ctl_fd, CTL_SIZE)
         self.ctl = mmap.mmap(self.ctl_fd, CTL_SIZE)
-        _SEQ.pack_into(self.ctl, REQ_AT, -1)
-        _SEQ.pack_into(self.ctl, DONE_AT, -1)
+        _SEQ.pack_into(self.ctl, REQ_AT, NO_CALL)
+        _SEQ.pack_into(self.ctl, DONE_AT, NO_CALL)
         self.in_size, self.out_size = max(in_size, 1), max(out_size, 1)
         os.ftruncate(self.in_fd, self.in_size)
         os.ftruncate(self.out_fd, self.out_size)
@@ -336,8 +339,9 @@ class WorkerProcess:
         for path in _python_paths():
             if any(path.is_relative_to(h) for h in hidden):
                 argv += ["--ro-bind", str(path), str(path)]
-        argv += ["--ro-bind", str(self.impl_dir), str(self.impl_dir),
-                 "--ro-bind", str(worker_script), str(worker_script),
+        for path in self.visible:
+            argv += ["--ro-bind", str(path), str(path)]
+        argv += ["--ro-bind", str(worker_script), str(worker_script),
                  "--chdir", "/tmp"]
         return argv
 
@@ -391,9 +395,12 @@ class WorkerProcess:
         self.send(doc)
         return self.recv(timeout_s)
 
-    def import_impl(self, timeout_s: float) -> dict:
-        return self.request({"op": "import", "impl_dir": str(self.impl_dir),
-                             "entry": self.entry}, timeout_s)
+    def import_impl(self, timeout_s: float, impl_dir: Path | None = None) -> dict:
+        impl = self.impl_dir if impl_dir is None else impl_dir.resolve()
+        if impl not in self.visible:
+            raise WorkerFault("protocol", f"{impl} is not visible in this sandbox")
+        return self.request({"op": "import", "impl_dir": str(impl), "entry": self.entry},
+                            timeout_s)
 
     def layout(self, header: dict, timeout_s: float) -> None:
         reply = self.request({"op": "layout", "inputs": header}, timeout_s)
@@ -463,9 +470,21 @@ def tail(path: Path, limit: int = 2000) -> str | None:
 # -------------------------------------------------------------------------- input packing
 
 
-def pack_inputs(C, inputs: dict) -> tuple[dict, bytes]:
-    """(layout header, packed bytes): each array's raw memory span at an aligned offset."""
+SHIFT_MAX = 4096
+
+
+def pack_inputs(C, inputs: dict, shift: int = 0) -> tuple[dict, bytes]:
+    """(layout header, packed bytes): each array's raw memory span at an aligned offset, the
+    first `shift` bytes (a multiple of ALIGN below SHIFT_MAX) left empty.
+
+    NB: where an input sits relative to a page decides whether it 4K-aliases the worker's
+    outputs and temporaries, whose addresses differ from one sandbox to the next (ASLR): a
+    fixed placement turned into a bias of one arm's sandbox (2x on an A/A run). A shift drawn
+    per call makes that an averaged-out effect instead, identical for both arms of a pair."""
     header, parts, at = {}, [], 0
+    if shift:
+        parts.append(b"\0" * shift)
+        at = shift
     for name in sorted(inputs):
         meta = C.describe_input(inputs[name])
         if meta["kind"] == "array":
@@ -517,7 +536,7 @@ def timed_call(worker: WorkerProcess, index: int, packed: bytes, out_nbytes: int
     if armed.get("op") != "armed" or armed.get("i") != index:
         raise WorkerFault("crash", f"protocol: arm answered {str(armed)[:200]}")
     in_buf, out_buf, ctl = worker.in_buf, worker.out_buf, worker.ctl
-    unpack, clock = _SEQ.unpack_from, time.perf_counter_ns
+    unpack, clock, pause = _SEQ.unpack_from, time.perf_counter_ns, os.sched_yield
     t0 = clock()
     in_buf[:n] = packed
     _SEQ.pack_into(ctl, REQ_AT, index)
@@ -525,6 +544,7 @@ def timed_call(worker: WorkerProcess, index: int, packed: bytes, out_nbytes: int
     deadline = t0 + int(timeout_s * 1e9)
     spins = 0
     while unpack(ctl, DONE_AT)[0] != index:
+        pause()  # NB: a worker on this CPU gets it back at once (both spin; neither sleeps)
         spins += 1
         if spins & 0x3FF == 0:
             now = clock()
