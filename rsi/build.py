@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from rsi.fsutil import pid_alive
 from rsi.analysis import BuildGraph, analyze
 from rsi.errors import RsiError, UsageError
 from rsi.events import EventLog
@@ -250,7 +251,7 @@ def _clean_stale_scratch(store: LocalStore) -> None:
         except (IndexError, ValueError):
             pid = None
         if pid is not None:
-            if _pid_alive(pid):
+            if pid_alive(pid):
                 continue
         else:
             try:
@@ -259,16 +260,6 @@ def _clean_stale_scratch(store: LocalStore) -> None:
             except OSError:
                 continue
         remove_tree(entry) if entry.is_dir() else entry.unlink(missing_ok=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def build(

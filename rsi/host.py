@@ -22,6 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
+from rsi.fsutil import pid_alive
 from rsi.errors import ExecutionError
 
 DEFAULT_HOST_LOCK = "/tmp/rsi-host.lock"
@@ -177,7 +178,7 @@ class HostLock:
                 continue  # NB: being written or removed right now
         held = self._kernel_holders()
         if held is None:  # NB: no /proc/locks: trust the records of live processes
-            found = [h for h in records if _pid_alive(h.pid)]
+            found = [h for h in records if pid_alive(h.pid)]
         else:
             found = []
             for pid, exclusive in sorted(held.items()):
@@ -279,7 +280,7 @@ class HostLock:
             return
         for name in names:
             pid = name.split("-", 1)[0]
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 _unlink(self.holders_dir / name)
 
     def _make_holders_dir(self) -> bool:
@@ -311,16 +312,6 @@ def _unlink(path: Path) -> None:
         os.unlink(path)
     except OSError:
         pass
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 # ---------------------------------------------------------------------------- capabilities

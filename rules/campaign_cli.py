@@ -1333,6 +1333,7 @@ def status_document(camp: Campaign, store) -> dict:
             if not last
             else {
                 "outcome": last.get("outcome"),
+                "attempt": last.get("attempt"),
                 "time": last.get("time"),
                 "message": last.get("message"),
                 "errors": last.get("errors") or [],

@@ -362,12 +362,6 @@ def reap_zombies() -> None:
             return
 
 
-def tail(path: Path, limit: int = 2000) -> str | None:
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return None
-    return text[-limit:] if text else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,6 +463,19 @@ def cuda_device_facts(torch) -> dict:
         facts[key] = value
         facts[f"{key}_source"] = source if value is not None else None
     return facts
+
+
+def device_facts(spec: dict) -> dict | None:
+    """The spec's accelerator as the referee sees it (None on a CPU spec or when unreadable:
+    the facts are informational, and unknown is null)."""
+    if spec["device"] == "cpu":
+        return None
+    try:
+        torch = import_torch()
+        torch.cuda.init()
+        return cuda_device_facts(torch)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def l2_flush_bytes(facts: dict | None) -> tuple[int, int, str]:

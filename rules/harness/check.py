@@ -198,7 +198,7 @@ def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path,
         if rec["reason"] not in (None, "ok", "not_run"):
             rec["log_tail"] = log
             break
-    fprint = C.fingerprint(spec, _device_facts(spec),
+    fprint = C.fingerprint(spec, C.device_facts(spec),
                            C.nvidia_smi() if spec["device"] != "cpu" else None)
     reasons = [{"code": c["reason"], "case": c["name"], "detail": c["detail"]}
                for c in records if not c["passed"] and c["reason"] != "not_run"]
@@ -271,17 +271,6 @@ def _judge_cases(worker, preps, records, spec, timeout) -> bool:
             return False
         judge_reply(spec, rec, prep, call)
     return True
-
-
-def _device_facts(spec: dict) -> dict | None:
-    if spec["device"] == "cpu":
-        return None
-    try:
-        torch = C.import_torch()
-        torch.cuda.init()
-        return C.cuda_device_facts(torch)
-    except Exception:  # noqa: BLE001  facts are informational; unknown is null
-        return None
 
 
 def main() -> int:

@@ -392,7 +392,7 @@ def run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict,
             if arm["reasons"] and arm["reasons"][0]["code"] != "not_run" and \
                     arm.get("sandbox") is not None:
                 arm["log_tail"] = logs[arm["sandbox"]]
-    facts = _device_facts(spec)
+    facts = C.device_facts(spec)
     fprint = C.fingerprint(spec, facts, C.nvidia_smi() if spec["device"] != "cpu" else None)
     calibration = baseline == candidate or digests["baseline"][0] == digests["candidate"][0]
     status = "ok"
@@ -504,17 +504,6 @@ def _run_pairs(spec, m, workloads, oracle, roles, boxes, expected, secret, n_pai
         if _early_stop(out_pairs):
             stopped = True
     return out_pairs, invalid
-
-
-def _device_facts(spec: dict) -> dict | None:
-    if spec["device"] == "cpu":
-        return None
-    try:
-        torch = C.import_torch()
-        torch.cuda.init()
-        return C.cuda_device_facts(torch)
-    except Exception:  # noqa: BLE001  facts are informational; unknown is null
-        return None
 
 
 def main() -> int:
