@@ -473,6 +473,133 @@ def gc_cannot_write_for_no_space(tmp: Path) -> Row:
 # --------------------------------------------------------------------------------------- main
 
 
+
+def _finished(events: list[dict], label: str) -> dict:
+    return next((e for e in events if e["kind"] == "action_finished" and e["label"] == label), {})
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except OSError:
+        return set()
+
+
+@scenario
+def action_overfills_its_scratch(tmp: Path) -> Row:
+    build = command("hog", "head -c 41943040 /dev/zero > big.bin; echo done > $(OUT)", ["h.txt"])
+    build += command("fine", "echo ok > $(OUT)", ["f.txt"])
+    ws = workspace(tmp, "ws", build, '[workspace]\nstore = "store"\n[limits]\nscratch_mb = 16\n')
+    shm_before = _shm_entries()
+    run, events = build_events(ws, "//:hog")
+    hog = _finished(events, "//:hog")
+    again, events2 = build_events(ws, "//:fine")
+    leftover = sorted(_shm_entries() - shm_before)
+    held = (run.rc == 1 and hog.get("reason") == "scratch_limit" and not run.traceback
+            and again.rc == 0 and not leftover)
+    return Row(
+        "an action writes 40 MiB with a 16 MiB scratch limit",
+        f"rsi build exit {run.rc}; the action failed with reason {hog.get('reason')!r}: "
+        f"{(hog.get('message') or '')[:120]}",
+        f"the next action built (exit {again.rc}); new entries in /dev/shm: {leftover or 'none'}",
+        held,
+    )
+
+
+@scenario
+def action_exceeds_its_memory(tmp: Path) -> Row:
+    cmd = ("python3 -c 'b = bytearray(150 << 20); b[::4096] = b\"x\" * len(b[::4096])'; "
+           "echo done > $(OUT)")
+    ws = workspace(tmp, "ws", command("hog", cmd, ["h.txt"]),
+                   '[workspace]\nstore = "store"\n[limits]\nmemory_mb = 48\n')
+    info = rsi(ws, "info", "--json")
+    run, events = build_events(ws, "//:hog")
+    hog = _finished(events, "//:hog")
+    alive = rsi(ws, "cache", "verify", "--json")
+    enforced = (info.json().get("limits") or {}) if info.rc == 0 else {}
+    held = run.rc == 1 and hog.get("reason") == "memory_limit" and alive.rc == 0
+    return Row(
+        "an action allocates 150 MiB with a 48 MiB memory limit",
+        f"rsi build exit {run.rc}; the action failed with reason {hog.get('reason')!r}",
+        f"rsi and the store fine (verify exit {alive.rc}); limits as rsi info reports them: "
+        f"{json.dumps(enforced)[:160]}",
+        held,
+    )
+
+
+@scenario
+def sigint_during_a_build(tmp: Path) -> Row:
+    marker = f"rsi-fault-sleep-{os.getpid()}"
+    ws = workspace(tmp, "ws", command("slow", f"sleep 60 # {marker}\necho > $(OUT)", ["s.txt"]),
+                   '[workspace]\nstore = "store"\n')
+    events_path = tmp / "events.jsonl"
+    proc = subprocess.Popen([*RSI, "build", "--events", str(events_path), "//:slow"], cwd=ws,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        text = events_path.read_text() if events_path.exists() else ""
+        if '"action_started"' in text:
+            break
+        time.sleep(0.1)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    try:
+        rc = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = None
+    took = time.monotonic() - t0
+    events = [json.loads(x) for x in events_path.read_text().splitlines() if x.strip()]
+    last = events[-1] if events else {}
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    held = (rc == 130 and last.get("kind") == "build_finished"
+            and last.get("reason") == "interrupted" and not left)
+    return Row(
+        "SIGINT while a build runs a 60 s action",
+        f"rsi exited {rc} {took:.1f} s after the signal; last event {last.get('kind')} "
+        f"(reason {last.get('reason')!r}, signal {last.get('signal')!r})",
+        f"processes of the action left: {len(left)}",
+        held,
+    )
+
+
+@scenario
+def waiting_on_the_host_lock(tmp: Path) -> Row:
+    lock = tmp / "host.lock"
+    env = {"RSI_HOST_LOCK": str(lock)}
+    hold = workspace(tmp, "hold", command("hold", "sleep 20; echo > $(OUT)", ["h.txt"],
+                                          tags=["exclusive"]), '[workspace]\nstore = "s"\n')
+    wait = workspace(tmp, "wait", command("timed", "echo > $(OUT)", ["t.txt"],
+                                          tags=["exclusive"]), '[workspace]\nstore = "s"\n')
+    holder = subprocess.Popen([*RSI, "build", "//:hold"], cwd=hold, env={**os.environ, **env},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (lock.parent / "host.lock.holders").exists():
+            time.sleep(0.1)
+        time.sleep(0.5)
+        events_path = tmp / "events.jsonl"
+        t0 = time.monotonic()
+        run = rsi(wait, "build", "--lock-timeout", "2", "--events", str(events_path), "//:timed",
+                  env=env)
+        took = time.monotonic() - t0
+        events = [json.loads(x) for x in events_path.read_text().splitlines() if x.strip()]
+    finally:
+        holder.kill()
+        holder.wait()
+    waits = [e for e in events if e["kind"] == "host_lock_wait"]
+    holders = waits[0]["holders"] if waits else []
+    named = any(h.get("label") == "//:hold" for h in holders)
+    held = run.rc == 1 and bool(waits) and named and took < 15
+    return Row(
+        "a timing action waits for the host lock held by another build (--lock-timeout 2)",
+        f"exit {run.rc} after {took:.1f} s; host_lock_wait named holders "
+        f"{[(h.get('pid'), h.get('label')) for h in holders]}",
+        "the holding build unaffected; nothing waited silently",
+        held,
+    )
+
 def table(rows: list[Row]) -> str:
     lines = ["| fault | what happened | what remained | held |", "|---|---|---|---|"]
     for r in rows:
