@@ -114,7 +114,7 @@ task = ":task"
 measure.workload = {name = "bench", shape = [64, 1024], dtype = "float32", kind = "normal"}
 measure.warmups = 1
 measure.samples = 5
-measure.pairs = 8
+measure.pairs = 16
 measure.probes = 16
 measure.metric = "latency"
 measure.direction = "minimize"
@@ -332,7 +332,7 @@ def test_the_judge_is_fixed_at_the_start_and_a_change_refuses_rounds_and_the_fin
     assert {"check.py", "measure.py", "assess.py", "select.py", "final.py"} <= set(judge["harness"])
 
     declared = build.read_text()  # the binding's measurement policy changes after the start
-    build.write_text(declared.replace("measure.pairs = 8", "measure.pairs = 9"))
+    build.write_text(declared.replace("measure.pairs = 16", "measure.pairs = 17"))
     refused = rsi_json(ws, "candidate", "add", C, "--from", str(cands / "inplace"), expect=2)
     assert refused["error"]["code"] == "judge_changed"
     assert "spec spec.json changed (measure.pairs)" in refused["error"]["message"]
