@@ -29,10 +29,10 @@ def softmax_ws(tmp_path, make_workspace, bwrap):
     shutil.copytree(ROOT / PKG, dest, ignore=shutil.ignore_patterns("__pycache__"))
     build_file = dest / "BUILD.toml"
     text = build_file.read_text()
-    # NB: 16 pairs: the order-statistic interval at 95 % is [x(4), x(13)] (with 8 it is the
-    # whole range, and the A/A noise floor its widest pair)
-    text = re.sub(r"pairs = \d+", "pairs = 16", text)
-    text = re.sub(r"samples = \d+", "samples = 5", text)
+    # NB: the shipped policy (30 pairs of 10 samples): the order-statistic interval at 95 % is
+    # [x(10), x(21)]; with 8 pairs it is the whole range, and with 16 a 1.4x candidate still
+    # came out INCONCLUSIVE now and then on this 2-core VM
+    text = re.sub(r"pairs = \d+", "pairs = 30", text)
     text = re.sub(r"min_pairs = \d+", "min_pairs = 4", text)
     # NB: the toolchain binding needs a built rootfs; these tests use the host interpreter
     text = re.sub(r"\n# The same binding inside.*?(?=\n\[fast\])", "\n", text, flags=re.S)

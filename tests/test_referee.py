@@ -17,7 +17,7 @@ REFEREE = Path(__file__).resolve().parent / "fixtures" / "referee"
 BASELINE = TASKS / "softmax" / "baseline"
 MEASURE = {
     "workload": {"name": "bench", "shape": [64, 1024], "dtype": "float32", "kind": "normal"},
-    "warmups": 2, "samples": 9, "pairs": 20, "seed": 0, "probes": 8, "value_checks": 2,
+    "warmups": 2, "samples": 10, "pairs": 30, "seed": 0, "probes": 8, "value_checks": 2,
 }
 HIDDEN = {"count": 4, "ranges": [
     {"shape": [[1, 64], [1, 2048]], "dtype": "float32", "kind": "normal"},
