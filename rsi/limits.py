@@ -33,6 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from rsi.fsutil import pid_alive
 from rsi.errors import DeclarationError
 
 MIB = 1 << 20
@@ -445,14 +446,7 @@ def remove_stale_cgroups() -> int:
         if len(parts) != 3 or parts[0] != "rsi" or not parts[1].isdigit():
             continue
         pid = int(parts[1])
-        if pid == os.getpid():
-            continue
-        try:
-            os.kill(pid, 0)
-            continue
-        except ProcessLookupError:
-            pass
-        except PermissionError:
+        if pid == os.getpid() or pid_alive(pid):
             continue
         stale = object.__new__(Cgroup)
         stale.version, stale.path, stale.memory_bytes = support.version, entry, 0

@@ -47,6 +47,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
+from rsi.fsutil import pid_alive
 from rsi.errors import ExecutionError
 from rsi.limits import Cgroup, cgroup_support, host_memory_bytes, remove_stale_cgroups
 
@@ -557,11 +558,6 @@ def remove_stale_slots() -> None:
             pid = int(entry.name.split("-")[1])
         except (IndexError, ValueError):
             continue
-        try:
-            os.kill(pid, 0)
-            continue
-        except ProcessLookupError:
-            pass
-        except PermissionError:
+        if pid_alive(pid):
             continue
         shutil.rmtree(entry, ignore_errors=True)
