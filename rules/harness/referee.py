@@ -278,7 +278,8 @@ class WorkerProcess:
                 argv, cwd=cwd, env=_env(threads, home), stdin=subprocess.DEVNULL, stdout=log,
                 stderr=log, pass_fds=(req_r, resp_w, self.in_fd, self.out_fd, self.ctl_fd),
                 start_new_session=True, preexec_fn=start)
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
+            self._release()
             raise WorkerStartError(f"cannot start the worker ({mode}): {exc}") from exc
         finally:
             log.close()
@@ -428,6 +429,11 @@ class WorkerProcess:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        self._release()
+
+    def _release(self) -> None:
+        """Close our ends and buffers, remove the worker's home folder (also after a start
+        that failed: nothing the referee made outlives it)."""
         for fd in (self.req_w, self.resp_r, self.in_fd, self.out_fd, self.ctl_fd):
             try:
                 os.close(fd)
