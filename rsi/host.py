@@ -337,24 +337,33 @@ def _detected_accelerators() -> frozenset[str]:
     (e.g. "nvidia-h200"), as a remote worker advertises them; none without a GPU device."""
     if not glob.glob("/dev/nvidia[0-9]*"):
         return frozenset()
-    values = {"cuda", "nvidia"}
+    return frozenset({"cuda", "nvidia", *(gpu_model(name) for name in gpu_names())} - {""})
+
+
+@lru_cache(maxsize=1)
+def gpu_names() -> tuple[str, ...]:
+    """The GPU names nvidia-smi lists (one per device); () without it or when it fails."""
     smi = shutil.which("nvidia-smi")
-    if smi is not None:
-        try:
-            out = subprocess.run(
-                [smi, "--query-gpu=name", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=20,
-                check=False,
-            )
-            for name in out.stdout.splitlines() if out.returncode == 0 else ():
-                model = re.sub(r"[^a-z0-9]+", "-", name.strip().lower()).strip("-")
-                if model:
-                    values.add(model)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    return frozenset(values)
+    if smi is None:
+        return ()
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    if out.returncode != 0:
+        return ()
+    return tuple(n.strip() for n in out.stdout.splitlines() if n.strip())
+
+
+def gpu_model(name: str) -> str:
+    """An `accelerator` value from a GPU name: "NVIDIA H200" -> "nvidia-h200"."""
+    return re.sub(r"[^a-z0-9]+", "-", name.strip().lower()).strip("-")
 
 
 def unmet_requirement(

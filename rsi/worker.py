@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import shutil
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -47,24 +44,16 @@ _OK, _CANCELLED, _INVALID_ARGUMENT, _DEADLINE, _FAILED_PRECONDITION, _INTERNAL =
 
 def detect_accelerators() -> list[tuple[str, str]]:
     """('accelerator', …) properties for the GPUs this machine really has; none without one."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    try:
-        out = subprocess.run(
-            [smi, "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    names = [n.strip() for n in out.stdout.splitlines() if n.strip()] if out.returncode == 0 else []
+    from rsi.host import gpu_model, gpu_names
+
+    names = gpu_names()
     if not names:
         return []
-    model = re.sub(r"[^a-z0-9]+", "-", names[0].lower()).strip("-")
-    return [("accelerator", "cuda"), ("accelerator", model), ("accelerator-count", str(len(names)))]
+    return [
+        ("accelerator", "cuda"),
+        ("accelerator", gpu_model(names[0])),
+        ("accelerator-count", str(len(names))),
+    ]
 
 
 def default_properties(executor_name: str) -> list[tuple[str, str]]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from eventlog import read_events
 
 RSI = [sys.executable, "-m", "rsi.cli"]
 
@@ -116,12 +117,6 @@ def run_rsi(
     return RsiRun(tuple(args), proc.returncode, proc.stdout, proc.stderr)
 
 
-def read_events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def build(ws: Path, *args: str, expect: int | None = 0, store: Path | None = None,
           **kw) -> RsiRun:
     """`rsi [--store S] build --json --events FILE ARGS`; checks the exit code (unless `expect`
@@ -155,6 +150,29 @@ def build_fixture():
 @pytest.fixture(name="command", scope="session")
 def command_fixture():
     return command
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path):
+    """`mount_tmpfs(mib)`: a tmpfs of that size under tmp_path (root and CAP_SYS_ADMIN; skips
+    the test otherwise), unmounted afterwards."""
+    mounted: list[Path] = []
+
+    def mount(mib: int) -> Path:
+        point = tmp_path / f"tmpfs-{mib}m-{len(mounted)}"
+        point.mkdir()
+        got = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(point)],
+            capture_output=True, text=True, check=False,
+        )
+        if got.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {got.stderr.strip()}")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", "-l", str(point)], check=False)
 
 
 @pytest.fixture(name="read_events", scope="session")

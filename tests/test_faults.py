@@ -170,22 +170,9 @@ def _safe_events(path: Path) -> list[dict]:
 
 
 @pytest.fixture
-def tiny_tmpfs(tmp_path):
-    """A 1 MiB tmpfs (needs root and CAP_SYS_ADMIN), unmounted afterwards."""
-    mount_point = tmp_path / "tiny"
-    mount_point.mkdir()
-    got = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if got.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {got.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+def tiny_tmpfs(mount_tmpfs):
+    """A 1 MiB tmpfs, unmounted afterwards."""
+    return mount_tmpfs(1)
 
 
 def test_full_disk_is_a_clear_error_exit_1_and_leaves_no_half_written_entry(

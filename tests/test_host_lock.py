@@ -4,7 +4,6 @@ test suite uses a lock of its own. The holder is always a real `rsi build` subpr
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,19 +12,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+from eventlog import read_events
 
 from rsi.host import DEFAULT_HOST_LOCK, HostLock
 
 
-def _events(path: Path) -> list[dict]:
-    """Events written so far; a line still being written is skipped."""
-    found = []
-    for line in path.read_text().splitlines() if path.exists() else ():
-        try:
-            found.append(json.loads(line))
-        except ValueError:
-            pass
-    return found
 
 
 def _until(condition, what: str, timeout: float = 60.0) -> None:
@@ -162,14 +153,14 @@ def test_ctrl_c_while_waiting_for_the_host_lock_exits_at_once(holder, waiter, rs
     try:
         _until(
             lambda: (
-                any(e["kind"] == "action_started" for e in _events(events))
+                any(e["kind"] == "action_started" for e in read_events(events, partial=True))
                 or proc.poll() is not None
             ),
             "the timing action is about to run",
         )
         started = time.monotonic()
         while time.monotonic() - started < 5 and not any(
-            e["kind"] == "host_lock_wait" for e in _events(events)
+            e["kind"] == "host_lock_wait" for e in read_events(events, partial=True)
         ):
             time.sleep(0.05)
         assert proc.poll() is None
@@ -180,7 +171,7 @@ def test_ctrl_c_while_waiting_for_the_host_lock_exits_at_once(holder, waiter, rs
             proc.kill()
             proc.wait(10)
     assert proc.returncode == 130, stderr
-    last = _events(events)[-1]
+    last = read_events(events, partial=True)[-1]
     assert last["kind"] == "build_finished" and last["ok"] is False
     assert last["reason"] == "interrupted" and last["signal"] == "SIGINT"
     assert holder.poll() is None

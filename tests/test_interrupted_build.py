@@ -4,26 +4,17 @@ its actions is left running, and what finished before the signal stays cached.""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import time
 import uuid
-from pathlib import Path
 
 import pytest
+from eventlog import read_events
 from processes import live_pids
 
 
-def _events(path: Path) -> list[dict]:
-    found = []
-    for line in path.read_text().splitlines() if path.exists() else ():
-        try:
-            found.append(json.loads(line))
-        except ValueError:
-            pass
-    return found
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -75,7 +66,7 @@ def test_a_signalled_build_reports_why_it_ended_and_leaves_nothing_running(
     finally:
         for pid in live_pids(f"90{marker}") + live_pids(f"91{marker}"):
             os.kill(pid, signal.SIGKILL)
-    last = _events(events)[-1]
+    last = read_events(events, partial=True)[-1]
     assert last["kind"] == "build_finished" and last["ok"] is False
     assert last["reason"] == "interrupted" and last["signal"] == sig.name
     assert last["counts"]["actions"] == 2

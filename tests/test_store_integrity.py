@@ -522,22 +522,9 @@ def test_gc_that_cannot_write_for_a_full_disk_is_a_clear_error_and_deletes_nothi
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path):
-    """A 2 MiB tmpfs (root and CAP_SYS_ADMIN), unmounted afterwards."""
-    mount_point = tmp_path / "small"
-    mount_point.mkdir()
-    got = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if got.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {got.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+def small_tmpfs(mount_tmpfs):
+    """A 2 MiB tmpfs, unmounted afterwards."""
+    return mount_tmpfs(2)
 
 
 def fill(folder: Path) -> Path:
