@@ -140,6 +140,10 @@ def bench_task(task: str, reps: int, work: Path) -> dict:
         "aa_speedups": [v["speedup"] for v in aa_verdicts],
         "gain20_detected": sum(v["verdict"] == "PASS" for v in gain_verdicts),
         "gain20_speedups": [v["speedup"] for v in gain_verdicts],
+        "gain20_verdicts": [
+            {"verdict": v["verdict"], "reasons": [r["code"] for r in v["reasons"]]}
+            for v in gain_verdicts
+        ],
         "noise_floor_median": sorted(floors)[len(floors) // 2] if floors else None,
         "noise_floor_max": max(floors) if floors else None,
         "full_verdict_wall_s": round(full_verdict_s, 2),

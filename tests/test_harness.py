@@ -73,6 +73,7 @@ def softmax_spec(cases: list[str] | None = None, **overrides) -> dict:
 # --------------------------------------------------------------------------------- correctness
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "impl", ["baseline", "candidates/fast", "candidates/gain20", "candidates/same"]
 )
@@ -84,6 +85,7 @@ def test_softmax_baseline_and_good_candidates_pass_every_case(tmp_path, impl):
     assert all(c["max_abs_err"] is not None for c in doc["cases"])
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "impl, failing_case, reason",
     [
@@ -99,6 +101,7 @@ def test_softmax_wrong_controls_fail_as_wrong_output(tmp_path, impl, failing_cas
     assert not case["passed"] and case["reason"] == reason
 
 
+@pytest.mark.e2e
 def test_no_max_subtraction_overflows_on_large_magnitudes_only(tmp_path):
     doc = check(
         tmp_path, "softmax", TASKS / "softmax" / "candidates" / "no_max_subtraction", softmax_spec()
@@ -108,6 +111,8 @@ def test_no_max_subtraction_overflows_on_large_magnitudes_only(tmp_path):
     assert not by_name["large_f64"]["passed"] and not by_name["negative_large_f32"]["passed"]
 
 
+@pytest.mark.e2e
+@pytest.mark.usefixtures("torch")  # a torch task
 def test_rmsnorm_baseline_and_fast_pass_every_case(tmp_path):
     spec = task_spec("rmsnorm")
     for impl in ("baseline", "candidates/fast"):
@@ -118,6 +123,8 @@ def test_rmsnorm_baseline_and_fast_pass_every_case(tmp_path):
         assert doc["n_passed"] == len(spec["cases"])
 
 
+@pytest.mark.e2e
+@pytest.mark.usefixtures("torch")  # a torch task
 @pytest.mark.parametrize(
     "impl, failing_case",
     [
@@ -142,6 +149,8 @@ def test_rmsnorm_wrong_controls_fail_as_wrong_output(tmp_path, impl, failing_cas
 # ----------------------------------------------------------------------------- hostile checks
 
 
+@pytest.mark.e2e
+@pytest.mark.usefixtures("torch")  # a torch task
 @pytest.mark.parametrize(
     "name, kind",
     [("rmsnorm_modifies_input", "input_modified"), ("rmsnorm_parameter", "wrong_type")],
@@ -153,6 +162,7 @@ def test_torch_hostile_candidate_fails_on_a_strided_input(tmp_path, name, kind):
     assert doc["failure_kind"] == kind
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "name, kind, reason",
     [
@@ -177,6 +187,7 @@ def test_hostile_candidate_fails_check_with_its_kind(tmp_path, name, kind, reaso
     assert doc["reasons"][0]["case"] == "normal_f32"
 
 
+@pytest.mark.e2e
 def test_sleeping_candidate_times_out_and_its_process_is_gone(tmp_path):
     spec = softmax_spec(SOFTMAX_FAST_CASES, call_timeout_s=1)
     doc = check(tmp_path, "softmax", HOSTILE / "sleeps", spec)
@@ -185,12 +196,14 @@ def test_sleeping_candidate_times_out_and_its_process_is_gone(tmp_path):
     assert processes_mentioning(str(tmp_path)) == []
 
 
+@pytest.mark.e2e
 def test_background_processes_are_killed_when_the_check_ends(tmp_path):
     doc = check(tmp_path, "softmax", HOSTILE / "background", softmax_spec(["normal_f32"]))
     assert doc["status"] == "ok"
     assert processes_mentioning("rsi-hostile-background-marker") == []
 
 
+@pytest.mark.e2e
 def test_planted_modules_in_cwd_change_nothing(tmp_path):
     for name in ("numpy.py", "oracle.py", "workloads.py", "kernel.py", "_common.py", "stats.py"):
         (tmp_path / name).write_text("raise SystemExit('planted module imported')\n")
@@ -205,6 +218,7 @@ def test_planted_modules_in_cwd_change_nothing(tmp_path):
     assert not (HOSTILE / "writes_files" / "numpy.py").exists()
 
 
+@pytest.mark.e2e
 def test_check_without_an_oracle_is_a_harness_fault(tmp_path):
     task = tmp_path / "task"
     task.mkdir()
@@ -232,6 +246,7 @@ def test_check_without_an_oracle_is_a_harness_fault(tmp_path):
 # ----------------------------------------------------------------------------- hostile timing
 
 
+@pytest.mark.e2e
 def test_measure_records_paired_raw_samples_with_alternating_order(tmp_path):
     base = TASKS / "softmax" / "baseline"
     doc = measure(
@@ -252,6 +267,7 @@ def test_measure_records_paired_raw_samples_with_alternating_order(tmp_path):
     assert len(set(seeds)) == len(seeds)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "name, code",
     [
@@ -272,6 +288,7 @@ def test_hostile_candidate_arm_is_invalid(tmp_path, name, code):
     assert doc["invalid"]["baseline"] == []
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", ["memo_identity", "memo_content"])
 def test_memoising_candidate_gains_nothing(tmp_path, name):
     spec = softmax_spec(
@@ -283,13 +300,17 @@ def test_memoising_candidate_gains_nothing(tmp_path, name):
         )
     )
     doc = measure(tmp_path, "softmax", TASKS / "softmax" / "baseline", HOSTILE / name, spec)
+    # NB: every timed input is a fresh draw, so a memo hit (by identity: ids of dropped inputs
+    # are reused) returns an earlier call's output, and the referee fails it
+    if doc["status"] == "candidate_invalid":
+        assert doc["invalid"]["candidate"][0]["code"] in {"stale_output", "wrong_output"}
+        assert doc["invalid"]["baseline"] == []
+        return
     assert doc["status"] == "ok"
-    ratios = [
-        np.median(p["arms"]["baseline"]["samples_ns"])
-        / np.median(p["arms"]["candidate"]["samples_ns"])
-        for p in doc["pairs"]
-    ]
-    assert np.median(ratios) < 1.5  # a memo hit would be many times faster
+    # NB: no timed input repeats (within the arm, across pairs, or a warm-up's), so a memo
+    # keyed by content never hits; how fast a miss is is not asserted (a timed test)
+    timed = [d for p in doc["pairs"] for d in p["arms"]["candidate"]["input_digests"]]
+    assert len(timed) == 4 * 6 and len(set(timed)) == len(timed)
 
 
 # ----------------------------------------------------------------------------- assess end to end
@@ -329,6 +350,7 @@ def _assess(tmp_path, spec, samples, cand_check, base_check, calib):
     return json.loads(out.read_text()), out.read_bytes()
 
 
+@pytest.mark.e2e
 def test_assess_gives_fail_inconclusive_and_is_deterministic(tmp_path):
     spec = softmax_spec(
         ["normal_f32", "large_f32"],
@@ -366,6 +388,7 @@ def test_assess_gives_fail_inconclusive_and_is_deterministic(tmp_path):
 # ----------------------------------------------------------------------------- statistics
 
 
+@pytest.mark.fast
 def test_identical_samples_give_speedup_one_and_an_interval_containing_one():
     ratios = [0.0] * 12
     result = stats.speedup(ratios, 0.95, 1000, seed=7)
@@ -373,6 +396,7 @@ def test_identical_samples_give_speedup_one_and_an_interval_containing_one():
     assert stats.noise_floor(ratios, 0.95, 1000, seed=7)["delta"] == 0.0
 
 
+@pytest.mark.fast
 def test_synthetic_twenty_percent_gain_is_detected_and_aa_noise_is_not():
     rng = np.random.default_rng(3)
 
@@ -402,6 +426,7 @@ def test_synthetic_twenty_percent_gain_is_detected_and_aa_noise_is_not():
     assert abs(stats.speedup(gain, 0.95, 2000, seed=2)["point"] - 1.2) < 0.05
 
 
+@pytest.mark.fast
 def test_median_interval_is_order_statistics_with_exact_coverage_and_throughput_inverts():
     x = list(np.random.default_rng(0).normal(0.1, 0.05, 30))
     lo, hi, coverage = stats.median_interval(x, 0.95)
@@ -417,6 +442,7 @@ def test_median_interval_is_order_statistics_with_exact_coverage_and_throughput_
     assert stats.arm_value([1e9, 1e9], "throughput", 10) == pytest.approx(10.0)
 
 
+@pytest.mark.e2e
 def test_a_slow_but_correct_candidate_is_measured_not_cut_off(tmp_path):
     """`call_timeout_s` is the only per-call limit: a correct candidate far slower than the
     baseline (2 s a call) is measured in full, its samples are the referee's clock, and the
@@ -465,6 +491,7 @@ def test_a_slow_but_correct_candidate_is_measured_not_cut_off(tmp_path):
     assert len(samples) == 4 and min(samples) >= 2e9
 
 
+@pytest.mark.e2e
 def test_a_call_past_call_timeout_is_the_candidates_timeout(tmp_path):
     slow = tmp_path / "slow"
     slow.mkdir()

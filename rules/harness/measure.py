@@ -437,9 +437,10 @@ def run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict,
         "host": {"node": platform.node(), "machine": platform.machine(),
                  "python": platform.python_version(), "numpy": np.__version__,
                  "cpu_count": os.cpu_count(),
-                 "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                 else None,
+                 "affinity": R.allowed_cpus() or None,
                  "worker_cpus": R.worker_cpus(spec["threads"]),
+                 "referee_cpus": sorted(os.sched_getaffinity(0))
+                 if hasattr(os, "sched_getaffinity") else None,
                  "loadavg_start": None},
         "wall_s": round(time.monotonic() - started, 3),
         "phases_s": {"timer": round(time.monotonic() - started, 3), "judge": 0.0},
@@ -526,6 +527,7 @@ def main() -> int:
         C.require_device(spec)
         secret = R.secret_seed() if args.seed is None else int(args.seed)
         spec["_seed_given"] = args.seed is not None
+        R.pin_referee(int(spec["threads"]))
         doc = run_measure(args.task.resolve(), args.baseline.resolve(), args.candidate.resolve(),
                           spec, work_dir, secret)
         doc["host"]["loadavg_start"] = load_start

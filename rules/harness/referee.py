@@ -195,11 +195,42 @@ def _env(threads: int, home: str) -> dict[str, str]:
     return env
 
 
+_ALLOWED: list[int] | None = None
+
+
+def allowed_cpus() -> list[int]:
+    """The CPUs this referee was given, as first seen (pin_referee narrows its own set later)."""
+    global _ALLOWED
+    if _ALLOWED is None:
+        try:
+            _ALLOWED = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            _ALLOWED = []
+    return _ALLOWED
+
+
 def worker_cpus(threads: int) -> list[int] | None:
-    """The CPUs a worker is pinned to (None: not pinned). NB: pinning is a limit the worker can
-    undo (sched_setaffinity), and on a busy host it stops the scheduler from moving a worker
-    off a contended core; the limit that holds is the CPU time read from outside."""
-    return None
+    """The CPUs a worker is pinned to: the last `threads` of the referee's own set, when that
+    leaves at least one for the referee (None: not pinned). Both arms of every pair get the same
+    CPUs. NB: the worker can undo its pinning (sched_setaffinity); what holds regardless is the
+    CPU time the referee reads from outside (cpu_overuse)."""
+    allowed = allowed_cpus()
+    if threads < 1 or len(allowed) <= threads:
+        return None
+    return allowed[-threads:]
+
+
+def pin_referee(threads: int) -> list[int] | None:
+    """Keep the referee (its spin-wait on the control page) off the worker's CPUs."""
+    cpus = worker_cpus(threads)
+    if not cpus:
+        return None
+    rest = [c for c in allowed_cpus() if c not in cpus]
+    try:
+        os.sched_setaffinity(0, rest)
+    except OSError:
+        return None
+    return rest
 
 
 class WorkerProcess:
