@@ -153,11 +153,12 @@ def main() -> int:
             "docker_vs_bare_docker": med["docker"] / med["bare-docker"],
             "docker_vs_bare_docker_sdk": med["docker"] / med["bare-docker-sdk"],
             "bwrap_vs_bare_subprocess": med["bwrap"] / med["bare-subprocess"],
-            "local_per_action_vs_bare_subprocess": med["local-per-action"]
-            / med["bare-subprocess"],
+            "local_per_action_vs_bare_subprocess": med["local-per-action"] / med["bare-subprocess"],
             **(
-                {"local_persistent_vs_bare_subprocess": med["local-persistent"]
-                 / med["bare-subprocess"]}
+                {
+                    "local_persistent_vs_bare_subprocess": med["local-persistent"]
+                    / med["bare-subprocess"]
+                }
                 if "local-persistent" in med
                 else {}
             ),

@@ -473,7 +473,6 @@ def gc_cannot_write_for_no_space(tmp: Path) -> Row:
 # --------------------------------------------------------------------------------------- main
 
 
-
 def _finished(events: list[dict], label: str) -> dict:
     return next((e for e in events if e["kind"] == "action_finished" and e["label"] == label), {})
 
@@ -495,8 +494,13 @@ def action_overfills_its_scratch(tmp: Path) -> Row:
     hog = _finished(events, "//:hog")
     again, events2 = build_events(ws, "//:fine")
     leftover = sorted(_shm_entries() - shm_before)
-    held = (run.rc == 1 and hog.get("reason") == "scratch_limit" and not run.traceback
-            and again.rc == 0 and not leftover)
+    held = (
+        run.rc == 1
+        and hog.get("reason") == "scratch_limit"
+        and not run.traceback
+        and again.rc == 0
+        and not leftover
+    )
     return Row(
         "an action writes 40 MiB with a 16 MiB scratch limit",
         f"rsi build exit {run.rc}; the action failed with reason {hog.get('reason')!r}: "
@@ -508,10 +512,16 @@ def action_overfills_its_scratch(tmp: Path) -> Row:
 
 @scenario
 def action_exceeds_its_memory(tmp: Path) -> Row:
-    cmd = ("python3 -c 'b = bytearray(150 << 20); b[::4096] = b\"x\" * len(b[::4096])'; "
-           "echo done > $(OUT)")
-    ws = workspace(tmp, "ws", command("hog", cmd, ["h.txt"]),
-                   '[workspace]\nstore = "store"\n[limits]\nmemory_mb = 48\n')
+    cmd = (
+        "python3 -c 'b = bytearray(150 << 20); b[::4096] = b\"x\" * len(b[::4096])'; "
+        "echo done > $(OUT)"
+    )
+    ws = workspace(
+        tmp,
+        "ws",
+        command("hog", cmd, ["h.txt"]),
+        '[workspace]\nstore = "store"\n[limits]\nmemory_mb = 48\n',
+    )
     info = rsi(ws, "info", "--json")
     run, events = build_events(ws, "//:hog")
     hog = _finished(events, "//:hog")
@@ -530,11 +540,19 @@ def action_exceeds_its_memory(tmp: Path) -> Row:
 @scenario
 def sigint_during_a_build(tmp: Path) -> Row:
     marker = f"rsi-fault-sleep-{os.getpid()}"
-    ws = workspace(tmp, "ws", command("slow", f"sleep 60 # {marker}\necho > $(OUT)", ["s.txt"]),
-                   '[workspace]\nstore = "store"\n')
+    ws = workspace(
+        tmp,
+        "ws",
+        command("slow", f"sleep 60 # {marker}\necho > $(OUT)", ["s.txt"]),
+        '[workspace]\nstore = "store"\n',
+    )
     events_path = tmp / "events.jsonl"
-    proc = subprocess.Popen([*RSI, "build", "--events", str(events_path), "//:slow"], cwd=ws,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*RSI, "build", "--events", str(events_path), "//:slow"],
+        cwd=ws,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         text = events_path.read_text() if events_path.exists() else ""
@@ -553,8 +571,12 @@ def sigint_during_a_build(tmp: Path) -> Row:
     events = [json.loads(x) for x in events_path.read_text().splitlines() if x.strip()]
     last = events[-1] if events else {}
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
-    held = (rc == 130 and last.get("kind") == "build_finished"
-            and last.get("reason") == "interrupted" and not left)
+    held = (
+        rc == 130
+        and last.get("kind") == "build_finished"
+        and last.get("reason") == "interrupted"
+        and not left
+    )
     return Row(
         "SIGINT while a build runs a 60 s action",
         f"rsi exited {rc} {took:.1f} s after the signal; last event {last.get('kind')} "
@@ -568,12 +590,25 @@ def sigint_during_a_build(tmp: Path) -> Row:
 def waiting_on_the_host_lock(tmp: Path) -> Row:
     lock = tmp / "host.lock"
     env = {"RSI_HOST_LOCK": str(lock)}
-    hold = workspace(tmp, "hold", command("hold", "sleep 20; echo > $(OUT)", ["h.txt"],
-                                          tags=["exclusive"]), '[workspace]\nstore = "s"\n')
-    wait = workspace(tmp, "wait", command("timed", "echo > $(OUT)", ["t.txt"],
-                                          tags=["exclusive"]), '[workspace]\nstore = "s"\n')
-    holder = subprocess.Popen([*RSI, "build", "//:hold"], cwd=hold, env={**os.environ, **env},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    hold = workspace(
+        tmp,
+        "hold",
+        command("hold", "sleep 20; echo > $(OUT)", ["h.txt"], tags=["exclusive"]),
+        '[workspace]\nstore = "s"\n',
+    )
+    wait = workspace(
+        tmp,
+        "wait",
+        command("timed", "echo > $(OUT)", ["t.txt"], tags=["exclusive"]),
+        '[workspace]\nstore = "s"\n',
+    )
+    holder = subprocess.Popen(
+        [*RSI, "build", "//:hold"],
+        cwd=hold,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not (lock.parent / "host.lock.holders").exists():
@@ -581,8 +616,9 @@ def waiting_on_the_host_lock(tmp: Path) -> Row:
         time.sleep(0.5)
         events_path = tmp / "events.jsonl"
         t0 = time.monotonic()
-        run = rsi(wait, "build", "--lock-timeout", "2", "--events", str(events_path), "//:timed",
-                  env=env)
+        run = rsi(
+            wait, "build", "--lock-timeout", "2", "--events", str(events_path), "//:timed", env=env
+        )
         took = time.monotonic() - t0
         events = [json.loads(x) for x in events_path.read_text().splitlines() if x.strip()]
     finally:
@@ -599,6 +635,7 @@ def waiting_on_the_host_lock(tmp: Path) -> Row:
         "the holding build unaffected; nothing waited silently",
         held,
     )
+
 
 def table(rows: list[Row]) -> str:
     lines = ["| fault | what happened | what remained | held |", "|---|---|---|---|"]

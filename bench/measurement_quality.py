@@ -4,6 +4,7 @@ the noise floor, the referee's per-call hand-over cost (IPC), and the wall time 
 verdict, for each shipped task.
 
 Usage: python bench/measurement_quality.py [--tasks softmax rmsnorm silu_mul] [--reps 40]
+       [--gain-reps 20]   (A/A assessments per task; runs of the ~20 % faster candidate)
 Writes out/bench/measurement_quality.json and prints a table.
 """
 
@@ -44,7 +45,11 @@ def write_spec(work: Path, task: str, seed: int) -> Path:
     return path
 
 
-def bench_task(task: str, reps: int, work: Path) -> dict:
+def _busy(verdict: dict) -> bool:
+    return any(r["code"] == "host_busy" for r in verdict["reasons"])
+
+
+def bench_task(task: str, reps: int, gain_reps: int, work: Path) -> dict:
     tdir = TASKS / task
     base, gain = tdir / "baseline", tdir / "candidates" / "gain20"
     spec0 = write_spec(work, task, 0)
@@ -109,13 +114,15 @@ def bench_task(task: str, reps: int, work: Path) -> dict:
     full_verdict_s = time.monotonic() - started
 
     aa_runs = [calib] + [measure(base, 1000 + k, f"aa-{k}.json") for k in range(1, reps + 1)]
-    gain_runs = [first_gain] + [measure(gain, 2000 + k, f"gain-{k}.json") for k in range(1, reps)]
+    gain_runs = [first_gain] + [
+        measure(gain, 2000 + k, f"gain-{k}.json") for k in range(1, gain_reps)
+    ]
     aa_verdicts = [
         assess(aa_runs[k + 1], work / "check-base.json", aa_runs[k], f"v-aa-{k}.json")
         for k in range(reps)
     ]
     gain_verdicts = [
-        assess(gain_runs[k], gain_check, aa_runs[k], f"v-gain-{k}.json") for k in range(reps)
+        assess(gain_runs[k], gain_check, aa_runs[k], f"v-gain-{k}.json") for k in range(gain_reps)
     ]
     measure_walls = [json.loads(p.read_text())["wall_s"] for p in aa_runs + gain_runs]
     floors = [v["noise_floor"]["delta"] for v in aa_verdicts if v["noise_floor"]]
@@ -126,6 +133,7 @@ def bench_task(task: str, reps: int, work: Path) -> dict:
         | {"workload": spec["measure"]["workload"]}
         | spec["assess"],
         "reps": reps,
+        "gain_reps": gain_reps,
         "aa_false_pass": sum(v["verdict"] == "PASS" for v in aa_verdicts),
         "aa_interval_contains_1": sum(
             1
@@ -136,6 +144,8 @@ def bench_task(task: str, reps: int, work: Path) -> dict:
             json.loads(p.read_text())["referee"]["ipc_overhead_ns"]["candidate"] / 1e3
             for p in aa_runs + gain_runs
         )[len(aa_runs + gain_runs) // 2],
+        "aa_host_busy": sum(_busy(v) for v in aa_verdicts),
+        "gain20_host_busy": sum(_busy(v) for v in gain_verdicts),
         "aa_verdicts": [v["verdict"] for v in aa_verdicts],
         "aa_speedups": [v["speedup"] for v in aa_verdicts],
         "gain20_detected": sum(v["verdict"] == "PASS" for v in gain_verdicts),
@@ -156,6 +166,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tasks", nargs="+", default=["softmax", "rmsnorm", "silu_mul"])
     parser.add_argument("--reps", type=int, default=40)
+    parser.add_argument("--gain-reps", type=int, default=20)
     parser.add_argument(
         "--out", type=Path, default=ROOT / "out" / "bench" / "measurement_quality.json"
     )
@@ -163,14 +174,15 @@ def main() -> int:
     results = []
     for task in args.tasks:
         with tempfile.TemporaryDirectory(prefix=f"rsi-bench-{task}-") as tmp:
-            results.append(bench_task(task, args.reps, Path(tmp)))
+            results.append(bench_task(task, args.reps, args.gain_reps, Path(tmp)))
         r = results[-1]
         print(
             f"{task:8s} A/A interval holds 1.0 {r['aa_interval_contains_1']:2d}/{r['reps']}  "
             f"IPC {r['ipc_overhead_us_median']:.0f} us/call  "
             f"A/A false PASS {r['aa_false_pass']:2d}/{r['reps']}  gain20 detected "
-            f"{r['gain20_detected']:2d}/{r['reps']}  noise floor median "
-            f"{r['noise_floor_median']:.3f} max {r['noise_floor_max']:.3f}  full verdict "
+            f"{r['gain20_detected']:2d}/{r['gain_reps']}  host_busy A/A {r['aa_host_busy']} "
+            f"gain {r['gain20_host_busy']}  noise floor median "
+            f"{r['noise_floor_median'] or 0:.3f} max {r['noise_floor_max'] or 0:.3f}  full verdict "
             f"{r['full_verdict_wall_s']:.1f} s  measure {r['measure_wall_s_median']:.1f} s",
             flush=True,
         )

@@ -20,15 +20,25 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "tasks"
-OLD_SCRIPTS = ("check.py", "measure.py", "assess.py", "stats.py", "_common.py", "runner.py",
-               "timer.py")
+OLD_SCRIPTS = (
+    "check.py",
+    "measure.py",
+    "assess.py",
+    "stats.py",
+    "_common.py",
+    "runner.py",
+    "timer.py",
+)
 
 
 def export_old(before: str, dest: Path) -> Path:
     dest.mkdir(parents=True)
     for name in OLD_SCRIPTS:
-        blob = subprocess.run(["git", "-C", str(ROOT), "show", f"{before}:rules/harness/{name}"],
-                              capture_output=True, check=True).stdout
+        blob = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{before}:rules/harness/{name}"],
+            capture_output=True,
+            check=True,
+        ).stdout
         (dest / name).write_bytes(blob)
     return dest
 
@@ -41,32 +51,87 @@ def verdict_wall(harness: Path, task: str, candidate: Path, spec: Path, work: Pa
 
     def run(script: str, *args: str) -> float:
         started = time.perf_counter()
-        proc = subprocess.run([*py, str(harness / script), *args], cwd=work, capture_output=True,
-                              text=True, timeout=1800)
+        proc = subprocess.run(
+            [*py, str(harness / script), *args],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         if proc.returncode != 0:
             raise SystemExit(f"{harness}/{script} failed: {proc.stderr[-2000:]}")
         return time.perf_counter() - started
 
     common = ["--task", str(tdir)]
-    run("check.py", *common, "--impl", str(tdir / "baseline"), "--spec", str(spec),
-        "--out", str(work / "base.json"))
-    run("measure.py", *common, "--baseline", str(tdir / "baseline"), "--candidate",
-        str(tdir / "baseline"), "--spec", str(spec), "--out", str(work / "aa.json"))
-    t_check = run("check.py", *common, "--impl", str(candidate), "--spec", str(spec),
-                  "--out", str(work / "check.json"))
-    t_measure = run("measure.py", *common, "--baseline", str(tdir / "baseline"),
-                    "--candidate", str(candidate), "--spec", str(spec),
-                    "--out", str(work / "samples.json"))
-    t_assess = run("assess.py", "--spec", str(spec), "--samples", str(work / "samples.json"),
-                   "--check", str(work / "check.json"), "--baseline-check",
-                   str(work / "base.json"), "--calibration", str(work / "aa.json"),
-                   "--out", str(work / "verdict.json"))
+    run(
+        "check.py",
+        *common,
+        "--impl",
+        str(tdir / "baseline"),
+        "--spec",
+        str(spec),
+        "--out",
+        str(work / "base.json"),
+    )
+    run(
+        "measure.py",
+        *common,
+        "--baseline",
+        str(tdir / "baseline"),
+        "--candidate",
+        str(tdir / "baseline"),
+        "--spec",
+        str(spec),
+        "--out",
+        str(work / "aa.json"),
+    )
+    t_check = run(
+        "check.py",
+        *common,
+        "--impl",
+        str(candidate),
+        "--spec",
+        str(spec),
+        "--out",
+        str(work / "check.json"),
+    )
+    t_measure = run(
+        "measure.py",
+        *common,
+        "--baseline",
+        str(tdir / "baseline"),
+        "--candidate",
+        str(candidate),
+        "--spec",
+        str(spec),
+        "--out",
+        str(work / "samples.json"),
+    )
+    t_assess = run(
+        "assess.py",
+        "--spec",
+        str(spec),
+        "--samples",
+        str(work / "samples.json"),
+        "--check",
+        str(work / "check.json"),
+        "--baseline-check",
+        str(work / "base.json"),
+        "--calibration",
+        str(work / "aa.json"),
+        "--out",
+        str(work / "verdict.json"),
+    )
     samples = json.loads((work / "samples.json").read_text())
     verdict = json.loads((work / "verdict.json").read_text())
-    return {"wall_s": t_check + t_measure + t_assess, "check_s": t_check,
-            "measure_s": t_measure, "verdict": verdict["verdict"],
-            "speedup": (verdict.get("speedup") or {}).get("point"),
-            "ipc_overhead_ns": (samples.get("referee") or {}).get("ipc_overhead_ns")}
+    return {
+        "wall_s": t_check + t_measure + t_assess,
+        "check_s": t_check,
+        "measure_s": t_measure,
+        "verdict": verdict["verdict"],
+        "speedup": (verdict.get("speedup") or {}).get("point"),
+        "ipc_overhead_ns": (samples.get("referee") or {}).get("ipc_overhead_ns"),
+    }
 
 
 def main() -> int:
@@ -90,20 +155,29 @@ def main() -> int:
                 runs[name].append(verdict_wall(harness, args.task, candidate, spec, work))
     med = {name: statistics.median(r["wall_s"] for r in rs) for name, rs in runs.items()}
     ipc = [v for r in runs["referee"] for v in (r["ipc_overhead_ns"] or {}).values()]
-    doc = {"task": args.task, "candidate": args.candidate, "reps": args.reps,
-           "before": args.before, "median_wall_s": med,
-           "ratio_referee_to_before": med["referee"] / med["before"],
-           "ipc_overhead_us_median": statistics.median(ipc) / 1e3 if ipc else None,
-           "runs": runs}
+    doc = {
+        "task": args.task,
+        "candidate": args.candidate,
+        "reps": args.reps,
+        "before": args.before,
+        "median_wall_s": med,
+        "ratio_referee_to_before": med["referee"] / med["before"],
+        "ipc_overhead_us_median": statistics.median(ipc) / 1e3 if ipc else None,
+        "runs": runs,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1))
-    print(f"{args.task} {args.candidate}: one verdict (check + measure + assess), median of "
-          f"{args.reps}: before {med['before']:.2f} s, referee {med['referee']:.2f} s "
-          f"({doc['ratio_referee_to_before']:.2f}x); IPC per call "
-          f"{doc['ipc_overhead_us_median']:.0f} us")
+    print(
+        f"{args.task} {args.candidate}: one verdict (check + measure + assess), median of "
+        f"{args.reps}: before {med['before']:.2f} s, referee {med['referee']:.2f} s "
+        f"({doc['ratio_referee_to_before']:.2f}x); IPC per call "
+        f"{doc['ipc_overhead_us_median']:.0f} us"
+    )
     for name, rs in runs.items():
-        print(f"  {name:8s} verdicts {[r['verdict'] for r in rs]} speedups "
-              f"{[round(r['speedup'], 3) if r['speedup'] else None for r in rs]}")
+        print(
+            f"  {name:8s} verdicts {[r['verdict'] for r in rs]} speedups "
+            f"{[round(r['speedup'], 3) if r['speedup'] else None for r in rs]}"
+        )
     print(f"wrote {args.out}")
     return 0
 

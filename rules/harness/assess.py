@@ -25,16 +25,47 @@ S = _load_sibling("stats")
 SCHEMA = "rsi.assess/1"
 
 
+# NB: a pair either of whose arms spent more than this share of its timed calls' wall time
+# waiting for a CPU (referee and worker, from schedstat) measured the host's other work, not
+# the candidate: it is left out of the interval; when most pairs are, the host was busy
+CONTENTION_MAX = 0.10
+
+
+def contended(pair: dict) -> bool:
+    return any(
+        (pair["arms"][arm].get("contention") or 0.0) > CONTENTION_MAX
+        for arm in ("baseline", "candidate")
+    )
+
+
 def pair_log_ratios(doc: dict, measure: dict) -> list[float]:
+    """Per complete, uncontended pair: log(baseline / candidate) of the arm values."""
     ratios = []
     for pair in doc["pairs"]:
-        if not pair.get("complete"):
+        if not pair.get("complete") or contended(pair):
             continue
-        values = {arm: S.arm_value(pair["arms"][arm]["samples_ns"], measure["metric"],
-                                   measure.get("units_per_call"))
-                  for arm in ("baseline", "candidate")}
+        values = {
+            arm: S.arm_value(
+                pair["arms"][arm]["samples_ns"], measure["metric"], measure.get("units_per_call")
+            )
+            for arm in ("baseline", "candidate")
+        }
         ratios.append(S.log_ratio(values["baseline"], values["candidate"], measure["direction"]))
     return ratios
+
+
+def _busy(doc: dict) -> str | None:
+    """Why a measurement says nothing about the implementations (None: it does): most of its
+    complete pairs waited for a CPU (another process had it) for > CONTENTION_MAX of the time."""
+    complete = [p for p in doc["pairs"] if p.get("complete")]
+    busy = [p for p in complete if contended(p)]
+    if complete and 2 * len(busy) > len(complete):
+        return (
+            f"{len(busy)} of {len(complete)} pairs waited for a CPU for more than "
+            f"{CONTENTION_MAX:.0%} of their timed calls: other work had the host's CPUs; "
+            "measure again on a quiet host"
+        )
+    return None
 
 
 def _policy(measure: dict) -> dict:
@@ -60,20 +91,25 @@ def bandwidth_summary(samples: dict) -> dict:
     unknown), with the baseline's alongside."""
     bw = samples.get("bandwidth") or {}
     cand, base = bw.get("candidate") or {}, bw.get("baseline") or {}
-    return {"achieved_gb_s": cand.get("achieved_gb_s"), "peak_gb_s": bw.get("peak_gb_s"),
-            "fraction": cand.get("fraction"), "bytes_per_call": bw.get("bytes_per_call"),
-            "peak_source": bw.get("peak_source"),
-            "baseline": {"achieved_gb_s": base.get("achieved_gb_s"),
-                         "fraction": base.get("fraction")}}
+    return {
+        "achieved_gb_s": cand.get("achieved_gb_s"),
+        "peak_gb_s": bw.get("peak_gb_s"),
+        "fraction": cand.get("fraction"),
+        "bytes_per_call": bw.get("bytes_per_call"),
+        "peak_source": bw.get("peak_source"),
+        "baseline": {"achieved_gb_s": base.get("achieved_gb_s"), "fraction": base.get("fraction")},
+    }
 
 
 def _codes(reasons: list[dict]) -> str:
-    return ", ".join(sorted({f"{r['code']}" + (f"@pair{r['pair']}" if "pair" in r else "")
-                             for r in reasons}))
+    return ", ".join(
+        sorted({f"{r['code']}" + (f"@pair{r['pair']}" if "pair" in r else "") for r in reasons})
+    )
 
 
-def assess(spec: dict, samples: dict, check: dict, baseline_check: dict, calibration: dict,
-           seed: int) -> dict:
+def assess(
+    spec: dict, samples: dict, check: dict, baseline_check: dict, calibration: dict, seed: int
+) -> dict:
     m, a = spec["measure"], spec["assess"]
     reasons: list[dict] = []
     fail, inconclusive = False, False
@@ -81,22 +117,29 @@ def assess(spec: dict, samples: dict, check: dict, baseline_check: dict, calibra
     def add(code: str, detail: str) -> None:
         reasons.append({"code": code, "detail": detail})
 
-    for name, doc, schema in (("samples", samples, "rsi.measure/1"),
-                              ("check", check, "rsi.check/1"),
-                              ("baseline_check", baseline_check, "rsi.check/1"),
-                              ("calibration", calibration, "rsi.measure/1")):
+    for name, doc, schema in (
+        ("samples", samples, "rsi.measure/1"),
+        ("check", check, "rsi.check/1"),
+        ("baseline_check", baseline_check, "rsi.check/1"),
+        ("calibration", calibration, "rsi.measure/1"),
+    ):
         if not isinstance(doc, dict) or doc.get("schema") != schema:
             raise C.HarnessError(f"{name} evidence is not a {schema} document")
 
     if baseline_check["status"] != "ok":
         inconclusive = True
-        add("baseline_check_failed", f"the baseline fails its own check "
-            f"({baseline_check['failure_kind']}); the task or oracle needs fixing")
+        add(
+            "baseline_check_failed",
+            f"the baseline fails its own check "
+            f"({baseline_check['failure_kind']}); the task or oracle needs fixing",
+        )
     if check["status"] != "ok":
         fail = True
         first = check["reasons"][0] if check["reasons"] else {}
-        add("candidate_check_failed", f"{check['failure_kind']}: case {first.get('case')}: "
-            f"{first.get('detail')}")
+        add(
+            "candidate_check_failed",
+            f"{check['failure_kind']}: case {first.get('case')}: {first.get('detail')}",
+        )
     if samples["invalid"]["candidate"]:
         fail = True
         add("candidate_arm_invalid", _codes(samples["invalid"]["candidate"]))
@@ -116,18 +159,32 @@ def assess(spec: dict, samples: dict, check: dict, baseline_check: dict, calibra
         add("calibration_invalid", "the calibration document is not an A/A run")
     elif calibration["invalid"]["baseline"] or calibration["invalid"]["candidate"]:
         inconclusive = True
-        add("calibration_invalid", "A/A arms invalid: " + _codes(
-            calibration["invalid"]["baseline"] + calibration["invalid"]["candidate"]))
-    elif (calibration["baseline"]["digest"] != samples["baseline"]["digest"]
-          or _policy(calibration["measure"]) != _policy(samples["measure"])
-          or calibration["threads"] != samples["threads"]):
+        add(
+            "calibration_invalid",
+            "A/A arms invalid: "
+            + _codes(calibration["invalid"]["baseline"] + calibration["invalid"]["candidate"]),
+        )
+    elif (
+        calibration["baseline"]["digest"] != samples["baseline"]["digest"]
+        or _policy(calibration["measure"]) != _policy(samples["measure"])
+        or calibration["threads"] != samples["threads"]
+    ):
         inconclusive = True
         add("calibration_mismatch", "the A/A run used another baseline, workload or policy")
-    elif _hardware(calibration) and _hardware(samples) and \
-            _hardware(calibration) != _hardware(samples):
+    elif (
+        _hardware(calibration)
+        and _hardware(samples)
+        and _hardware(calibration) != _hardware(samples)
+    ):
         inconclusive = True
-        add("calibration_mismatch", f"the A/A run used another device "
-            f"({_hardware(calibration)} vs {_hardware(samples)}); its noise floor does not apply")
+        add(
+            "calibration_mismatch",
+            f"the A/A run used another device "
+            f"({_hardware(calibration)} vs {_hardware(samples)}); its noise floor does not apply",
+        )
+    elif _busy(calibration):
+        inconclusive = True
+        add("host_busy", "A/A calibration: " + _busy(calibration))
     else:
         aa = pair_log_ratios(calibration, m)
         if len(aa) < int(a["min_pairs"]):
@@ -140,6 +197,9 @@ def assess(spec: dict, samples: dict, check: dict, baseline_check: dict, calibra
     speed = None
     if samples["invalid"]["candidate"] or samples["invalid"]["baseline"]:
         pass
+    elif _busy(samples):
+        inconclusive = True
+        add("host_busy", _busy(samples))
     elif len(ratios) < int(a["min_pairs"]):
         inconclusive = True
         add("too_few_pairs", f"{len(ratios)} complete pairs (< {a['min_pairs']})")
@@ -161,12 +221,18 @@ def assess(spec: dict, samples: dict, check: dict, baseline_check: dict, calibra
         # NB: the mirror image of PASS: the whole interval is below 1 by more than the noise
         # floor, so the candidate is slower, with the verdict's own confidence
         verdict = "FAIL"
-        add("slower", f"interval upper bound {speed['hi']:.4f} < {1.0 / threshold:.4f} "
-            f"(1 / (1 + max(noise floor, min_improvement))): the candidate is slower")
+        add(
+            "slower",
+            f"interval upper bound {speed['hi']:.4f} < {1.0 / threshold:.4f} "
+            f"(1 / (1 + max(noise floor, min_improvement))): the candidate is slower",
+        )
     else:
         verdict = "INCONCLUSIVE"
-        add("below_threshold", f"interval lower bound {speed['lo']:.4f} <= {threshold:.4f} "
-            f"(1 + max(noise floor, min_improvement))")
+        add(
+            "below_threshold",
+            f"interval lower bound {speed['lo']:.4f} <= {threshold:.4f} "
+            f"(1 + max(noise floor, min_improvement))",
+        )
     return {
         "schema": SCHEMA,
         "verdict": verdict,
@@ -176,6 +242,7 @@ def assess(spec: dict, samples: dict, check: dict, baseline_check: dict, calibra
         "threshold": threshold,
         "min_improvement": float(a["min_improvement"]),
         "n_pairs": len(ratios) if speed else (len(ratios) or None),
+        "n_contended_pairs": sum(1 for p in samples["pairs"] if p.get("complete") and contended(p)),
         "metric": m["metric"],
         "direction": m["direction"],
         "baseline_digest": samples["baseline"]["digest"],
@@ -204,8 +271,14 @@ def main() -> int:
         docs = {name: C.read_json(getattr(args, name)) for name in blobs if name != "spec"}
         seed = S.seed_from(*blobs.values())
         try:
-            doc = assess(spec, docs["samples"], docs["check"], docs["baseline_check"],
-                         docs["calibration"], seed)
+            doc = assess(
+                spec,
+                docs["samples"],
+                docs["check"],
+                docs["baseline_check"],
+                docs["calibration"],
+                seed,
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise C.HarnessError(f"malformed evidence: {type(exc).__name__}: {exc}") from exc
         doc["evidence_sha256"] = {name: C.sha256_bytes(b) for name, b in blobs.items()}

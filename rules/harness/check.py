@@ -34,11 +34,18 @@ np = C.np
 SCHEMA = "rsi.check/1"
 # per-case reason code -> top-level failure_kind
 FAILURE_KIND = {
-    "syntax_error": "syntax_error", "import_error": "import_error",
-    "missing_entry": "import_error", "exception": "exception", "timeout": "timeout",
-    "crash": "crash", "wrong_type": "wrong_type", "wrong_device": "wrong_type",
-    "wrong_shape": "wrong_shape", "wrong_dtype": "wrong_dtype",
-    "input_modified": "input_modified", "non_finite": "wrong_output",
+    "syntax_error": "syntax_error",
+    "import_error": "import_error",
+    "missing_entry": "import_error",
+    "exception": "exception",
+    "timeout": "timeout",
+    "crash": "crash",
+    "wrong_type": "wrong_type",
+    "wrong_device": "wrong_type",
+    "wrong_shape": "wrong_shape",
+    "wrong_dtype": "wrong_dtype",
+    "input_modified": "input_modified",
+    "non_finite": "wrong_output",
     "out_of_tolerance": "wrong_output",
 }
 
@@ -68,14 +75,14 @@ def prepare_case(case: dict, seed: int, workloads, oracle) -> dict:
         inputs = workloads.make_inputs(dict(case), seed)
     except Exception as exc:  # noqa: BLE001  any task error is a harness fault
         raise C.HarnessError(
-            f"workloads.make_inputs failed on case {case['name']!r}: {exc!r}") from exc
+            f"workloads.make_inputs failed on case {case['name']!r}: {exc!r}"
+        ) from exc
     digest = C.inputs_digest(inputs)
     header, packed = R.pack_inputs(C, inputs)
     try:
         ref = oracle.reference(**inputs)
     except Exception as exc:  # noqa: BLE001  any task error is a harness fault
-        raise C.HarnessError(
-            f"oracle.reference failed on case {case['name']!r}: {exc!r}") from exc
+        raise C.HarnessError(f"oracle.reference failed on case {case['name']!r}: {exc!r}") from exc
     if type(ref) is not np.ndarray or ref.dtype != np.float64:
         raise C.HarnessError(f"oracle.reference must return a float64 numpy array ({case['name']})")
     if not np.all(np.isfinite(ref)):
@@ -84,17 +91,36 @@ def prepare_case(case: dict, seed: int, workloads, oracle) -> dict:
         raise C.HarnessError(f"oracle.reference modified its inputs on case {case['name']!r}")
     out_dtype = case.get("out_dtype", case["dtype"])
     nbytes = int(ref.size) * C.dtype_itemsize(out_dtype)
-    return {"seed": seed, "digest": digest, "ref": ref, "header": header, "packed": packed,
-            "out_dtype": out_dtype, "nbytes": nbytes}
+    return {
+        "seed": seed,
+        "digest": digest,
+        "ref": ref,
+        "header": header,
+        "packed": packed,
+        "out_dtype": out_dtype,
+        "nbytes": nbytes,
+    }
 
 
 def _record(case: dict, prep: dict) -> dict:
-    return {"name": case["name"], "seed": prep["seed"], "input_digest": prep["digest"],
-            "hidden": bool(case.get("hidden")), "shape": case.get("shape"),
-            "passed": False, "reason": None, "detail": None, "max_abs_err": None,
-            "max_rel_err": None, "mismatched": None, "expected_shape": list(prep["ref"].shape),
-            "expected_dtype": prep["out_dtype"], "output": None, "wall_s": None,
-            "log_tail": None}
+    return {
+        "name": case["name"],
+        "seed": prep["seed"],
+        "input_digest": prep["digest"],
+        "hidden": bool(case.get("hidden")),
+        "shape": case.get("shape"),
+        "passed": False,
+        "reason": None,
+        "detail": None,
+        "max_abs_err": None,
+        "max_rel_err": None,
+        "mismatched": None,
+        "expected_shape": list(prep["ref"].shape),
+        "expected_dtype": prep["out_dtype"],
+        "output": None,
+        "wall_s": None,
+        "log_tail": None,
+    }
 
 
 def raw_output(raw: bytes, dtype: str, shape) -> np.ndarray:
@@ -119,46 +145,59 @@ def judge_reply(spec: dict, record: dict, prep: dict, call) -> None:
     expected_shape = list(prep["ref"].shape)
     if meta.get("problem") == "wrong_type":
         wanted = "numpy.ndarray" if spec["framework"] == "numpy" else "torch.Tensor"
-        record.update(reason="wrong_type", detail=f"returned {meta.get('type')}; the contract "
-                      f"needs exactly {wanted}")
+        record.update(
+            reason="wrong_type",
+            detail=f"returned {meta.get('type')}; the contract needs exactly {wanted}",
+        )
         return
     if meta.get("problem") == "wrong_device" or meta.get("device") != spec["device"]:
-        record.update(reason="wrong_device", detail=f"output on {meta.get('device')}, expected "
-                      f"{spec['device']}")
+        record.update(
+            reason="wrong_device",
+            detail=f"output on {meta.get('device')}, expected {spec['device']}",
+        )
         return
     if meta.get("shape") != expected_shape:
-        record.update(reason="wrong_shape", detail=f"shape {meta.get('shape')}, expected "
-                      f"{expected_shape}")
+        record.update(
+            reason="wrong_shape", detail=f"shape {meta.get('shape')}, expected {expected_shape}"
+        )
         return
     if meta.get("problem") == "wrong_dtype" or meta.get("dtype") != prep["out_dtype"]:
-        record.update(reason="wrong_dtype", detail=f"dtype {meta.get('dtype')}, expected "
-                      f"{prep['out_dtype']}")
+        record.update(
+            reason="wrong_dtype", detail=f"dtype {meta.get('dtype')}, expected {prep['out_dtype']}"
+        )
         return
     if call.output is None:
-        record.update(reason="wrong_shape", detail=f"{meta.get('nbytes')} output bytes, expected "
-                      f"{prep['nbytes']}")
+        record.update(
+            reason="wrong_shape",
+            detail=f"{meta.get('nbytes')} output bytes, expected {prep['nbytes']}",
+        )
         return
     if not call.inputs_intact:
         record.update(reason="input_modified", detail="an input changed during the call")
         return
-    actual = C.as_float64(raw_output(call.output, prep["out_dtype"], expected_shape),
-                          prep["out_dtype"])
+    actual = C.as_float64(
+        raw_output(call.output, prep["out_dtype"], expected_shape), prep["out_dtype"]
+    )
     atol, rtol = C.tolerance_for(spec, prep["out_dtype"])
     cmp = C.compare(actual, prep["ref"], atol, rtol)
-    record.update(max_abs_err=cmp["max_abs_err"], max_rel_err=cmp["max_rel_err"],
-                  mismatched=cmp["mismatched"])
+    record.update(
+        max_abs_err=cmp["max_abs_err"], max_rel_err=cmp["max_rel_err"], mismatched=cmp["mismatched"]
+    )
     if cmp["nonfinite"]:
-        record.update(reason="non_finite", detail=f"{cmp['nonfinite']} non-finite values where "
-                      "the oracle is finite")
+        record.update(
+            reason="non_finite",
+            detail=f"{cmp['nonfinite']} non-finite values where the oracle is finite",
+        )
     elif not cmp["passed"]:
-        record.update(reason="out_of_tolerance", detail=f"{cmp['mismatched']} of {actual.size} "
-                      f"values outside atol={atol} rtol={rtol}")
+        record.update(
+            reason="out_of_tolerance",
+            detail=f"{cmp['mismatched']} of {actual.size} values outside atol={atol} rtol={rtol}",
+        )
     else:
         record.update(passed=True, reason="ok")
 
 
-def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path,
-              secret: int) -> dict:
+def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path, secret: int) -> dict:
     started = time.monotonic()
     workloads = C.load_task_module(task_dir, "workloads")
     oracle = C.load_task_module(task_dir, "oracle")
@@ -168,18 +207,26 @@ def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path,
     for case in drawn:
         if case.get("out_dtype", case.get("dtype")) not in spec["tolerances"]:
             raise C.HarnessError(f"no tolerance for the output dtype of hidden range {case!r}")
-    preps = [prepare_case(case, C.derive_seed(secret, "check", case["name"]), workloads, oracle)
-             for case in cases]
+    preps = [
+        prepare_case(case, C.derive_seed(secret, "check", case["name"]), workloads, oracle)
+        for case in cases
+    ]
     records = [_record(case, prep) for case, prep in zip(cases, preps, strict=True)]
     timeout = float(spec["call_timeout_s"])
     log_path = work_dir / "worker.log"
     try:
         worker = R.start_worker(
-            framework=spec["framework"], device=spec["device"], threads=spec["threads"],
-            impl_dir=impl_dir, entry=spec["entry"],
+            framework=spec["framework"],
+            device=spec["device"],
+            threads=spec["threads"],
+            impl_dir=impl_dir,
+            entry=spec["entry"],
             in_size=max(len(p["packed"]) for p in preps) + R.ALIGN,
-            out_size=max(p["nbytes"] for p in preps), work_dir=work_dir, log_path=log_path,
-            startup_timeout_s=float(spec["startup_timeout_s"]))
+            out_size=max(p["nbytes"] for p in preps),
+            work_dir=work_dir,
+            log_path=log_path,
+            startup_timeout_s=float(spec["startup_timeout_s"]),
+        )
         worker.fork()
     except R.WorkerStartError as exc:
         raise C.HarnessError(f"check worker failed before any candidate code ran: {exc}") from exc
@@ -189,8 +236,9 @@ def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path,
             try:
                 worker.end_child(timeout)
             except R.WorkerFault as exc:
-                records[-1].update(passed=False, reason="crash",
-                                   detail=f"after its last call: {exc.detail}")
+                records[-1].update(
+                    passed=False, reason="crash", detail=f"after its last call: {exc.detail}"
+                )
     finally:
         worker.kill()
     log = R.tail(log_path)
@@ -198,10 +246,14 @@ def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path,
         if rec["reason"] not in (None, "ok", "not_run"):
             rec["log_tail"] = log
             break
-    fprint = C.fingerprint(spec, C.device_facts(spec),
-                           C.nvidia_smi() if spec["device"] != "cpu" else None)
-    reasons = [{"code": c["reason"], "case": c["name"], "detail": c["detail"]}
-               for c in records if not c["passed"] and c["reason"] != "not_run"]
+    fprint = C.fingerprint(
+        spec, C.device_facts(spec), C.nvidia_smi() if spec["device"] != "cpu" else None
+    )
+    reasons = [
+        {"code": c["reason"], "case": c["name"], "detail": c["detail"]}
+        for c in records
+        if not c["passed"] and c["reason"] != "not_run"
+    ]
     failure_kind = FAILURE_KIND[reasons[0]["code"]] if reasons else None
     if failure_kind is None and not all(c["passed"] for c in records):
         raise C.HarnessError("cases were left unjudged without a failure")
@@ -210,9 +262,12 @@ def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path,
         "status": "ok" if failure_kind is None else "candidate_failure",
         "failure_kind": failure_kind,
         "reasons": reasons,
-        "impl": {"digest": impl_digest, "files": impl_files,
-                 "extra_files": sorted(set(impl_files) - set(spec["editable"])),
-                 "missing_files": sorted(set(spec["editable"]) - set(impl_files))},
+        "impl": {
+            "digest": impl_digest,
+            "files": impl_files,
+            "extra_files": sorted(set(impl_files) - set(spec["editable"])),
+            "missing_files": sorted(set(spec["editable"]) - set(impl_files)),
+        },
         "entry": spec["entry"],
         "framework": spec["framework"],
         "cases": records,
@@ -223,24 +278,29 @@ def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path,
         "hidden_cases": drawn,
         "device": spec["device"],
         "fingerprint": fprint,
-        "referee": {"isolation": isolation, "secret_seed": str(secret),
-                    "seed_source": "os.urandom" if spec.get("_seed_given") is None
-                    else "--seed (replay)"},
+        "referee": {
+            "isolation": isolation,
+            "secret_seed": str(secret),
+            "seed_source": "os.urandom" if spec.get("_seed_given") is None else "--seed (replay)",
+        },
         "wall_s": round(time.monotonic() - started, 3),
     }
 
 
 def _judge_cases(worker, preps, records, spec, timeout) -> bool:
     """Judge every case in order; False when the worker ended early (later cases not run)."""
+
     def not_run_after(k: int) -> None:
-        for rec in records[k + 1:]:
+        for rec in records[k + 1 :]:
             rec.update(reason="not_run", detail="an earlier case ended the check")
 
     try:
         imported = worker.import_impl(timeout)
     except R.WorkerFault as exc:
-        records[0].update(reason="crash" if exc.code != "timeout" else "timeout",
-                          detail=f"while importing the implementation: {exc.detail}")
+        records[0].update(
+            reason="crash" if exc.code != "timeout" else "timeout",
+            detail=f"while importing the implementation: {exc.detail}",
+        )
         not_run_after(0)
         return False
     if imported.get("op") == "import_failed":
@@ -260,8 +320,11 @@ def _judge_cases(worker, preps, records, spec, timeout) -> bool:
             call = R.timed_call(worker, k, prep["packed"], prep["nbytes"], timeout)
         except R.WorkerFault as exc:
             code = {"timeout": "timeout"}.get(exc.code, "crash")
-            detail = (f"no result within {timeout} s; the worker was killed"
-                      if code == "timeout" else exc.detail)
+            detail = (
+                f"no result within {timeout} s; the worker was killed"
+                if code == "timeout"
+                else exc.detail
+            )
             rec.update(reason=code, detail=detail)
             not_run_after(k)
             return False
@@ -279,8 +342,9 @@ def main() -> int:
     parser.add_argument("--impl", required=True, type=Path)
     parser.add_argument("--spec", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--seed", type=int, default=None,
-                        help="replay a run: the secret seed its evidence revealed")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="replay a run: the secret seed its evidence revealed"
+    )
     args = parser.parse_args()
     out_path = args.out.resolve()
     R.harden_self()

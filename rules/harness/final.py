@@ -74,15 +74,24 @@ def run_steps(plan: dict, subst: dict[str, str]) -> None:
 def final(plan: dict, best: dict, final_seed: int, out_dir: Path) -> dict:
     selected = best.get("selected")
     if selected is None:
-        reason = (f"no round passed ({best.get('n_rounds')} round(s), none eligible); there is "
-                  "no candidate to confirm")
+        reason = (
+            f"no round passed ({best.get('n_rounds')} round(s), none eligible); there is "
+            "no candidate to confirm"
+        )
         placeholders(out_dir, plan["outputs"], reason)
-        return {"schema": SCHEMA, "state": "no_candidate", "message": reason, "selected": None,
-                "verdict": None, "final_seed": final_seed}
+        return {
+            "schema": SCHEMA,
+            "state": "no_candidate",
+            "message": reason,
+            "selected": None,
+            "verdict": None,
+            "final_seed": final_seed,
+        }
     cand = plan["candidates"].get(str(selected["round"]))
     if cand is None:
-        raise RuntimeError(f"the selection names round {selected['round']}, which this final "
-                           "does not hold")
+        raise RuntimeError(
+            f"the selection names round {selected['round']}, which this final does not hold"
+        )
     subst = {"candidate": cand, "out": str(out_dir)}
     reseeded = {}
     for name, path in plan["specs"].items():
@@ -98,10 +107,13 @@ def final(plan: dict, best: dict, final_seed: int, out_dir: Path) -> dict:
     return {
         "schema": SCHEMA,
         "state": "done",
-        "selected": {"round": selected["round"], "label": selected["label"],
-                     "candidate_digest": selected["candidate_digest"],
-                     "round_verdict": selected["verdict"],
-                     "round_speedup": selected["speedup"]},
+        "selected": {
+            "round": selected["round"],
+            "label": selected["label"],
+            "candidate_digest": selected["candidate_digest"],
+            "round_verdict": selected["verdict"],
+            "round_speedup": selected["speedup"],
+        },
         "verdict": verdict["verdict"],
         "reasons": verdict["reasons"],
         "speedup": verdict["speedup"],
@@ -111,8 +123,10 @@ def final(plan: dict, best: dict, final_seed: int, out_dir: Path) -> dict:
         "metric": verdict.get("metric"),
         "direction": verdict.get("direction"),
         "correctness": {
-            "status": check["status"], "failure_kind": check.get("failure_kind"),
-            "n_cases": check.get("n_cases"), "n_passed": check.get("n_passed"),
+            "status": check["status"],
+            "failure_kind": check.get("failure_kind"),
+            "n_cases": check.get("n_cases"),
+            "n_passed": check.get("n_passed"),
             "cases": [{k: c.get(k) for k in CASE_FIELDS} for c in check.get("cases") or []],
         },
         "final_seed": final_seed,
@@ -132,9 +146,16 @@ def main() -> int:
     out_dir = args.out_dir.resolve()
     try:
         if args.pending is not None:
-            write_json(out_dir / "final.json", {"schema": SCHEMA, "state": "pending",
-                                                "message": args.pending, "selected": None,
-                                                "verdict": None})
+            write_json(
+                out_dir / "final.json",
+                {
+                    "schema": SCHEMA,
+                    "state": "pending",
+                    "message": args.pending,
+                    "selected": None,
+                    "verdict": None,
+                },
+            )
             return 0
         plan = json.loads(args.plan.read_text())
         best = json.loads(args.best.read_text())

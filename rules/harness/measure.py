@@ -81,9 +81,21 @@ def make_inputs(workloads, case: dict, seed: int) -> dict:
 
 
 def new_arm(impl: str) -> dict:
-    return {"impl": impl, "valid": False, "reasons": [], "samples_ns": [], "input_digests": [],
-            "warmup_ns": [], "output_digests": [], "wall_s": None, "log_tail": None,
-            "cpu_ns": None, "calls_wall_ns": None}
+    return {
+        "impl": impl,
+        "valid": False,
+        "reasons": [],
+        "samples_ns": [],
+        "input_digests": [],
+        "warmup_ns": [],
+        "output_digests": [],
+        "wall_s": None,
+        "log_tail": None,
+        "cpu_ns": None,
+        "calls_wall_ns": None,
+        "run_delay_ns": None,
+        "contention": None,
+    }
 
 
 def claim_problem(reply: dict, expected: dict) -> tuple[str, str] | None:
@@ -95,8 +107,10 @@ def claim_problem(reply: dict, expected: dict) -> tuple[str, str] | None:
     if op != "done" or not isinstance(reply.get("out"), dict):
         return "crash", f"protocol: unexpected reply {str(reply)[:200]}"
     meta = reply["out"]
-    if meta.get("problem") in ("wrong_type", "wrong_device") or \
-            meta.get("device") != expected["device"]:
+    if (
+        meta.get("problem") in ("wrong_type", "wrong_device")
+        or meta.get("device") != expected["device"]
+    ):
         return "wrong_type", f"returned {meta.get('type')} on {meta.get('device')}"
     if meta.get("shape") != expected["shape"]:
         return "wrong_shape", f"shape {meta.get('shape')}, expected {expected['shape']}"
@@ -123,18 +137,33 @@ class Sandbox:
     worker leaves behind reaches the next (its zygote empties its temp folder and kills what
     it left)."""
 
-    def __init__(self, index: int, impls: dict[str, Path], spec: dict, sizes: tuple[int, int],
-                 work_dir: Path, header: dict, packed: bytes) -> None:
+    def __init__(
+        self,
+        index: int,
+        impls: dict[str, Path],
+        spec: dict,
+        sizes: tuple[int, int],
+        work_dir: Path,
+        header: dict,
+        packed: bytes,
+    ) -> None:
         self.index, self.spec = index, spec
         self.log = work_dir / f"sandbox{index}.log"
         self.timeout = float(spec["call_timeout_s"])
         try:
             self.worker = R.start_worker(
-                framework=spec["framework"], device=spec["device"], threads=spec["threads"],
-                impl_dir=impls["baseline"], also_visible=(impls["candidate"],),
-                entry=spec["entry"], in_size=sizes[0], out_size=sizes[1],
-                work_dir=work_dir, log_path=self.log,
-                startup_timeout_s=float(spec["startup_timeout_s"]))
+                framework=spec["framework"],
+                device=spec["device"],
+                threads=spec["threads"],
+                impl_dir=impls["baseline"],
+                also_visible=(impls["candidate"],),
+                entry=spec["entry"],
+                in_size=sizes[0],
+                out_size=sizes[1],
+                work_dir=work_dir,
+                log_path=self.log,
+                startup_timeout_s=float(spec["startup_timeout_s"]),
+            )
             # NB: the cost of handing over an input and taking an output back, with no call:
             # measured before any implementation code is imported
             self.worker.fork()
@@ -142,13 +171,15 @@ class Sandbox:
             self.set_layout(header)
             self.ipc_ns = sorted(
                 R.timed_call(self.worker, -1 - k, packed, 0, self.timeout, echo=True).elapsed_ns
-                for k in range(IPC_PROBES))
+                for k in range(IPC_PROBES)
+            )
             self.worker.end_child(self.timeout)
         except (R.WorkerStartError, R.WorkerFault) as exc:
             if hasattr(self, "worker"):
                 self.worker.kill()
-            raise C.HarnessError(f"worker sandbox {index} failed before any implementation "
-                                 f"code ran: {exc}") from exc
+            raise C.HarnessError(
+                f"worker sandbox {index} failed before any implementation code ran: {exc}"
+            ) from exc
 
     def set_layout(self, header: dict) -> None:
         if header != self.header:
@@ -161,50 +192,76 @@ class Sandbox:
         try:
             self.worker.fork()
         except R.WorkerStartError as exc:
-            raise C.HarnessError(f"worker sandbox {self.index} could not fork before any "
-                                 f"implementation code ran in the worker: {exc}") from exc
+            raise C.HarnessError(
+                f"worker sandbox {self.index} could not fork before any "
+                f"implementation code ran in the worker: {exc}"
+            ) from exc
         self.header = None
         try:
             reply = self.worker.import_impl(self.timeout, role.impl)
         except R.WorkerFault as exc:
-            role.dead = {"code": "timeout" if exc.code == "timeout" else "crash",
-                         "detail": f"while importing: {exc.detail}"}
+            role.dead = {
+                "code": "timeout" if exc.code == "timeout" else "crash",
+                "detail": f"while importing: {exc.detail}",
+            }
             return role.dead
         if reply.get("op") == "import_failed":
             kind = reply.get("kind")
             err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
-            return {"code": "syntax_error" if kind == "syntax_error" else "import_error",
-                    "detail": f"{err.get('type')}: {err.get('message')}"}
+            return {
+                "code": "syntax_error" if kind == "syntax_error" else "import_error",
+                "detail": f"{err.get('type')}: {err.get('message')}",
+            }
         if reply.get("op") != "imported":
-            role.dead = {"code": "crash", "detail": f"protocol: import answered "
-                         f"{str(reply)[:200]}"}
+            role.dead = {"code": "crash", "detail": f"protocol: import answered {str(reply)[:200]}"}
             return role.dead
         return None
 
 
-def judge_output(doc: dict, pair: dict, oracle: Oracle, expected: dict, j: int, output: bytes,
-                 seen: dict, atol: float, rtol: float) -> bool:
+def judge_output(
+    doc: dict,
+    pair: dict,
+    oracle: Oracle,
+    expected: dict,
+    j: int,
+    output: bytes,
+    seen: dict,
+    atol: float,
+    rtol: float,
+) -> bool:
     """Judge timed output j whole against the oracle; True (a reason added) when it fails."""
     out_digest = hashlib.sha256(output).hexdigest()
     doc["output_digests"].append(out_digest)
     if seen.setdefault(out_digest, pair["digests"][j]) != pair["digests"][j]:
-        doc["reasons"].append({"code": "stale_output", "sample": j, "detail":
-                               "the same output bytes came back for different inputs"})
+        doc["reasons"].append(
+            {
+                "code": "stale_output",
+                "sample": j,
+                "detail": "the same output bytes came back for different inputs",
+            }
+        )
         return True
     ref = oracle.reference(("timed", pair["index"], j), pair["timed_inputs"][j])
-    raw = np.frombuffer(output, dtype=np.uint16 if expected["dtype"] == "bfloat16"
-                        else np.dtype(expected["dtype"])).reshape(expected["shape"])
+    raw = np.frombuffer(
+        output, dtype=np.uint16 if expected["dtype"] == "bfloat16" else np.dtype(expected["dtype"])
+    ).reshape(expected["shape"])
     cmp = C.compare(C.as_float64(raw, expected["dtype"]), ref, atol, rtol)
     if not cmp["passed"]:
-        doc["reasons"].append({"code": "wrong_output", "sample": j, "detail":
-                               f"timed call {j}: {cmp['mismatched']} of {ref.size} values "
-                               "disagree with the oracle"})
+        doc["reasons"].append(
+            {
+                "code": "wrong_output",
+                "sample": j,
+                "detail": f"timed call {j}: {cmp['mismatched']} of {ref.size} values "
+                "disagree with the oracle",
+            }
+        )
         return True
     return False
 
 
-def run_arm(arm: Role, box: Sandbox, pair: dict, spec: dict, oracle: Oracle, expected: dict,
-            deadline: float) -> dict:
+def run_arm(
+    arm: Role, box: Sandbox, pair: dict, spec: dict, oracle: Oracle, expected: dict, deadline: float
+) -> dict:
     doc = new_arm(arm.name)
     doc["sandbox"] = box.index
     failed = arm.dead or box.begin(arm)
@@ -224,12 +281,14 @@ def run_arm(arm: Role, box: Sandbox, pair: dict, spec: dict, oracle: Oracle, exp
             box.set_layout(pair["warm_headers"][k])
             call = R.timed_call(worker, k, packed, expected["nbytes"], timeout)
             calls_wall += call.elapsed_ns
-            doc["warmup_ns"].append(call.event_ns if cuda and call.event_ns is not None
-                                    else call.elapsed_ns)
+            doc["warmup_ns"].append(
+                call.event_ns if cuda and call.event_ns is not None else call.elapsed_ns
+            )
             problem = claim_problem(call.reply, expected)
             if problem:
-                doc["reasons"].append({"code": problem[0], "sample": None,
-                                       "detail": f"warmup {k}: {problem[1]}"})
+                doc["reasons"].append(
+                    {"code": problem[0], "sample": None, "detail": f"warmup {k}: {problem[1]}"}
+                )
                 arm.dead = {"code": problem[0], "detail": "an earlier call failed"}
                 return doc
         # NB: the timed calls run back to back, as a caller would make them; their outputs
@@ -237,20 +296,28 @@ def run_arm(arm: Role, box: Sandbox, pair: dict, spec: dict, oracle: Oracle, exp
         # between calls does not leave every call on a cold cache
         deferred = expected["nbytes"] * len(pair["timed_packed"]) <= DEFER_BYTES
         pending: list[tuple[int, object]] = []
+        delay0, timed_wall = R.run_delay_ns(worker.pid), 0
         for j, packed in enumerate(pair["timed_packed"]):
             box.set_layout(pair["timed_headers"][j])
             call = R.timed_call(worker, 1000 + j, packed, expected["nbytes"], timeout)
             calls_wall += call.elapsed_ns
+            timed_wall += call.elapsed_ns
             if call.reply.get("op") == "done" and call.reply.get("i") != 1000 + j:
-                doc["reasons"].append({"code": "crash", "sample": j,
-                                       "detail": "protocol: a reply for another call"})
+                doc["reasons"].append(
+                    {"code": "crash", "sample": j, "detail": "protocol: a reply for another call"}
+                )
                 return doc
             sample = call.elapsed_ns
             if cuda:
                 if call.event_ns is None or not 0 < call.event_ns <= call.elapsed_ns:
-                    doc["reasons"].append({"code": "forged_timing", "sample": j, "detail":
-                                           f"device time {call.event_ns} ns is not within the "
-                                           f"referee's {call.elapsed_ns} ns"})
+                    doc["reasons"].append(
+                        {
+                            "code": "forged_timing",
+                            "sample": j,
+                            "detail": f"device time {call.event_ns} ns is not within the "
+                            f"referee's {call.elapsed_ns} ns",
+                        }
+                    )
                     return doc
                 sample = call.event_ns
                 doc.setdefault("wall_ns", []).append(call.elapsed_ns)
@@ -258,8 +325,11 @@ def run_arm(arm: Role, box: Sandbox, pair: dict, spec: dict, oracle: Oracle, exp
             doc["input_digests"].append(pair["digests"][j])
             problem = claim_problem(call.reply, expected)
             if problem is None and call.output is None:
-                problem = ("wrong_shape", f"{call.reply['out'].get('nbytes')} output bytes, "
-                           f"expected {expected['nbytes']}")
+                problem = (
+                    "wrong_shape",
+                    f"{call.reply['out'].get('nbytes')} output bytes, "
+                    f"expected {expected['nbytes']}",
+                )
             if problem is None and not call.inputs_intact:
                 problem = ("input_modified", "an input changed during the call")
             if problem:
@@ -271,16 +341,28 @@ def run_arm(arm: Role, box: Sandbox, pair: dict, spec: dict, oracle: Oracle, exp
                     return doc
                 pending.clear()
             if time.monotonic() > deadline:
-                doc["reasons"].append({"code": "timeout", "sample": j, "detail":
-                                       "the measurement ran past its deadline"})
+                doc["reasons"].append(
+                    {
+                        "code": "timeout",
+                        "sample": j,
+                        "detail": "the measurement ran past its deadline",
+                    }
+                )
                 return doc
+        # NB: read before the deferred outputs are judged: that work is the referee's, untimed
+        delay = R.run_delay_ns(worker.pid) - delay0
+        doc["run_delay_ns"] = delay
+        doc["contention"] = round(delay / timed_wall, 6) if timed_wall > 0 else None
         for j, output in pending:
             if judge_output(doc, pair, oracle, expected, j, output, seen, atol, rtol):
                 return doc
     except R.WorkerFault as exc:
         code = {"timeout": "timeout"}.get(exc.code, "crash")
-        detail = (f"a call took longer than call_timeout_s = {timeout} s; the worker was killed"
-                  if code == "timeout" else exc.detail)
+        detail = (
+            f"a call took longer than call_timeout_s = {timeout} s; the worker was killed"
+            if code == "timeout"
+            else exc.detail
+        )
         doc["reasons"].append({"code": code, "sample": len(doc["samples_ns"]), "detail": detail})
         arm.dead = {"code": code, "detail": detail}
         return doc
@@ -290,44 +372,67 @@ def run_arm(arm: Role, box: Sandbox, pair: dict, spec: dict, oracle: Oracle, exp
     try:
         worker.end_child(timeout)
     except R.WorkerFault as exc:
-        doc["reasons"].append({"code": "crash", "sample": None,
-                               "detail": f"after its last call: {exc.detail}"})
+        doc["reasons"].append(
+            {"code": "crash", "sample": None, "detail": f"after its last call: {exc.detail}"}
+        )
         arm.dead = {"code": "crash", "detail": exc.detail}
         return doc
     doc["cpu_ns"], doc["calls_wall_ns"] = cpu, calls_wall
     allowed = int(spec["threads"]) * calls_wall * CPU_FACTOR + CPU_SLACK_NS
     if not cuda and cpu > allowed:
-        doc["reasons"].append({"code": "cpu_overuse", "sample": None, "detail":
-                               f"the worker used {cpu / 1e6:.1f} ms of CPU in "
-                               f"{calls_wall / 1e6:.1f} ms of calls; threads = "
-                               f"{spec['threads']} allows {allowed / 1e6:.1f} ms"})
+        doc["reasons"].append(
+            {
+                "code": "cpu_overuse",
+                "sample": None,
+                "detail": f"the worker used {cpu / 1e6:.1f} ms of CPU in "
+                f"{calls_wall / 1e6:.1f} ms of calls; threads = "
+                f"{spec['threads']} allows {allowed / 1e6:.1f} ms",
+            }
+        )
         return doc
     doc["valid"] = True
     return doc
 
 
 def _timing(spec: dict, flush: dict | None) -> dict:
-    base = {"referee_clock": "time.perf_counter_ns in the referee, from before the input is "
-            "handed over until the output has been copied out of the worker's buffer"}
+    base = {
+        "referee_clock": "time.perf_counter_ns in the referee, from before the input is "
+        "handed over until the output has been copied out of the worker's buffer"
+    }
     if spec["device"] == "cpu":
-        return dict(base, clock="perf_counter_ns", sync=None, l2_flush=None,
-                    samples="the referee's clock around each call")
-    return dict(base, clock="cuda_event", sync="torch.cuda.synchronize() before the end event",
-                l2_flush=flush, wall_ns="the referee's clock around each call (bounds the event)",
-                samples="elapsed time between CUDA events recorded in the worker around the "
-                "call and a device-wide synchronise, in ns; refused when above the referee's")
+        return dict(
+            base,
+            clock="perf_counter_ns",
+            sync=None,
+            l2_flush=None,
+            samples="the referee's clock around each call",
+        )
+    return dict(
+        base,
+        clock="cuda_event",
+        sync="torch.cuda.synchronize() before the end event",
+        l2_flush=flush,
+        wall_ns="the referee's clock around each call (bounds the event)",
+        samples="elapsed time between CUDA events recorded in the worker around the "
+        "call and a device-wide synchronise, in ns; refused when above the referee's",
+    )
 
 
 def _bandwidth(m: dict, tensor_bytes: int, pairs: list[dict], fprint: dict) -> dict:
     bytes_per_call = m.get("bytes_per_call") or tensor_bytes
     peak = fprint.get("gpu_peak_gb_s")
-    doc = {"bytes_per_call": bytes_per_call,
-           "bytes_source": "measure.bytes_per_call" if m.get("bytes_per_call") else
-           "input and output tensor bytes",
-           "peak_gb_s": peak, "peak_source": fprint.get("gpu_peak_source")}
+    doc = {
+        "bytes_per_call": bytes_per_call,
+        "bytes_source": "measure.bytes_per_call"
+        if m.get("bytes_per_call")
+        else "input and output tensor bytes",
+        "peak_gb_s": peak,
+        "peak_source": fprint.get("gpu_peak_source"),
+    }
     for arm in ARMS:
-        samples = [ns for p in pairs for ns in p["arms"][arm]["samples_ns"]
-                   if p["arms"][arm]["valid"]]
+        samples = [
+            ns for p in pairs for ns in p["arms"][arm]["samples_ns"] if p["arms"][arm]["valid"]
+        ]
         median = float(statistics.median(samples)) if samples else None
         doc[arm] = C.bandwidth(bytes_per_call, median, peak)
     return doc
@@ -347,8 +452,9 @@ def _early_stop(pairs: list[dict]) -> bool:
     return True
 
 
-def run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict,
-                work_dir: Path, secret: int) -> dict:
+def run_measure(
+    task_dir: Path, baseline: Path, candidate: Path, spec: dict, work_dir: Path, secret: int
+) -> dict:
     started = time.monotonic()
     m = spec["measure"]
     if "workload" not in m:
@@ -366,8 +472,12 @@ def run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict,
     inputs0 = make_inputs(workloads, case, C.derive_seed(secret, "probe"))
     ref0 = oracle.reference(("probe",), inputs0)
     header0, packed0 = R.pack_inputs(C, inputs0)
-    expected = {"shape": list(ref0.shape), "dtype": out_dtype, "device": spec["device"],
-                "nbytes": int(ref0.size) * C.dtype_itemsize(out_dtype)}
+    expected = {
+        "shape": list(ref0.shape),
+        "dtype": out_dtype,
+        "device": spec["device"],
+        "nbytes": int(ref0.size) * C.dtype_itemsize(out_dtype),
+    }
     sizes = (len(packed0) + R.SHIFT_MAX + R.ALIGN, expected["nbytes"])
     call_bytes = C.tensor_bytes(inputs0, ref0.shape, out_dtype)
     oracle.clear()
@@ -380,8 +490,20 @@ def run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict,
     try:
         for index in range(2):
             boxes.append(Sandbox(index, impls, spec, sizes, work_dir, header0, packed0))
-        out_pairs, invalid = _run_pairs(spec, m, workloads, oracle, roles, boxes, expected,
-                                        secret, n_pairs, n_samples, n_warm, deadline)
+        out_pairs, invalid = _run_pairs(
+            spec,
+            m,
+            workloads,
+            oracle,
+            roles,
+            boxes,
+            expected,
+            secret,
+            n_pairs,
+            n_samples,
+            n_warm,
+            deadline,
+        )
     finally:
         for box in boxes:
             box.worker.kill()
@@ -389,8 +511,11 @@ def run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict,
     for p in out_pairs:
         for name in ARMS:
             arm = p["arms"][name]
-            if arm["reasons"] and arm["reasons"][0]["code"] != "not_run" and \
-                    arm.get("sandbox") is not None:
+            if (
+                arm["reasons"]
+                and arm["reasons"][0]["code"] != "not_run"
+                and arm.get("sandbox") is not None
+            ):
                 arm["log_tail"] = logs[arm["sandbox"]]
     facts = C.device_facts(spec)
     fprint = C.fingerprint(spec, facts, C.nvidia_smi() if spec["device"] != "cpu" else None)
@@ -424,41 +549,61 @@ def run_measure(task_dir: Path, baseline: Path, candidate: Path, spec: dict,
             "the other",
             "secret_seed": str(secret),
             "seed_source": "--seed (replay)" if spec.get("_seed_given") else "os.urandom",
-            "ipc_overhead_ns": {name: int(statistics.median(boxes[k].ipc_ns))
-                                for k, name in enumerate(ARMS)},
+            "ipc_overhead_ns": {
+                name: int(statistics.median(boxes[k].ipc_ns)) for k, name in enumerate(ARMS)
+            },
             "ipc_probes_ns": {f"sandbox{box.index}": box.ipc_ns for box in boxes},
-            "cpu_limit": {"threads": spec["threads"], "factor": CPU_FACTOR,
-                          "slack_ns": CPU_SLACK_NS},
+            "cpu_limit": {
+                "threads": spec["threads"],
+                "factor": CPU_FACTOR,
+                "slack_ns": CPU_SLACK_NS,
+            },
             "call_timeout_s": float(spec["call_timeout_s"]),
         },
         "device": facts,
         "fingerprint": fprint,
         "bandwidth": _bandwidth(m, call_bytes, out_pairs, fprint),
-        "host": {"node": platform.node(), "machine": platform.machine(),
-                 "python": platform.python_version(), "numpy": np.__version__,
-                 "cpu_count": os.cpu_count(),
-                 "affinity": R.allowed_cpus() or None,
-                 "worker_cpus": R.worker_cpus(spec["threads"]),
-                 "referee_cpus": sorted(os.sched_getaffinity(0))
-                 if hasattr(os, "sched_getaffinity") else None,
-                 "loadavg_start": None},
+        "host": {
+            "node": platform.node(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "cpu_count": os.cpu_count(),
+            "affinity": R.allowed_cpus() or None,
+            "worker_cpus": R.worker_cpus(spec["threads"]),
+            "referee_cpus": sorted(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else None,
+            "loadavg_start": None,
+        },
         "wall_s": round(time.monotonic() - started, 3),
         "phases_s": {"timer": round(time.monotonic() - started, 3), "judge": 0.0},
     }
 
 
-def _run_pairs(spec, m, workloads, oracle, roles, boxes, expected, secret, n_pairs, n_samples,
-               n_warm, deadline):
+def _run_pairs(
+    spec, m, workloads, oracle, roles, boxes, expected, secret, n_pairs, n_samples, n_warm, deadline
+):
     out_pairs, invalid = [], {"baseline": [], "candidate": []}
     stopped = False
     for i in range(n_pairs):
         order = list(ARMS) if i % 2 == 0 else list(reversed(ARMS))
-        record = {"index": i, "order": order, "complete": False, "inputs_identical": True,
-                  "timed_seeds": [], "warmup_seeds": [], "arms": {}}
+        record = {
+            "index": i,
+            "order": order,
+            "complete": False,
+            "inputs_identical": True,
+            "timed_seeds": [],
+            "warmup_seeds": [],
+            "arms": {},
+        }
         if stopped or invalid["baseline"] or invalid["candidate"]:
-            why = ("stopped early: the candidate was at least "
-                   f"{EARLY_STOP_FACTOR}x slower in {EARLY_STOP_PAIRS} pairs" if stopped
-                   else "an earlier arm ended the measurement")
+            why = (
+                "stopped early: the candidate was at least "
+                f"{EARLY_STOP_FACTOR}x slower in {EARLY_STOP_PAIRS} pairs"
+                if stopped
+                else "an earlier arm ended the measurement"
+            )
             for name in ARMS:
                 record["arms"][name] = new_arm(name)
                 record["arms"][name]["reasons"].append({"code": "not_run", "detail": why})
@@ -469,27 +614,36 @@ def _run_pairs(spec, m, workloads, oracle, roles, boxes, expected, secret, n_pai
         warm_seeds = [C.derive_seed(secret, "warmup", i, k) for k in range(n_warm)]
         record["timed_seeds"], record["warmup_seeds"] = timed_seeds, warm_seeds
         timed_inputs = [make_inputs(workloads, m["workload"], s) for s in timed_seeds]
+
         def shifted(role: str, k: int, inputs: dict, i: int = i) -> tuple[dict, bytes]:
             shift = C.derive_seed(secret, "shift", role, i, k) % (R.SHIFT_MAX // R.ALIGN)
             return R.pack_inputs(C, inputs, shift * R.ALIGN)
 
         packed = [shifted("timed", j, inp) for j, inp in enumerate(timed_inputs)]
-        warm = [shifted("warmup", k, make_inputs(workloads, m["workload"], s))
-                for k, s in enumerate(warm_seeds)]
-        geometry = {n: {k: v for k, v in meta.items() if k != "at"}
-                    for n, meta in packed[0][0].items()}
+        warm = [
+            shifted("warmup", k, make_inputs(workloads, m["workload"], s))
+            for k, s in enumerate(warm_seeds)
+        ]
+        geometry = {
+            n: {k: v for k, v in meta.items() if k != "at"} for n, meta in packed[0][0].items()
+        }
         for h, _ in packed + warm:
-            if {n: {k: v for k, v in meta.items() if k != "at"} for n, meta in h.items()} \
-                    != geometry:
+            if {
+                n: {k: v for k, v in meta.items() if k != "at"} for n, meta in h.items()
+            } != geometry:
                 raise C.HarnessError("workloads.make_inputs gave one workload different layouts")
-        pair = {"index": i, "timed_inputs": timed_inputs,
-                "timed_headers": [h for h, _ in packed], "timed_packed": [p for _, p in packed],
-                "warm_headers": [h for h, _ in warm], "warm_packed": [p for _, p in warm],
-                "digests": [C.inputs_digest(inp) for inp in timed_inputs]}
+        pair = {
+            "index": i,
+            "timed_inputs": timed_inputs,
+            "timed_headers": [h for h, _ in packed],
+            "timed_packed": [p for _, p in packed],
+            "warm_headers": [h for h, _ in warm],
+            "warm_packed": [p for _, p in warm],
+            "digests": [C.inputs_digest(inp) for inp in timed_inputs],
+        }
         for name in order:
             box = boxes[i % 2] if name == "baseline" else boxes[(i + 1) % 2]
-            record["arms"][name] = run_arm(roles[name], box, pair, spec, oracle, expected,
-                                           deadline)
+            record["arms"][name] = run_arm(roles[name], box, pair, spec, oracle, expected, deadline)
             real = [r for r in record["arms"][name]["reasons"] if r["code"] != "not_run"]
             invalid[name].extend(dict(r, pair=i) for r in real)
             if real:
@@ -498,7 +652,8 @@ def _run_pairs(spec, m, workloads, oracle, roles, boxes, expected, secret, n_pai
             if name not in record["arms"]:
                 record["arms"][name] = new_arm(name)
                 record["arms"][name]["reasons"].append(
-                    {"code": "not_run", "detail": "the other arm of this pair was invalid"})
+                    {"code": "not_run", "detail": "the other arm of this pair was invalid"}
+                )
         record["complete"] = all(record["arms"][a]["valid"] for a in ARMS)
         oracle.clear()
         out_pairs.append(record)
@@ -514,8 +669,9 @@ def main() -> int:
     parser.add_argument("--candidate", required=True, type=Path)
     parser.add_argument("--spec", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--seed", type=int, default=None,
-                        help="replay a run: the secret seed its evidence revealed")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="replay a run: the secret seed its evidence revealed"
+    )
     args = parser.parse_args()
     out_path = args.out.resolve()
     R.harden_self()
@@ -528,8 +684,14 @@ def main() -> int:
         secret = R.secret_seed() if args.seed is None else int(args.seed)
         spec["_seed_given"] = args.seed is not None
         R.pin_referee(int(spec["threads"]))
-        doc = run_measure(args.task.resolve(), args.baseline.resolve(), args.candidate.resolve(),
-                          spec, work_dir, secret)
+        doc = run_measure(
+            args.task.resolve(),
+            args.baseline.resolve(),
+            args.candidate.resolve(),
+            spec,
+            work_dir,
+            secret,
+        )
         doc["host"]["loadavg_start"] = load_start
         C.kill_descendants()
         C.write_json(out_path, doc)

@@ -129,6 +129,33 @@ def tree_cpu_ns(root: int) -> int:
     return total
 
 
+def _run_delay_ns(path: str) -> int:
+    """Time spent runnable but waiting for a CPU (the second field of schedstat), 0 if unknown."""
+    try:
+        with open(path, "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def run_delay_ns(worker_root: int) -> int:
+    """How long the referee's thread and every process of the worker's tree waited for a CPU
+    while runnable, so far (ns). Another process taking their CPU shows here; a worker only
+    spinning or sleeping does not. Read from outside: the worker cannot forge it."""
+    total = _run_delay_ns("/proc/thread-self/schedstat")
+    for pid in [worker_root, *descendants(worker_root)]:
+        for tid in _threads(pid):
+            total += _run_delay_ns(f"/proc/{pid}/task/{tid}/schedstat")
+    return total
+
+
+def _threads(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+
+
 def descendants(root: int) -> list[int]:
     table = _proc_table()
     children: dict[int, list[int]] = {}
@@ -166,8 +193,11 @@ def isolation_modes() -> list[str]:
 
 
 def _python_paths() -> list[Path]:
-    paths = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(),
-             Path(os.path.realpath(sys.executable)).parent}
+    paths = {
+        Path(sys.prefix).resolve(),
+        Path(sys.base_prefix).resolve(),
+        Path(os.path.realpath(sys.executable)).parent,
+    }
     return sorted(paths)
 
 
@@ -187,11 +217,20 @@ def _hidden_dirs(work_dir: Path) -> list[str]:
 def _env(threads: int, home: str) -> dict[str, str]:
     t = str(int(threads))
     env = {k: os.environ[k] for k in ("PATH", "LD_LIBRARY_PATH") if k in os.environ}
-    env.update(OMP_NUM_THREADS=t, MKL_NUM_THREADS=t, OPENBLAS_NUM_THREADS=t,
-               NUMEXPR_NUM_THREADS=t, VECLIB_MAXIMUM_THREADS=t, PYTHONHASHSEED="0",
-               LC_ALL="C", TMPDIR=home, HOME=home, PYTHONDONTWRITEBYTECODE="1",
-               GLIBC_TUNABLES="glibc.malloc.mmap_threshold=33554432:"
-               "glibc.malloc.trim_threshold=1073741824:glibc.malloc.top_pad=67108864")
+    env.update(
+        OMP_NUM_THREADS=t,
+        MKL_NUM_THREADS=t,
+        OPENBLAS_NUM_THREADS=t,
+        NUMEXPR_NUM_THREADS=t,
+        VECLIB_MAXIMUM_THREADS=t,
+        PYTHONHASHSEED="0",
+        LC_ALL="C",
+        TMPDIR=home,
+        HOME=home,
+        PYTHONDONTWRITEBYTECODE="1",
+        GLIBC_TUNABLES="glibc.malloc.mmap_threshold=33554432:"
+        "glibc.malloc.trim_threshold=1073741824:glibc.malloc.top_pad=67108864",
+    )
     return env
 
 
@@ -236,10 +275,22 @@ def pin_referee(threads: int) -> list[int] | None:
 class WorkerProcess:
     """One worker: started, asked to import, called, killed. Every wait has a deadline."""
 
-    def __init__(self, *, framework: str, device: str, threads: int, impl_dir: Path,
-                 entry: dict, in_size: int, out_size: int, work_dir: Path, log_path: Path,
-                 mode: str, startup_timeout_s: float, also_visible: tuple[Path, ...] = ()
-                 ) -> None:
+    def __init__(
+        self,
+        *,
+        framework: str,
+        device: str,
+        threads: int,
+        impl_dir: Path,
+        entry: dict,
+        in_size: int,
+        out_size: int,
+        work_dir: Path,
+        log_path: Path,
+        mode: str,
+        startup_timeout_s: float,
+        also_visible: tuple[Path, ...] = (),
+    ) -> None:
         self.mode, self.impl_dir, self.entry = mode, impl_dir.resolve(), entry
         self.visible = (self.impl_dir, *(p.resolve() for p in also_visible))
         self.framework, self.device, self.threads = framework, device, int(threads)
@@ -264,11 +315,19 @@ class WorkerProcess:
         os.set_inheritable(self.out_fd, True)
         os.set_inheritable(self.ctl_fd, True)
         worker_script = Path(__file__).resolve().parent / "worker.py"
-        args = {"framework": framework, "device": device, "threads": self.threads,
-                "req_fd": req_r, "resp_fd": resp_w, "in_fd": self.in_fd, "out_fd": self.out_fd,
-                "ctl_fd": self.ctl_fd,
-                "in_size": self.in_size, "out_size": self.out_size,
-                "own_pid_namespace": mode == "namespaces"}
+        args = {
+            "framework": framework,
+            "device": device,
+            "threads": self.threads,
+            "req_fd": req_r,
+            "resp_fd": resp_w,
+            "in_fd": self.in_fd,
+            "out_fd": self.out_fd,
+            "ctl_fd": self.ctl_fd,
+            "in_size": self.in_size,
+            "out_size": self.out_size,
+            "own_pid_namespace": mode == "namespaces",
+        }
         home = "/tmp"
         argv = [sys.executable, "-I", "-B", str(worker_script), json.dumps(args)]
         cwd = "/"
@@ -277,8 +336,10 @@ class WorkerProcess:
         if mode == "namespaces":
             argv = self._bwrap_argv(work_dir, worker_script) + argv
         elif mode == "uid":
-            home_dir = Path(os.environ.get("TMPDIR") or "/tmp") / f"rsi-worker-{os.getpid()}-" \
+            home_dir = (
+                Path(os.environ.get("TMPDIR") or "/tmp") / f"rsi-worker-{os.getpid()}-"
                 f"{time.monotonic_ns()}"
+            )
             home_dir.mkdir(mode=0o700)
             os.chown(home_dir, WORKER_UID, WORKER_UID)
             self._home = home_dir
@@ -306,9 +367,16 @@ class WorkerProcess:
 
         try:
             self.proc = subprocess.Popen(
-                argv, cwd=cwd, env=_env(threads, home), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=log, pass_fds=(req_r, resp_w, self.in_fd, self.out_fd, self.ctl_fd),
-                start_new_session=True, preexec_fn=start)
+                argv,
+                cwd=cwd,
+                env=_env(threads, home),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                pass_fds=(req_r, resp_w, self.in_fd, self.out_fd, self.ctl_fd),
+                start_new_session=True,
+                preexec_fn=start,
+            )
         except (OSError, subprocess.SubprocessError) as exc:
             self._release()
             raise WorkerStartError(f"cannot start the worker ({mode}): {exc}") from exc
@@ -323,8 +391,9 @@ class WorkerProcess:
             ready = self.recv(startup_timeout_s)
         except WorkerFault as exc:
             self.kill()
-            raise WorkerStartError(f"worker ({mode}) did not get ready: {exc.detail}; log: "
-                                   f"{tail(log_path)}") from exc
+            raise WorkerStartError(
+                f"worker ({mode}) did not get ready: {exc.detail}; log: {tail(log_path)}"
+            ) from exc
         if ready.get("op") != "zygote":
             self.kill()
             raise WorkerStartError(f"worker ({mode}) answered {ready!r} instead of ready")
@@ -358,10 +427,29 @@ class WorkerProcess:
             raise WorkerFault("crash", "the worker took its sandbox down (its zygote is gone)")
 
     def _bwrap_argv(self, work_dir: Path, worker_script: Path) -> list[str]:
-        argv = [_bwrap(), "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-net",
-                "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
-                "--cap-drop", "ALL", "--ro-bind", "/", "/", "--tmpfs", "/proc",
-                "--ro-bind-try", "/proc/cpuinfo", "/proc/cpuinfo", "--dev", "/dev"]
+        argv = [
+            _bwrap(),
+            "--unshare-user",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-net",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--ro-bind",
+            "/",
+            "/",
+            "--tmpfs",
+            "/proc",
+            "--ro-bind-try",
+            "/proc/cpuinfo",
+            "/proc/cpuinfo",
+            "--dev",
+            "/dev",
+        ]
         for path in _hidden_dirs(work_dir):
             argv += ["--size", str(SCRATCH_BYTES), "--tmpfs", path]
         if self.device != "cpu":
@@ -373,8 +461,7 @@ class WorkerProcess:
                 argv += ["--ro-bind", str(path), str(path)]
         for path in self.visible:
             argv += ["--ro-bind", str(path), str(path)]
-        argv += ["--ro-bind", str(worker_script), str(worker_script),
-                 "--chdir", "/tmp"]
+        argv += ["--ro-bind", str(worker_script), str(worker_script), "--chdir", "/tmp"]
         return argv
 
     # ------------------------------------------------------------------------ protocol
@@ -417,7 +504,7 @@ class WorkerProcess:
                         code = self.proc.wait(timeout=2)
                     except subprocess.TimeoutExpired:
                         code = None
-                how = (f"signal {-code}" if code is not None and code < 0 else f"exit {code}")
+                how = f"signal {-code}" if code is not None and code < 0 else f"exit {code}"
                 raise WorkerFault("crash", f"the worker ended ({how}) without a reply")
             chunks.append(chunk)
             left -= len(chunk)
@@ -431,8 +518,7 @@ class WorkerProcess:
         impl = self.impl_dir if impl_dir is None else impl_dir.resolve()
         if impl not in self.visible:
             raise WorkerFault("protocol", f"{impl} is not visible in this sandbox")
-        return self.request({"op": "import", "impl_dir": str(impl), "entry": self.entry},
-                            timeout_s)
+        return self.request({"op": "import", "impl_dir": str(impl), "entry": self.entry}, timeout_s)
 
     def layout(self, header: dict, timeout_s: float) -> None:
         reply = self.request({"op": "layout", "inputs": header}, timeout_s)
@@ -557,8 +643,14 @@ class Call:
         self.event_ns = None
 
 
-def timed_call(worker: WorkerProcess, index: int, packed: bytes, out_nbytes: int,
-               timeout_s: float, echo: bool = False) -> Call:
+def timed_call(
+    worker: WorkerProcess,
+    index: int,
+    packed: bytes,
+    out_nbytes: int,
+    timeout_s: float,
+    echo: bool = False,
+) -> Call:
     """Hand `packed` to the worker, call, take `out_nbytes` of output: all inside our clock.
 
     Untimed: the worker is armed for call `index` (it answers, then spins on the control
@@ -597,12 +689,10 @@ def timed_call(worker: WorkerProcess, index: int, packed: bytes, out_nbytes: int
     call.elapsed_ns = t1 - t0
     reply = worker.recv(max(1.0, timeout_s - (t1 - t0) / 1e9))
     if unpack(ctl, DONE_AT)[0] != index:
-        raise WorkerFault("crash", f"protocol: reply {str(reply)[:200]} before call {index} "
-                          "ended")
+        raise WorkerFault("crash", f"protocol: reply {str(reply)[:200]} before call {index} ended")
     call.reply = reply
     meta = reply.get("out") if reply.get("op") == "done" and reply.get("i") == index else None
-    ok = isinstance(meta, dict) and meta.get("problem") is None and \
-        meta.get("nbytes") == out_nbytes
+    ok = isinstance(meta, dict) and meta.get("problem") is None and meta.get("nbytes") == out_nbytes
     call.output = output if ok or echo else None
     call.inputs_intact = in_buf[:n] == packed
     if isinstance(reply.get("event_ns"), int):

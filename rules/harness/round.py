@@ -23,8 +23,11 @@ def round_doc(meta: dict, verdict: dict, check: dict, blobs: dict[str, bytes]) -
         "round": meta["round"],
         "label": meta["label"],
         "kind": meta["kind"],
-        "candidate": {"digest": meta["digest"], "files": meta["files"],
-                      "hypothesis": meta["hypothesis"] or None},
+        "candidate": {
+            "digest": meta["digest"],
+            "files": meta["files"],
+            "hypothesis": meta["hypothesis"] or None,
+        },
         "submitted_at": meta["submitted_at"],
         "usage": meta["usage"],
         "verdict": verdict["verdict"],
@@ -55,8 +58,12 @@ def main() -> int:
     try:
         blobs = {n: getattr(args, n).read_bytes() for n in ("meta", "verdict", "check")}
         docs = {n: json.loads(b) for n, b in blobs.items()}
-        doc = round_doc(docs["meta"], docs["verdict"], docs["check"],
-                        {"verdict": blobs["verdict"], "check": blobs["check"]})
+        doc = round_doc(
+            docs["meta"],
+            docs["verdict"],
+            docs["check"],
+            {"verdict": blobs["verdict"], "check": blobs["check"]},
+        )
         tmp = args.out.with_name(args.out.name + f".tmp-{os.getpid()}")
         tmp.write_text(json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n")
         os.replace(tmp, args.out)

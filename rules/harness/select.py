@@ -11,18 +11,27 @@ import sys
 from pathlib import Path
 
 SCHEMA = "rsi.campaign.best/1"
-RULE = ("highest paired speedup point estimate among PASS rounds; ties go to the higher "
-        "interval lower bound, then to the earlier round")
+RULE = (
+    "highest paired speedup point estimate among PASS rounds; ties go to the higher "
+    "interval lower bound, then to the earlier round"
+)
 
 
 def select(rounds: list[dict]) -> dict:
     considered, eligible = [], []
     for r in sorted(rounds, key=lambda d: d["round"]):
         sp = r.get("speedup") or {}
-        row = {"round": r["round"], "label": r["label"], "verdict": r["verdict"],
-               "candidate_digest": r["candidate"]["digest"],
-               "speedup_point": sp.get("point"), "speedup_lo": sp.get("lo"),
-               "speedup_hi": sp.get("hi"), "eligible": False, "why_not": None}
+        row = {
+            "round": r["round"],
+            "label": r["label"],
+            "verdict": r["verdict"],
+            "candidate_digest": r["candidate"]["digest"],
+            "speedup_point": sp.get("point"),
+            "speedup_lo": sp.get("lo"),
+            "speedup_hi": sp.get("hi"),
+            "eligible": False,
+            "why_not": None,
+        }
         if r["verdict"] != "PASS":
             row["why_not"] = f"verdict {r['verdict']}: only PASS rounds are eligible"
         elif sp.get("point") is None:
@@ -33,15 +42,29 @@ def select(rounds: list[dict]) -> dict:
         considered.append(row)
     selected = None
     if eligible:
-        r, row = max(eligible, key=lambda e: (e[1]["speedup_point"], e[1]["speedup_lo"] or 0.0,
-                                              -e[0]["round"]))
-        selected = {"round": r["round"], "label": r["label"],
-                    "candidate_digest": r["candidate"]["digest"],
-                    "files": r["candidate"]["files"], "hypothesis": r["candidate"]["hypothesis"],
-                    "verdict": r["verdict"], "speedup": r["speedup"],
-                    "noise_floor": r.get("noise_floor"), "threshold": r.get("threshold")}
-    return {"schema": SCHEMA, "rule": RULE, "n_rounds": len(rounds),
-            "n_eligible": len(eligible), "selected": selected, "considered": considered}
+        r, row = max(
+            eligible,
+            key=lambda e: (e[1]["speedup_point"], e[1]["speedup_lo"] or 0.0, -e[0]["round"]),
+        )
+        selected = {
+            "round": r["round"],
+            "label": r["label"],
+            "candidate_digest": r["candidate"]["digest"],
+            "files": r["candidate"]["files"],
+            "hypothesis": r["candidate"]["hypothesis"],
+            "verdict": r["verdict"],
+            "speedup": r["speedup"],
+            "noise_floor": r.get("noise_floor"),
+            "threshold": r.get("threshold"),
+        }
+    return {
+        "schema": SCHEMA,
+        "rule": RULE,
+        "n_rounds": len(rounds),
+        "n_eligible": len(eligible),
+        "selected": selected,
+        "considered": considered,
+    }
 
 
 def main() -> int:

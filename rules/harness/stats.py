@@ -11,8 +11,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-METHOD = ("distribution-free interval of the median per-pair log ratio from order statistics "
-          "(sign-test inversion; exact binomial coverage >= the stated confidence)")
+METHOD = (
+    "distribution-free interval of the median per-pair log ratio from order statistics "
+    "(sign-test inversion; exact binomial coverage >= the stated confidence)"
+)
 
 
 def arm_value(samples_ns: Sequence[float], metric: str, units_per_call: float | None) -> float:
@@ -75,13 +77,20 @@ def speedup(log_ratios: Sequence[float], confidence: float, resamples: int, seed
     """Point estimate exp(median log ratio) and its interval, as factors (1.0 = same)."""
     x = np.asarray(log_ratios, dtype=np.float64)
     lo, hi, coverage = median_interval(x, confidence)
-    return {"point": float(np.exp(np.median(x))), "lo": float(np.exp(lo)), "hi": float(np.exp(hi)),
-            "confidence": float(confidence), "coverage": coverage, "method": METHOD,
-            "resamples": None}
+    return {
+        "point": float(np.exp(np.median(x))),
+        "lo": float(np.exp(lo)),
+        "hi": float(np.exp(hi)),
+        "confidence": float(confidence),
+        "coverage": coverage,
+        "method": METHOD,
+        "resamples": None,
+    }
 
 
-def noise_floor(calibration_log_ratios: Sequence[float], confidence: float, resamples: int,
-                seed: int) -> dict:
+def noise_floor(
+    calibration_log_ratios: Sequence[float], confidence: float, resamples: int, seed: int
+) -> dict:
     """delta: the bias of this host and policy that the A/A run proves, on the ratio scale.
 
     An A/A run compares the baseline with itself. When its interval (log scale) holds 0 it
@@ -94,9 +103,13 @@ def noise_floor(calibration_log_ratios: Sequence[float], confidence: float, resa
     lo, hi, _ = median_interval(calibration_log_ratios, confidence)
     x = np.asarray(calibration_log_ratios, dtype=np.float64)
     bias = max(0.0, lo, -hi)
-    return {"delta": float(np.expm1(bias)),
-            "aa_point": float(np.exp(np.median(x))), "aa_lo": float(np.exp(lo)),
-            "aa_hi": float(np.exp(hi)), "n_pairs": int(x.size)}
+    return {
+        "delta": float(np.expm1(bias)),
+        "aa_point": float(np.exp(np.median(x))),
+        "aa_lo": float(np.exp(lo)),
+        "aa_hi": float(np.exp(hi)),
+        "n_pairs": int(x.size),
+    }
 
 
 def pass_threshold(delta: float, min_improvement: float) -> float:

@@ -66,8 +66,11 @@ def write_message(fd: int, doc: dict) -> None:
 
 
 def _error(exc: BaseException) -> dict:
-    return {"type": type(exc).__name__, "message": str(exc)[:2000],
-            "traceback": traceback.format_exc()[-4000:]}
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc)[:2000],
+        "traceback": traceback.format_exc()[-4000:],
+    }
 
 
 def load_entry(impl_dir: str, entry: dict):
@@ -142,14 +145,19 @@ class Worker:
         for name, meta in self.layout_msg.items():
             if meta["kind"] == "scalar":
                 inputs[name] = {"float": float, "int": int, "bool": bool}[meta["type"]](
-                    meta["value"])
+                    meta["value"]
+                )
                 continue
             base, length = int(meta["at"]), int(meta["span"])
             raw = np.frombuffer(self.in_buf, dtype=np.uint8, count=length, offset=base)
             if meta["framework"] == "numpy":
-                value = np.ndarray(tuple(meta["shape"]), dtype=np.dtype(meta["dtype"]),
-                                   buffer=self.in_buf, offset=base + meta["offset_bytes"],
-                                   strides=tuple(meta["strides_bytes"]))
+                value = np.ndarray(
+                    tuple(meta["shape"]),
+                    dtype=np.dtype(meta["dtype"]),
+                    buffer=self.in_buf,
+                    offset=base + meta["offset_bytes"],
+                    strides=tuple(meta["strides_bytes"]),
+                )
             else:
                 value = self._torch_view(raw, meta)
             inputs[name] = value
@@ -162,11 +170,18 @@ class Worker:
         if self.device != "cpu":
             span = torch.empty(raw.size, dtype=torch.uint8, device=self.device)
         else:
-            span = torch.frombuffer(memoryview(raw), dtype=torch.uint8) if raw.size else \
-                torch.empty(0, dtype=torch.uint8)
+            span = (
+                torch.frombuffer(memoryview(raw), dtype=torch.uint8)
+                if raw.size
+                else torch.empty(0, dtype=torch.uint8)
+            )
         view = torch.empty(0, dtype=dtype, device=span.device)
-        view.set_(span.untyped_storage(), meta["offset_bytes"] // itemsize, tuple(meta["shape"]),
-                  tuple(s // itemsize for s in meta["strides_bytes"]))
+        view.set_(
+            span.untyped_storage(),
+            meta["offset_bytes"] // itemsize,
+            tuple(meta["shape"]),
+            tuple(s // itemsize for s in meta["strides_bytes"]),
+        )
         if self.device != "cpu":
             view._rsi_host_span = raw  # NB: copied to the device at every call
             view._rsi_device_span = span
@@ -240,8 +255,11 @@ class Worker:
             if type(out) is not torch.Tensor:
                 meta["problem"] = "wrong_type"
                 return meta
-            meta.update(dtype=str(out.dtype).removeprefix("torch."), shape=list(out.shape),
-                        device=out.device.type)
+            meta.update(
+                dtype=str(out.dtype).removeprefix("torch."),
+                shape=list(out.shape),
+                device=out.device.type,
+            )
             if out.layout != torch.strided or out.is_quantized or out.is_complex():
                 meta["problem"] = "wrong_type"
                 return meta
@@ -355,8 +373,11 @@ def zygote(args: dict) -> None:
             pass
         _reap_strays(bool(args.get("own_pid_namespace")))
         _empty(os.environ.get("TMPDIR"))
-        ended = {"op": "ended", "exit": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-                 "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None}
+        ended = {
+            "op": "ended",
+            "exit": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+        }
         write_message(resp, ended)
 
 
