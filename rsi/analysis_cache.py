@@ -8,9 +8,13 @@ interpreter's packages are unchanged. Anything unreadable or unexpected means: a
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
+import stat
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -21,15 +25,51 @@ from rsi.fsutil import atomic_write_bytes
 SCHEMA = "rsi.analysis/1"
 
 
-def _stat_sig(path: str) -> list:
+@contextmanager
+def quiet_gc() -> Iterator[None]:
+    """No cyclic garbage collection while millions of long-lived objects are made (a state or
+    an analysis of 100,000 actions): each collection would walk all of them again."""
+    was = gc.isenabled()
+    gc.disable()
     try:
-        st = os.stat(path)
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _stat_sig(
+    path: str, dirs: dict[str, str] | None = None, st: os.stat_result | None = None
+) -> list:
+    """Existence, kind, executable bit and real path of `path`. `dirs` memoises the real path
+    of parent folders within one check, so a folder of many sources costs one lstat each;
+    `st` is the path's `lstat` when the caller has it already."""
+    try:
+        if st is None:
+            st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            st = os.stat(path)
+            real = os.path.realpath(path)
+        else:
+            parent, name = os.path.split(path)
+            if not name or name in (".", "..") or not os.path.isabs(parent):
+                real = os.path.realpath(path)
+            else:
+                real_parent = None if dirs is None else dirs.get(parent)
+                if real_parent is None:
+                    real_parent = os.path.realpath(parent)
+                    if dirs is not None:
+                        dirs[parent] = real_parent
+                # NB: the file itself is no link, so its real path is its folder's + its name
+                real = os.path.join(real_parent, name)
+                if real == path:
+                    real = path  # NB: one string, not two, in what is pickled
     except (OSError, ValueError):  # NB: ValueError: a NUL in the path
         return ["absent"]
     # NB: the real path too: a folder on the way swapped for a symlink out of the workspace
     # must re-run analysis, which refuses it (rule.py), not reuse the old verdict
-    kind = "dir" if os.path.isdir(path) else "file"
-    return [kind, bool(st.st_mode & 0o111), os.path.realpath(path)]
+    kind = "dir" if stat.S_ISDIR(st.st_mode) else "file"
+    return [kind, bool(st.st_mode & 0o111), real]
 
 
 def _tree_sig(path: str, exclude: tuple[str, ...]) -> str:
@@ -77,7 +117,10 @@ class Tracker:
     def blob(self, digest: Digest) -> None:
         self.blobs.add(str(digest))
 
-    def still_valid(self, store, walker) -> bool:
+    def still_valid(self, store, walker, lstats: dict | None = None) -> bool:
+        """Every recorded read gives the same answer; `lstats` are `lstat` results the caller
+        took just now (the incremental state's pass over the sources), used instead of new
+        calls."""
         for p, want in self.files.items():
             try:
                 got = self.memo.digest(p).hash
@@ -85,7 +128,9 @@ class Tracker:
                 got = "absent"
             if got != want:
                 return False
-        if any(_stat_sig(p) != want for p, want in self.stats.items()):
+        dirs: dict[str, str] = {}
+        got = (lstats or {}).get
+        if any(_stat_sig(p, dirs, got(p)) != want for p, want in self.stats.items()):
             return False
         if any(_tree_sig(p, tuple(ex)) != sig for p, (ex, sig) in self.trees.items()):
             return False
@@ -97,20 +142,54 @@ class Tracker:
         return {k: v for k, v in self.__dict__.items() if k != "memo"}
 
 
-def _code_digest(memo: FileDigestMemo, rule_modules: Iterable[str]) -> str:
-    """Engine and rule-family source files, plus the interpreter's installed packages."""
-    parts: list = [__version__, sys.version, sys.executable]
-    roots = {Path(__file__).resolve().parent}
+def code_packages(rule_modules: Iterable[str]) -> dict[str, str]:
+    """{top-level package: its folder} of the engine and of every rule family in use."""
+    found = {"rsi": Path(__file__).resolve().parent}
     for name in rule_modules:
         # NB: the top-level package of every module that implements a rule, so helpers it
         # imports from its own package count too
-        top = sys.modules.get(name.split(".")[0])
+        top_name = name.split(".")[0]
+        top = sys.modules.get(top_name)
         path = getattr(top, "__file__", None) if top is not None else None
         if path:
-            roots.add(Path(path).resolve().parent)
-    for root in sorted(roots):
-        if root.name in ("site-packages", "dist-packages"):
-            continue  # NB: a single-file module; its installed-packages dir is covered below
+            found[top_name] = Path(path).resolve().parent
+    return {k: str(v) for k, v in sorted(found.items())}
+
+
+def code_roots(rule_modules: Iterable[str]) -> list[str]:
+    """The folders whose Python files are the engine and the rule families in use."""
+    roots = {Path(p) for p in code_packages(rule_modules).values()}
+    # NB: a single-file module's folder is site-packages, covered by the installed packages
+    return [str(r) for r in sorted(roots) if r.name not in ("site-packages", "dist-packages")]
+
+
+def packages_still_at(packages: dict[str, str]) -> bool:
+    """Each package would still be imported from the folder recorded (no other copy of it
+    came first on the path), without importing anything."""
+    import importlib.util
+
+    for name, folder in packages.items():
+        if name == "rsi":
+            here = str(Path(__file__).resolve().parent)
+        else:
+            try:
+                spec = importlib.util.find_spec(name)
+            except (ImportError, ValueError):
+                return False
+            origin = getattr(spec, "origin", None) if spec is not None else None
+            if not origin:
+                return False
+            here = str(Path(origin).resolve().parent)
+        if here != folder:
+            return False
+    return True
+
+
+def code_digest(memo: FileDigestMemo, roots: Iterable[str]) -> str:
+    """Engine and rule-family source files under `roots`, plus the installed packages."""
+    # NB: the interpreter by what it is, not by the name it was started as (python, python3)
+    parts: list = [__version__, sys.version, sys.prefix, os.path.realpath(sys.executable)]
+    for root in roots:
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
             for name in sorted(filenames):
@@ -126,28 +205,60 @@ def _code_digest(memo: FileDigestMemo, rule_modules: Iterable[str]) -> str:
     return digest_value(parts).hash
 
 
-def cache_key(memo: FileDigestMemo, request: dict, rule_modules: Iterable[str] = ()) -> str:
-    code = _code_digest(memo, rule_modules)
+def _code_digest(memo: FileDigestMemo, rule_modules: Iterable[str]) -> str:
+    return code_digest(memo, code_roots(rule_modules))
+
+
+def cache_key(
+    memo: FileDigestMemo,
+    request: dict,
+    rule_modules: Iterable[str] = (),
+    *,
+    code: str | None = None,
+) -> str:
+    """The analysis cache key of `request`; `code` is `code_digest` when already known."""
+    if code is None:
+        code = _code_digest(memo, rule_modules)
     return digest_value({"schema": SCHEMA, "code": code, **request}).hash
 
 
-def load(store, key: str, walker) -> Any | None:
-    path = store.root / "analysis" / key
+def _read(store, key: str) -> tuple | None:
     try:
-        raw = path.read_bytes()
+        raw = (store.root / "analysis" / key).read_bytes()
     except OSError:
         return None
     head, _, payload = raw.partition(b"\n")
     if head.decode(errors="replace") != digest_bytes(payload, store.function).hash:
         return None
     try:
-        labels, graph, tracker = pickle.loads(payload)
+        with quiet_gc():
+            labels, graph, tracker = pickle.loads(payload)
     except Exception:  # NB: any unpickling failure just means "analyse again"
         return None
-    tracker.memo = store.file_memo
-    if not tracker.still_valid(store, walker):
+    tracker.memo = store.meta_memo
+    return labels, graph, tracker
+
+
+def load_unchecked(store, key: str) -> tuple | None:
+    """(labels, graph, tracker) under `key` without checking the tracker: for a caller that
+    has just checked the same tracker itself (rsi.incremental)."""
+    return _read(store, key)
+
+
+def load_checked(store, key: str, walker) -> tuple | None:
+    """(labels, graph, tracker) under `key` when every read the analysis recorded gives the
+    same answer again."""
+    found = _read(store, key)
+    if found is None:
         return None
-    return labels, graph
+    if not found[2].still_valid(store, walker):
+        return None
+    return found
+
+
+def load(store, key: str, walker) -> Any | None:
+    found = load_checked(store, key, walker)
+    return None if found is None else found[:2]
 
 
 def save(store, key: str, labels, graph, tracker: Tracker) -> None:

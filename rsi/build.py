@@ -14,23 +14,27 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from rsi.fsutil import pid_alive
-from rsi.analysis import BuildGraph, analyze
 from rsi.errors import RsiError, UsageError
 from rsi.events import EventLog
-from rsi.host import Capabilities, HostLock, host_capabilities
+from rsi.fsutil import pid_alive
 from rsi.label import Label, Pattern
-from rsi.loader import Loader
-from rsi.registry import load_rules
-from rsi.scheduler import Outcome, Scheduler
+from rsi.runtime import make_local_executor, open_store
 from rsi.store import LocalStore
 from rsi.workspace import Workspace
+
+if TYPE_CHECKING:
+    # NB: imported where used: a build the incremental state serves never loads the
+    # analysis, the scheduler, the executors or networkx
+    from rsi.analysis import BuildGraph
+    from rsi.host import Capabilities
+    from rsi.loader import Loader
+    from rsi.scheduler import Outcome
 
 
 @dataclass
@@ -41,8 +45,16 @@ class BuildReport:
     counts: dict[str, int] = field(default_factory=dict)
     events_path: str | None = None
     wall_s: float = 0.0
-    outcomes: dict[str, Outcome] = field(default_factory=dict)
-    graph: BuildGraph | None = None
+    outcomes: Mapping[str, Outcome] = field(default_factory=dict)
+    # NB: a BuildGraph, or a callable loading it: a build served from the incremental state
+    # loads its graph only when someone asks (the campaign commands do)
+    graph_source: Any = field(default=None, repr=False)
+
+    @property
+    def graph(self) -> BuildGraph | None:
+        if callable(self.graph_source):
+            self.graph_source = self.graph_source()
+        return self.graph_source
 
     def to_json(self) -> dict:
         return {
@@ -105,12 +117,25 @@ def executor_capabilities(executor: Any) -> Callable[[], Capabilities] | None:
         return declared if callable(declared) else (lambda: declared)
     if getattr(executor, "name", "") == "remote":
         return None
+    from rsi.host import host_capabilities
+
     return host_capabilities
 
 
-def open_store(ws: Workspace) -> LocalStore:
-    ws.check_store()
-    return LocalStore(ws.store_dir, ws.digest_function)
+def _settled_hit() -> Outcome:
+    """Stands for every action the incremental state vouched for in a target's summary."""
+    from rsi.scheduler import Outcome
+
+    return Outcome("", "hit")
+
+
+def _register_refs(
+    ws: Workspace, store: LocalStore, refs: dict, events: EventLog, parent: int | None
+) -> None:
+    try:
+        store.register_workspace(ws.root, refs)
+    except RsiError as exc:
+        events.emit("warning", parent, message=f"workspace not registered as a gc root: {exc}")
 
 
 def _register_roots(
@@ -135,26 +160,11 @@ def _register_roots(
 
 
 def make_executor(name: str, ws: Workspace):
-    from rsi.limits import Limits
-
-    limits = Limits.from_workspace(ws)
-    if name == "local":
-        from rsi.executors.local import LocalExecutor
-
-        return LocalExecutor(limits=limits)
-    if name == "bwrap":
-        from rsi.executors.bwrap import BwrapExecutor  # type: ignore[import-not-found]
-
-        return BwrapExecutor(limits=limits)
-    if name == "docker":
-        from rsi.executors.docker import DockerExecutor  # type: ignore[import-not-found]
-
-        return DockerExecutor(limits=limits)
     if name == "remote":
         from rsi.remote import make_remote_executor  # type: ignore[import-not-found]
 
         return make_remote_executor(ws)
-    raise RsiError(f"unknown executor {name!r}", hint="use local, bwrap, docker or remote")
+    return make_local_executor(name, ws)
 
 
 def _remote_cache(ws: Workspace):
@@ -166,6 +176,9 @@ def _remote_cache(ws: Workspace):
 
 
 def make_loader(ws: Workspace) -> Loader:
+    from rsi.loader import Loader
+    from rsi.registry import load_rules
+
     return Loader(
         ws.root,
         load_rules(ws.rules),
@@ -176,12 +189,24 @@ def make_loader(ws: Workspace) -> Loader:
 def load_graph(
     ws: Workspace, patterns: list[str], store: LocalStore, *, use_cache: bool = True
 ) -> tuple[list[Label], BuildGraph]:
-    from rsi import analysis_cache
+    labels, graph, _ = _analyse(ws, patterns, store, _current_package(ws), use_cache=use_cache)
+    return labels, graph
 
-    current = _current_package(ws)
+
+def _analyse(
+    ws: Workspace, patterns: list[str], store: LocalStore, current: str, *, use_cache: bool = True
+) -> tuple[list[Label], BuildGraph, dict]:
+    """(labels, graph, what the incremental state keeps of the analysis: its key, the code it
+    depended on and the tracker of its reads)."""
+    from rsi import analysis_cache
+    from rsi.analysis import analyze
+
     loader = make_loader(ws)
+    rule_modules = {rule.impl.__module__ for rule in loader.rules.values()}
+    roots = analysis_cache.code_roots(rule_modules)
+    code = analysis_cache.code_digest(store.meta_memo, roots)
     key = analysis_cache.cache_key(
-        store.file_memo,
+        store.meta_memo,
         {
             "patterns": patterns,
             "current": current,
@@ -191,27 +216,38 @@ def load_graph(
             "store": str(store.root),
             "function": store.function,
         },
-        rule_modules={rule.impl.__module__ for rule in loader.rules.values()},
+        code=code,
     )
+    meta: dict = {
+        "analysis_key": key,
+        "code_roots": roots,
+        "code_packages": analysis_cache.code_packages(rule_modules),
+        "code": code,
+    }
     if use_cache:
-        cached = analysis_cache.load(store, key, loader.packages_under)
+        cached = analysis_cache.load_checked(store, key, loader.packages_under)
         if cached is not None:
-            return cached
-    tracker = analysis_cache.Tracker(store.file_memo)
+            meta["tracker"] = cached[2]
+            return cached[0], cached[1], meta
+    tracker = analysis_cache.Tracker(store.meta_memo)
     tracker.file(ws.root / "rsi.toml")
     loader.tracker = tracker
     loader.settings["track_file"] = tracker.file
-    labels = loader.expand(patterns, current)
-    graph = analyze(
-        loader,
-        labels,
-        store_put=store.put_bytes,
-        settings={"salt": ws.salt, "store": str(store.root)},
-        tracker=tracker,
-        function=store.function,
-    )
+    from rsi.incremental import quiet_gc
+
+    with quiet_gc():
+        labels = loader.expand(patterns, current)
+        graph = analyze(
+            loader,
+            labels,
+            store_put=store.put_bytes,
+            settings={"salt": ws.salt, "store": str(store.root)},
+            tracker=tracker,
+            function=store.function,
+        )
     analysis_cache.save(store, key, labels, graph, tracker)
-    return labels, graph
+    meta["tracker"] = tracker
+    return labels, graph, meta
 
 
 def _current_package(ws: Workspace) -> str:
@@ -240,7 +276,6 @@ def _clean_stale_scratch(store: LocalStore) -> None:
     A live pid's folder is never touched, however old: a long action may still be using it.
     Folders without a pid in the name are removed once older than a day.
     """
-    from rsi.executors.base import remove_tree
     from rsi.executors.pool import remove_stale_slots
 
     remove_stale_slots()
@@ -259,7 +294,14 @@ def _clean_stale_scratch(store: LocalStore) -> None:
                     continue
             except OSError:
                 continue
-        remove_tree(entry) if entry.is_dir() else entry.unlink(missing_ok=True)
+        if entry.is_dir():
+            # NB: imported only when there is something to remove: a no-op build never needs
+            # the executors
+            from rsi.executors.base import remove_tree
+
+            remove_tree(entry)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def build(
@@ -345,8 +387,37 @@ def _build(
     lock_timeout: float | None,
     t0: float,
 ) -> BuildReport:
-    labels, graph = load_graph(ws, patterns, store)
+    from rsi import analysis_cache, incremental
+
+    current = _current_package(ws)
+    request = incremental.request_key(ws, patterns, current, store)
+    plan = incremental.plan(ws, store, patterns, current) if request else None
+    if plan is not None and not plan.dirty:
+        return _build_unchanged(
+            ws, patterns, store, events, root_event, build_id, materialise, t0, plan
+        )
+    found = None
+    if plan is not None:
+        # NB: the state checked this analysis' reads already; only the graph is needed
+        found = analysis_cache.load_unchecked(store, plan.state["analysis_key"])
+    if found is not None:
+        labels, graph = found[0], found[1]
+        analysis = {k: plan.state[k] for k in incremental.ANALYSIS_FIELDS}
+    else:
+        plan = None
+        labels, graph, analysis = _analyse(ws, patterns, store, current)
     wanted = graph.actions_for(labels)
+    todo, clean, known = wanted, [], None
+    if plan is not None and set(plan.actions) == wanted:
+        todo = set()
+        for action_id in plan.dirty:
+            if action_id not in todo:
+                todo.add(action_id)
+                todo |= graph.descendants(action_id, wanted)
+        clean = [i for i in plan.state["order"] if i not in todo]
+        known = incremental.StateOutcomes(plan, clean)
+    else:
+        plan = None
     named = _named_labels(ws, patterns)
     required = graph.actions_for([lb for lb in labels if lb in named])
     for label in labels:
@@ -357,6 +428,9 @@ def _build(
             rule=graph.targets[label].rule.name,
             actions=len(graph.target_actions.get(label, [])),
         )
+    from rsi.host import HostLock
+    from rsi.scheduler import Scheduler
+
     executor = make_executor(ws.executor, ws)
     remote_cache = _remote_cache(ws)
     if remote_cache is not None or ws.executor == "remote":
@@ -378,20 +452,37 @@ def _build(
         capabilities=executor_capabilities(executor),
         required=required,
     )
-    outcomes = scheduler.run(graph, wanted, root_event)
-    _register_roots(ws, store, graph, outcomes, events, root_event)
+    if plan is not None and clean:
+        # NB: the actions the state vouches for are hits, reported without being looked at
+        events.emit_hits(root_event, plan.hit_rows(clean))
+        events.counts["hit"] += len(clean)
+        events.counts["done"] += len(clean)
+    ran = scheduler.run(graph, todo, root_event, known=known)
+    outcomes: Mapping[str, Outcome] = ran
+    if plan is not None:
+        outcomes = incremental.Overlay(ran, known or {})
+        refs = plan.refs(clean)
+        refs.update(
+            (i, {"key": str(o.key), "label": graph.actions[i].label})
+            for i, o in ran.items()
+            if o.ok and o.key is not None and i in graph.actions
+        )
+        _register_refs(ws, store, refs, events, root_event)
+    else:
+        _register_roots(ws, store, graph, ran, events, root_event)
     report = BuildReport(
         build_id,
         # NB: an action a pattern only matched may be incompatible; one a named target
-        # needs may not
-        ok=all(o.ok or (o.needs is not None and o.id not in required) for o in outcomes.values()),
+        # needs may not (the ones the state vouched for are hits)
+        ok=all(o.ok or (o.needs is not None and o.id not in required) for o in ran.values()),
         events_path=str(events.path),
         outcomes=outcomes,
-        graph=graph,
+        graph_source=graph,
     )
+    settled = _settled_hit()
     for label in labels:
         ids = sorted(graph.actions_for([label]))
-        mine = [outcomes[i] for i in ids if i in outcomes]
+        mine = [ran.get(i) or settled for i in ids if i in outcomes]
         ok = all(o.ok for o in mine)
         needs = sorted({o.needs for o in mine if o.needs})
         broken = any(o.status in ("failed", "error") for o in mine)
@@ -429,6 +520,20 @@ def _build(
             **extra,
         )
     store.save_memos()
+    if request is not None and all(o.status in ("hit", "executed") for o in ran.values()):
+        with incremental.quiet_gc():
+            incremental.record(
+                store,
+                request,
+                analysis=analysis,
+                labels=labels,
+                graph=graph,
+                outcomes=outcomes,
+                observed=scheduler.sources_seen,
+                previous=plan,
+                rerun=todo,
+                roots_path=store._registration_path(ws.root),
+            )
     c = events.counts
     not_built = ("skipped", "not_started", "incompatible")
     report.counts = {
@@ -436,15 +541,130 @@ def _build(
         "cached": c["hit"],
         "executed": c["executed"],
         "failed": c["failed"],
-        "skipped": sum(1 for o in outcomes.values() if o.status in not_built),
-        "incompatible": sum(1 for o in outcomes.values() if o.needs is not None),
+        # NB: only the run's: the actions the state vouched for are hits
+        "skipped": sum(1 for o in ran.values() if o.status in not_built),
+        "incompatible": sum(1 for o in ran.values() if o.needs is not None),
     }
     report.wall_s = time.perf_counter() - t0
     return report
 
 
+def _build_unchanged(
+    ws: Workspace,
+    patterns: list[str],
+    store: LocalStore,
+    events: EventLog,
+    root_event: int,
+    build_id: str,
+    materialise: bool,
+    t0: float,
+    plan: Any,
+) -> BuildReport:
+    """Nothing the last successful build of this request depended on changed (the incremental
+    state vouches for every action): report its hits without analysing or keying anything."""
+    from rsi import incremental
+
+    state = plan.state
+    order = state["order"]
+    for t in state["targets"]:
+        events.emit(
+            "target_started", root_event, label=t["label"], rule=t["rule"], actions=t["declared"]
+        )
+    events.emit_hits(root_event, plan.hit_rows(order))
+    c = events.counts
+    c["total"] = c["done"] = c["hit"] = len(order)
+
+    def graph() -> BuildGraph:
+        found = analysis_cache_graph(store, state["analysis_key"])
+        return found if found is not None else load_graph(ws, patterns, store)[1]
+
+    report = BuildReport(
+        build_id,
+        ok=True,
+        events_path=str(events.path),
+        outcomes=incremental.StateOutcomes(plan),
+        graph_source=graph,
+    )
+    for t in state["targets"]:
+        outputs: list[str] = []
+        if materialise:
+            for path, producer in t["files"]:
+                out = plan.output(producer, path)
+                if out is not None:
+                    outputs.append(_export(ws, store, path, out[0], out[1]))
+        show = t["show"]
+        shown = next((o for o in outputs if show and o.endswith("/" + show)), None)
+        report.targets[t["label"]] = {
+            "ok": True,
+            "cache": "hit",
+            "outputs": outputs,
+            "failed": [],
+            "show": shown,
+            "skipped": None,
+        }
+        events.emit(
+            "target_finished",
+            root_event,
+            label=t["label"],
+            ok=True,
+            cache="hit",
+            outputs=outputs,
+            failed=[],
+        )
+    registration = store._registration_path(ws.root)
+    sig = incremental._plain_sig(registration)
+    if sig is None or sig != state["roots_sig"]:
+        refs = {
+            i: {"key": f"{a[incremental.KEY_HASH]}/{a[incremental.KEY_SIZE]}", "label": a[0]}
+            for i, a in plan.actions.items()
+        }
+        try:
+            store.register_workspace(ws.root, refs)
+            state["roots_sig"] = incremental._plain_sig(registration)
+            plan.changed = True
+        except RsiError as exc:
+            message = f"workspace not registered as a gc root: {exc}"
+            events.emit("warning", root_event, message=message)
+    store.save_memos()
+    if plan.changed:
+        incremental.save(store, state)
+    report.counts = {
+        "actions": len(order),
+        "cached": len(order),
+        "executed": 0,
+        "failed": 0,
+        "skipped": 0,
+        "incompatible": 0,
+    }
+    report.wall_s = time.perf_counter() - t0
+    return report
+
+
+def analysis_cache_graph(store: LocalStore, key: str) -> BuildGraph | None:
+    from rsi import analysis_cache
+
+    found = analysis_cache.load_unchecked(store, key)
+    return None if found is None else found[1]
+
+
+def _export(ws: Workspace, store: LocalStore, path: str, digest: Any, executable: bool) -> str:
+    """Copy one output under `out/` for people; skipped when already identical."""
+    dest = ws.out_dir / path
+    try:
+        if dest.is_file() and store.meta_memo.digest(dest) == digest:
+            return str(dest)
+    except OSError:
+        pass
+    store.export_file(digest, dest, executable, atomic=True)
+    return str(dest)
+
+
 def _materialise(
-    ws: Workspace, store: LocalStore, graph: BuildGraph, label: Label, outcomes: dict[str, Outcome]
+    ws: Workspace,
+    store: LocalStore,
+    graph: BuildGraph,
+    label: Label,
+    outcomes: Mapping[str, Outcome],
 ) -> list[str]:
     """Copy a target's files under `out/` for people; skipped when already identical."""
     written: list[str] = []
@@ -455,15 +675,7 @@ def _materialise(
         out = result.output_map.get(art.path) if result else None
         if out is None:
             continue
-        dest = ws.out_dir / art.path
-        try:
-            if dest.is_file() and store.file_memo.digest(dest) == out.digest:
-                written.append(str(dest))
-                continue
-        except OSError:
-            pass
-        store.export_file(out.digest, dest, out.executable, atomic=True)
-        written.append(str(dest))
+        written.append(_export(ws, store, art.path, out.digest, out.executable))
     return written
 
 

@@ -172,26 +172,13 @@ def build(
     if as_json:
         _emit(report.to_json(), True)
     else:
-        c = report.counts
-        for label, t in report.targets.items():
-            if t.get("skipped"):
-                click.echo(f"{label}: skipped: {t['skipped']}")
-                continue
-            state = "ok" if t["ok"] else "FAILED"
-            click.echo(f"{label}: {state} ({t['cache']})")
-            for f in t["failed"]:
-                click.echo(f"  {f['action']}: {f['status']}: {f['message']}")
-            for path in t["outputs"]:
-                click.echo(f"  {path}")
-            if t.get("show"):
-                click.echo("")
-                click.echo(Path(t["show"]).read_text().rstrip())
-                click.echo("")
-        click.echo(
-            f"{c['actions']} actions: {c['cached']} cached, {c['executed']} executed, "
-            f"{c['failed']} failed, {c['skipped']} not built  ({report.wall_s:.2f}s)"
-        )
-    sys.exit(0 if report.ok else EXIT_BUILD_FAILED)
+        from rsi.buildcmd import report_lines
+
+        for line in report_lines(report):
+            click.echo(line)
+    from rsi.buildcmd import exit_code
+
+    sys.exit(exit_code(report))
 
 
 @main.command(epilog=EPILOG)
@@ -300,7 +287,8 @@ def info(ctx: click.Context, as_json: bool) -> None:
 @click.option("--markdown", is_flag=True, help="Print the declaration reference as Markdown.")
 @click.pass_context
 def rules_cmd(ctx: click.Context, as_json: bool, markdown: bool) -> None:
-    """List every rule and its attributes (the declaration reference)."""
+    """List every rule and its attributes: kind, required or default, meaning (the declaration
+    reference; --markdown prints it as docs/declarations.md has it)."""
     from rsi.registry import describe_rules, load_rules
 
     extra = ()
@@ -314,8 +302,9 @@ def rules_cmd(ctx: click.Context, as_json: bool, markdown: bool) -> None:
 
         click.echo(rules_markdown(doc), nl=False)
         return
-    human = "\n".join(f"{r['name']}: {r['doc']}" for r in doc)
-    _emit(doc, as_json, human)
+    from rsi.registry import rules_text
+
+    _emit(doc, as_json, rules_text(doc))
 
 
 @main.command(epilog=EPILOG)
@@ -546,7 +535,7 @@ def _add_plugin_commands() -> None:
 
 
 def run() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] not in main.commands:
+    if len(sys.argv) > 1 and sys.argv[1] not in main.commands and sys.argv[1:] != ["--version"]:
         _add_plugin_commands()  # NB: only when needed; `rsi build` never pays for plugins
     try:
         main(standalone_mode=True)

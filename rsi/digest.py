@@ -241,16 +241,26 @@ class FileDigestMemo:
     def __init__(self, path: Path | None, function: str = DEFAULT_FUNCTION) -> None:
         self.path = path
         self.function = function
-        self._entries: dict[str, list] = {}
+        self._loaded: dict[str, list] | None = None if path is not None else {}
         self._dirty = False
-        if path is not None:
+
+    @property
+    def _entries(self) -> dict[str, list]:
+        # NB: read on first use: a build served by the incremental state never needs it
+        entries = self._loaded
+        if entries is None:
+            entries = {}
             try:
-                with open(path, "rb") as f:
+                with open(self.path, "rb") as f:  # type: ignore[arg-type]
                     loaded = json.loads(f.read())
-                if loaded.get("function") == function:
-                    self._entries = loaded.get("entries", {})
+                if loaded.get("function") == self.function:
+                    entries = loaded.get("entries", {})
             except (OSError, ValueError, AttributeError):
-                self._entries = {}
+                entries = {}
+            if not isinstance(entries, dict):
+                entries = {}
+            self._loaded = entries
+        return entries
 
     def digest(self, path: str | os.PathLike, st: os.stat_result | None = None) -> Digest:
         key = os.fspath(path)
@@ -271,12 +281,28 @@ class FileDigestMemo:
             self._dirty = True
         return digest
 
+    def observe(
+        self, path: str | os.PathLike, st: os.stat_result | None = None
+    ) -> tuple[Digest, tuple[int, int, int, int] | None]:
+        """The digest of `path`, and the stat signature (ino, size, mtime_ns, ctime_ns) it was
+        taken under when that signature may later stand for this content: only when the
+        memo trusts it (the file was last changed more than RACY_NS before it was read).
+        None means "racy": whoever keeps the digest must read the file again next time."""
+        key = os.fspath(path)
+        if st is None:
+            st = os.stat(key)
+        digest = self.digest(key, st)
+        sig = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        hit = self._entries.get(key)
+        trusted = hit is not None and tuple(hit[:4]) == sig and hit[4] == digest.hash
+        return digest, (sig if trusted else None)
+
     def forget(self, path: str | os.PathLike) -> None:
         if self._entries.pop(os.fspath(path), None) is not None:
             self._dirty = True
 
     def save(self) -> None:
-        if not self._dirty or self.path is None:
+        if not self._dirty or self.path is None or self._loaded is None:
             return
         from rsi.fsutil import atomic_write_bytes
 

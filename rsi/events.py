@@ -57,6 +57,22 @@ class EventLog:
                     pass
         return event_id
 
+    def emit_hits(self, parent: int | None, rows) -> None:
+        """One `action_finished` cache hit per (action, label, mnemonic, key) row, written at
+        once: the same lines as `emit`, at a fraction of its cost per event."""
+        with self._lock:
+            text, self._next_id = hit_lines(
+                rows, parent, self._next_id, round(time.time(), 6), EVENTS_SCHEMA
+            )
+            if not text:
+                return
+            for f in self._files:
+                try:
+                    f.write(text)
+                    f.flush()
+                except (OSError, ValueError):
+                    pass
+
     def draw(self, current: str = "", force: bool = False) -> None:
         if not self.progress:
             return
@@ -104,3 +120,22 @@ class EventLog:
                     f.close()
                 except OSError:
                     pass
+
+
+def hit_lines(rows, parent: int | None, first_id: int, now: float, schema: str) -> tuple[str, int]:
+    """`action_finished` cache hits as the lines `EventLog.emit` would write (sorted keys,
+    json.dumps' separators), without a json.dumps per event."""
+    enc = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
+    tail = (
+        f', "parent": {json.dumps(parent)}, "schema": {enc(schema)}, "status": "ok", '
+        f'"time": {json.dumps(now)}}}\n'
+    )
+    out = []
+    i = first_id
+    for action, label, mnemonic, key in rows:
+        out.append(
+            f'{{"action": {enc(action)}, "cache": "hit", "id": {i}, "key": {enc(key)}, '
+            f'"kind": "action_finished", "label": {enc(label)}, "mnemonic": {enc(mnemonic)}' + tail
+        )
+        i += 1
+    return "".join(out), i

@@ -19,9 +19,7 @@ from rsi.attrs import Where
 from rsi.errors import DeclarationError, LabelError
 from rsi.label import Label, Pattern
 from rsi.rule import Rule
-from rsi.workspace import BUILD_FILE
-
-SKIP_DIRS = {"cache", "out", "node_modules", "__pycache__", "build", "dist"}
+from rsi.workspace import BUILD_FILE, SKIP_DIRS, packages_under  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -215,14 +213,7 @@ class Loader:
         return ("did you mean " + ", ".join(f"//{c}" for c in close) + "?") if close else None
 
     def packages_under(self, package: str) -> Iterable[str]:
-        base = self.root / package if package else self.root
-        for dirpath, dirnames, filenames in os.walk(base):
-            dirnames[:] = sorted(
-                d for d in dirnames if not d.startswith(".") and d not in SKIP_DIRS
-            )
-            if BUILD_FILE in filenames:
-                rel = os.path.relpath(dirpath, self.root)
-                yield "" if rel == "." else rel.replace(os.sep, "/")
+        return packages_under(self.root, package)
 
     def expand(self, patterns: Iterable[str], current_package: str = "") -> list[Label]:
         labels: list[Label] = []

@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -90,6 +90,8 @@ class Scheduler:
         self._capabilities = capabilities
         self._known_capabilities: Capabilities | None = None
         self.required = required
+        # NB: source path -> (stat signature or None, hash, size) as keyed (rsi.incremental)
+        self.sources_seen: dict[str, tuple] = {}
 
     # ------------------------------------------------------------------------ resolution
     def resolve(self, spec: ActionSpec, outcomes: dict[str, Outcome]) -> Action:
@@ -111,8 +113,11 @@ class Scheduler:
                 inputs[art.path] = SymlinkNode(art.symlink)
             else:
                 try:
-                    inputs[art.path] = FileNode(memo.digest(art.source), art.executable)
-                    sources.append((art.path, str(art.source)))
+                    src = str(art.source)
+                    digest, sig = memo.observe(src)
+                    inputs[art.path] = FileNode(digest, art.executable)
+                    sources.append((art.path, src))
+                    self._observe(src, sig, digest)
                 except OSError as exc:
                     raise ExecutionError(
                         f"{spec.label}: cannot read input {art.source}: {exc}"
@@ -131,6 +136,18 @@ class Scheduler:
             tags=spec.tags,
             sources=tuple(sources),
         )
+
+    def _observe(self, src: str, sig: tuple | None, digest: Digest) -> None:
+        """Remember what each source was keyed with, for the incremental state: its stat
+        signature (None when racy) and digest, or nothing usable when two reads disagree."""
+        seen = (sig, digest.hash, digest.size)
+        prev = self.sources_seen.get(src)
+        if prev is None or prev == seen:
+            self.sources_seen[src] = seen
+        elif prev[1:] == seen[1:]:
+            self.sources_seen[src] = (None, *seen[1:])
+        else:
+            self.sources_seen[src] = (None, None, None)
 
     def _upload_sources(self, spec: ActionSpec, action: Action) -> None:
         nodes = action.input_map
@@ -240,18 +257,27 @@ class Scheduler:
         return outcomes
 
     # ------------------------------------------------------------------------------- run
-    def run(self, graph: BuildGraph, wanted: set[str], build_event: int) -> dict[str, Outcome]:
+    def run(
+        self,
+        graph: BuildGraph,
+        wanted: set[str],
+        build_event: int,
+        known: Mapping[str, Outcome] | None = None,
+    ) -> dict[str, Outcome]:
+        """Build `wanted`. `known` are outcomes settled before the run (cache hits the
+        incremental state vouched for, whose events the caller emits): they feed their
+        consumers, are looked up only when a consumer needs them, and are never run."""
         self._graph = graph
         preds, succs = graph.preds, graph.succs
         waiting = {a: sum(1 for p in preds.get(a, ()) if p in wanted) for a in wanted}
         ready = deque(sorted(a for a, n in waiting.items() if n == 0))
-        outcomes: dict[str, Outcome] = {}
+        outcomes: dict[str, Outcome] = _Settled(known) if known else {}
+        counts = self.events.counts
         to_execute: deque[tuple[ActionSpec, Action, list[str], int]] = deque()
         running: dict[Future, tuple[ActionSpec, Action, list[str], int]] = {}
         exclusive_running = False
         stopped = False
-        counts = self.events.counts
-        counts["total"] = len(wanted)
+        counts["total"] = len(wanted) + (len(known) if known else 0)
 
         def finish(action_id: str, outcome: Outcome) -> None:
             outcomes[action_id] = outcome
@@ -373,6 +399,9 @@ class Scheduler:
                     if not ready and to_execute and stopped:
                         break
                     continue
+                if not running and not ready and not to_execute:
+                    # NB: only commits are left: nothing more will join their batch
+                    self._committer.hurry()
                 done, _ = wait([*running, *committing], timeout=0.5, return_when=FIRST_COMPLETED)
                 # NB: in dispatch order, so a producer's "ok" precedes its dependents' when
                 # both land in one commit batch
@@ -631,6 +660,22 @@ class Scheduler:
         )
 
 
+class _Settled(dict):
+    """The run's outcomes, falling back to outcomes settled before it (made on first use)."""
+
+    def __init__(self, known: Mapping[str, Outcome]) -> None:
+        super().__init__()
+        self._known = known
+
+    def __missing__(self, action_id: str) -> Outcome:
+        outcome = self._known[action_id]
+        self[action_id] = outcome
+        return outcome
+
+
+_HURRY = object()  # NB: a GroupCommitter queue item: stop lingering, write the batch now
+
+
 class GroupCommitter:
     """Writes action-cache entries on one thread, in batches, each batch after one `sync()` of
     the store: the blobs an entry names are durable before the entry is, at the price of one
@@ -641,6 +686,7 @@ class GroupCommitter:
         self.store = store
         self.used = False
         self.linger_s = 0.02
+        self._hurried = False
         self._queue: "queue.Queue" = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="rsi-commit", daemon=True)
         self._thread.start()
@@ -648,8 +694,16 @@ class GroupCommitter:
     def submit(self, fn, *args) -> Future:
         self.used = True
         fut: Future = Future()
+        self._hurried = False
         self._queue.put((fut, fn, args))
         return fut
+
+    def hurry(self) -> None:
+        """Write what is queued now, without waiting for more to join the batch (the
+        scheduler has nothing left running)."""
+        if not self._hurried:
+            self._hurried = True
+            self._queue.put(_HURRY)
 
     def _run(self) -> None:
         stop = False
@@ -657,6 +711,8 @@ class GroupCommitter:
             item = self._queue.get()
             if item is None:
                 break
+            if item is _HURRY:
+                continue
             batch = [item]
             # NB: a short linger lets a batch form (one sync for many entries instead of one
             # each). It delays only the "finished" events: dependents use results in memory.
@@ -668,6 +724,8 @@ class GroupCommitter:
                     break
                 if nxt is None:
                     stop = True
+                    break
+                if nxt is _HURRY:
                     break
                 batch.append(nxt)
             try:

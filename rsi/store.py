@@ -165,6 +165,9 @@ class LocalStore:
         self._init()
         self.blob_memo = FileDigestMemo(self.root / "blob-memo.json", self.function)
         self.file_memo = FileDigestMemo(self.root / "file-memo.json", self.function)
+        # NB: the few files a build reads besides action inputs (engine and rule code,
+        # declarations, out/), kept apart so checking them never loads a memo of every source
+        self.meta_memo = FileDigestMemo(self.root / "meta-memo.json", self.function)
 
     # ------------------------------------------------------------------------------ layout
     def _init(self) -> None:
@@ -192,6 +195,7 @@ class LocalStore:
     def save_memos(self) -> None:
         self.blob_memo.save()
         self.file_memo.save()
+        self.meta_memo.save()
 
     @contextmanager
     def lock(self, exclusive: bool = False) -> Iterator[None]:

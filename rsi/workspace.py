@@ -11,6 +11,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Iterable
 
 from rsi.digest import DIGEST_FUNCTIONS
 from rsi.errors import DeclarationError, UsageError
@@ -219,3 +220,17 @@ class Workspace:
             f"{here} is not inside an rsi workspace (no {CONFIG_FILE} here or above)",
             hint=f"create an empty {CONFIG_FILE} at the root of your project, or pass --workspace",
         )
+
+
+# NB: folders never searched for packages (outputs, caches, vendored trees)
+SKIP_DIRS = {"cache", "out", "node_modules", "__pycache__", "build", "dist"}
+
+
+def packages_under(root: Path, package: str) -> Iterable[str]:
+    """Every package at or below `package` (folders holding a BUILD.toml), in walk order."""
+    base = root / package if package else root
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in SKIP_DIRS)
+        if BUILD_FILE in filenames:
+            rel = os.path.relpath(dirpath, root)
+            yield "" if rel == "." else rel.replace(os.sep, "/")

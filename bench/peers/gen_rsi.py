@@ -12,7 +12,9 @@ import sys
 
 from common import Tool, mids_of, rm
 
-RSI = [sys.executable, "-m", "rsi.cli"]
+# NB: the console script people run (`rsi`), beside this interpreter when installed there
+_SCRIPT = os.path.join(os.path.dirname(sys.executable), "rsi")
+RSI = [_SCRIPT] if os.access(_SCRIPT, os.X_OK) else [sys.executable, "-m", "rsi.cli"]
 
 
 class Rsi(Tool):
@@ -61,6 +63,9 @@ class Rsi(Tool):
 
     def startup_cmd(self):
         return [*RSI, "--version"]
+
+    def help_cmd(self):
+        return [*RSI, "build", "--help"]
 
 
 TOOLS = {"rsi": Rsi}

@@ -1,23 +1,57 @@
 #!/usr/bin/env bash
-# Time rsi with the peers' own harness on their fan-in graph (N=100 and N=1000), then print
-# rsi's medians beside the peers' recorded ones. Keep the machine otherwise idle.
+# rsi beside Nix and Bazel on the peers' fan-in graph (../shared/peers), in one run, and a
+# table: out/bench/peers.md and out/bench/peers.json. Keep the machine otherwise idle.
+#
+#   bash bench/peers/run.sh                       # peers and rsi at N=1000; rsi at 10k, 100k
+#   PEERS_AT=1000 RSI_AT=1000 bash bench/peers/run.sh
+#   PEERS=nix RUNS=5 bash bench/peers/run.sh
+#   MERGE=1 RSI_AT=1000 bash bench/peers/run.sh   # redo N=1000, keep the earlier 10k/100k rows
+#
+# Nix (Debian nix-bin) and Bazel (bazel-bootstrap) are installed with apt-get when missing and
+# this runs as root; when that fails the table says "not installed" for them. Workspaces, logs
+# and Bazel's output root live under $PEERS_ROOT (default /tmp/peers); the rsi workspaces at
+# 10,000 and 100,000 leaves are deleted after their row (about 1.5 GB of small files at 100k).
+# Nix's cold scenario runs nix-collect-garbage, which empties /nix/store.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 src="${PEERS_SRC:-$repo/../shared/peers}"
-work="$(mktemp -d)/peers"
-cp -r "$src" "$work"
-cp "$here/gen_rsi.py" "$work/"
+out="${OUT:-$repo/out/bench}"
+export PEERS_ROOT="${PEERS_ROOT:-/tmp/peers}"
+export RSI_HOST_LOCK="${RSI_HOST_LOCK:-$PEERS_ROOT/rsi-host.lock}"
+mkdir -p "$PEERS_ROOT" "$out"
+work="$(mktemp -d "$PEERS_ROOT/harness.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+cp -r "$src/." "$work/"
+cp "$here/gen_rsi.py" "$here/compare.py" "$work/"
+
+note="apt"
+need=()
+case ",${PEERS:-nix,bazel}," in *,nix,*) command -v nix-build >/dev/null || need+=(nix-bin) ;; esac
+case ",${PEERS:-nix,bazel}," in *,bazel,*) command -v bazel >/dev/null || need+=(bazel-bootstrap) ;; esac
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" \
+      >"$PEERS_ROOT/apt.log" 2>&1; then
+    note="installed by run.sh"
+  else
+    note="apt-get install ${need[*]} failed, see $PEERS_ROOT/apt.log"
+    echo "run.sh: $note; their rows will say so" >&2
+  fi
+fi
+export PEERS_INSTALL_NOTE="$note"
+# NB: rsi runs from a copy of rsi/ and rules/ taken now (first on PYTHONPATH, ahead of the
+# editable install), so an edit to the tree while this runs cannot invalidate rsi's caches
+# mid-run; its bytecode is compiled once, as scripts/setup.sh does (with
+# PYTHONDONTWRITEBYTECODE set, every start would compile the engine again)
+snap="$work/rsi-snapshot"
+mkdir -p "$snap"
+cp -r "$repo/rsi" "$repo/rules" "$snap/"
+find "$snap" -name __pycache__ -prune -exec rm -rf {} +
+"$repo/.venv/bin/python" -m compileall -q "$snap/rsi" >/dev/null || true
+"$repo/.venv/bin/python" -m compileall -q -l "$snap/rules" >/dev/null || true
+export PYTHONPATH="$snap${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$repo/.venv/bin:$PATH"
 cd "$work"
-for n in ${SIZES:-100 1000}; do
-  "$repo/.venv/bin/python" bench.py rsi "$n" --runs "${RUNS:-5}"
-done
-"$repo/.venv/bin/python" - "$work" <<'PY'
-import json, sys, pathlib
-res = pathlib.Path(sys.argv[1]) / "results"
-for f in sorted(res.glob("*.json")):
-    d = json.loads(f.read_text())
-    cells = {k: v.get("median") for k, v in d.get("scenarios", d).items() if isinstance(v, dict) and "median" in v}
-    print(f.stem, json.dumps({k: round(v, 3) for k, v in cells.items()}))
-PY
+"$repo/.venv/bin/python" compare.py --out "$out" --peers "${PEERS:-nix,bazel}" \
+  --peers-at "${PEERS_AT:-1000}" --rsi-at "${RSI_AT:-1000,10000,100000}" ${MERGE:+--merge}
+echo "wrote $out/peers.md and $out/peers.json"

@@ -29,7 +29,13 @@ from rsi.executors.base import (
     materialise_inputs,
     readonly_units,
 )
-from rsi.executors.local import BWRAP_KERNEL_FS, BWRAP_SESSION, HOST_PYTHON, LocalExecutor
+from rsi.executors.sandbox import (
+    BWRAP_KERNEL_FS,
+    BWRAP_SESSION,
+    executor_for,
+    is_host_toolchain,
+    wait_process,
+)
 from rsi.limits import Limits
 from rsi.store import LocalStore
 from rsi.toolchain.build import ToolchainInfo, lookup_toolchain, rootfs_dir
@@ -136,9 +142,10 @@ class BwrapExecutor:
         self, action: Action, store: LocalStore, cancel: threading.Event | None = None
     ) -> ActionResult:
         toolchain = platform_map(action).get("toolchain")
-        if toolchain == "host" or (toolchain or "").startswith(HOST_PYTHON + "@"):
+        if toolchain is not None and is_host_toolchain(toolchain):
             # NB: host toolchains have no rootfs; the local executor's bwrap mode is their sandbox
-            result = LocalExecutor(sandbox="bwrap", limits=self.limits).run(action, store, cancel)
+            local = executor_for("host", sandbox="bwrap", limits=self.limits)
+            result = local.run(action, store, cancel)
             return dataclasses.replace(result, executor=self.name)
         if not toolchain or "@" not in toolchain:
             raise ExecutionError(
@@ -188,7 +195,7 @@ class BwrapExecutor:
                     )
                 except OSError as exc:
                     raise ExecutionError(f"cannot start bwrap: {exc}") from exc
-                timed_out = LocalExecutor._wait(proc, action.timeout_s, cancel)
+                timed_out = wait_process(proc, action.timeout_s, cancel)
                 wall = time.perf_counter() - t0
             oom = guard.close()
             status.require_started(stderr_path, timed_out)

@@ -9,7 +9,6 @@ to a plain process group, which it reports in every result as `sandbox: none`.
 from __future__ import annotations
 
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -41,6 +40,13 @@ from rsi.executors.pool import (
     prepare_exec_dir,
     tmpfs_args,
 )
+from rsi.executors.sandbox import (
+    BWRAP_KERNEL_FS,
+    BWRAP_SESSION,
+    HOST_PYTHON,
+    executor_for,
+    wait_process,
+)
 from rsi.limits import Limits, cgroup_support
 from rsi.store import LocalStore
 
@@ -48,11 +54,6 @@ from rsi.store import LocalStore
 POOL_MAX_INPUT_BYTES = 64 << 20
 
 EXEC_ROOT = "/rsi/exec"
-# NB: shared by every bwrap rsi starts: dies with rsi, own session (no TIOCSTI into the
-# caller's terminal), a fixed hostname; and a private /proc and /dev
-BWRAP_SESSION = ("--die-with-parent", "--new-session", "--hostname", "rsi")
-BWRAP_KERNEL_FS = ("--proc", "/proc", "--dev", "/dev")
-HOST_PYTHON = "host-python"
 
 
 @lru_cache(maxsize=1)
@@ -215,9 +216,7 @@ class LocalExecutor:
         toolchain = dict(action.platform).get("toolchain", "host")
         if toolchain != "host" and not toolchain.startswith(HOST_PYTHON + "@"):
             # NB: a container toolchain runs in its own rootfs; bwrap is the cheap way there
-            from rsi.executors.bwrap import BwrapExecutor
-
-            return BwrapExecutor(limits=self.limits).run(action, store, cancel)
+            return executor_for("container", limits=self.limits).run(action, store, cancel)
         limits = self.limits.for_action(dict(action.platform))
         if self._pooled(action):
             return self._run_pooled(action, store, cancel, limits)
@@ -422,46 +421,7 @@ class LocalExecutor:
             return ["unshare", *flags, "--", *argv], str(exec_dir)
         return argv, str(exec_dir)
 
-    @staticmethod
-    def _wait(proc: subprocess.Popen, timeout_s: float, cancel: threading.Event | None) -> bool:
-        """Wait for exit, waking at once when it happens (pidfd), not on a polling tick."""
-        deadline = time.monotonic() + timeout_s
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-        except (AttributeError, OSError):
-            pidfd = None
-        try:
-            poller = select.poll()
-            if pidfd is not None:
-                poller.register(pidfd, select.POLLIN)
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    _kill_group(proc)
-                    return True
-                step = min(remaining, 0.2 if cancel is not None else remaining)
-                if pidfd is not None:
-                    if poller.poll(step * 1000):
-                        proc.wait()
-                        return False
-                else:
-                    try:
-                        proc.wait(timeout=step)
-                        return False
-                    except subprocess.TimeoutExpired:
-                        pass
-                if cancel is not None and cancel.is_set():
-                    _kill_group(proc)
-                    raise ExecutionError("cancelled")
-        except BaseException:
-            _kill_group(proc)
-            raise
-        finally:
-            if pidfd is not None:
-                os.close(pidfd)
-            # NB: an action's detached grandchildren share its process group or namespace;
-            # killing the group after a normal exit sweeps up what bwrap/unshare did not.
-            _kill_group(proc, reap=False)
+    _wait = staticmethod(wait_process)
 
 
 SWEEP_VAR = "RSI_ACTION_TOKEN"
@@ -495,15 +455,3 @@ def sweep_processes(token: str, exec_dir: Path) -> int:
         if not found:
             break
     return killed
-
-
-def _kill_group(proc: subprocess.Popen, reap: bool = True) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if reap:
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass

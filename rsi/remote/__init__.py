@@ -46,7 +46,7 @@ def negotiate_digest_function(url: str, timeout_s: float = 5.0) -> str:
 
 
 def _session(ws: Any, *, fallback: str) -> RemoteSession:
-    from rsi.build import open_store
+    from rsi.runtime import open_store
 
     config = RemoteConfig(url=ws.remote, mode=ws.remote_mode, fallback=fallback)
     session = RemoteSession(config, open_store(ws))
@@ -76,9 +76,9 @@ def make_remote_executor(ws: Any) -> RemoteExecutor:
     session = _session(ws, fallback="local" if ws.remote_fallback else "fail")
     fallback = None
     if ws.remote_fallback:
-        from rsi.build import make_executor
+        from rsi.runtime import make_local_executor
 
-        fallback = make_executor("local", ws)
+        fallback = make_local_executor("local", ws)
     return RemoteExecutor(session, fallback=fallback)
 
 

@@ -1,0 +1,505 @@
+"""Incremental builds: what the last successful build of a request found, so the next one costs
+a stat per source and per cache entry instead of re-analysing, re-hashing and re-keying every
+action (docs/architecture.md, "Incremental builds").
+
+The state of one request (patterns, current package, workspace, salt, rules, store, digest
+function) is one file, `<store>/analysis/state-<request>`: the analysis it used (by key, with
+that analysis' recorded reads), and for every source the stat signature and digest its
+consumers were keyed with, for every action its key, its outputs and the stat signatures of its
+action-cache entry and blobs. A signature stands for content only when it was taken more than
+`RACY_NS` after the file's last change (Git's racy-timestamp rule, as the stat memo); a racy or
+differing one means the content is read again. This module never decides a result by itself:
+an action whose sources, entry or blobs are in any doubt goes to the scheduler, which re-keys
+it and verifies what it serves.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import stat
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rsi import __version__
+from rsi.analysis_cache import quiet_gc  # noqa: F401 - NB: build.py uses it from here
+from rsi.digest import Digest, FileDigestMemo, digest_bytes, digest_file, digest_value
+from rsi.fsutil import atomic_write_bytes
+
+SCHEMA = "rsi.incremental/2"
+RACY_NS = FileDigestMemo.RACY_NS
+
+# NB: what the state keeps of the analysis it was built from
+ANALYSIS_FIELDS = ("analysis_key", "code_roots", "code_packages", "code", "tracker")
+# NB: an action's entry is a list, the fastest thing to pickle and index
+LABEL, MNEMONIC, KEY_HASH, KEY_SIZE, AC_SIG, OUTPUTS, LOGS = range(7)
+
+
+def _sig(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _trusted(st: os.stat_result, now_ns: int) -> tuple[int, int, int, int] | None:
+    """The signature, when the file's last change is old enough for it to stand for content."""
+    return _sig(st) if now_ns - max(st.st_mtime_ns, st.st_ctime_ns) > RACY_NS else None
+
+
+def _plain_sig(path) -> tuple[int, int, int, int] | None:
+    """For files rsi only ever replaces by rename (index, gc roots): a new file, a new inode."""
+    try:
+        return _sig(os.stat(path))
+    except OSError:
+        return None
+
+
+def request_key(ws: Any, patterns: list[str], current: str, store: Any) -> str | None:
+    """The state's name for this request; None where no state is kept (remote builds: their
+    hits depend on a server this module cannot check with a stat; RSI_INCREMENTAL=0)."""
+    if ws.remote or ws.executor == "remote" or os.environ.get("RSI_INCREMENTAL") == "0":
+        return None
+    return digest_value(
+        {
+            "schema": SCHEMA,
+            "version": __version__,
+            "patterns": list(patterns),
+            "current": current,
+            "root": str(ws.root),
+            "salt": ws.salt,
+            "rules": list(ws.rules),
+            "store": str(store.root),
+            "function": store.function,
+        }
+    ).hash
+
+
+def _state_path(store: Any, request: str):
+    return store.root / "analysis" / f"state-{request}"
+
+
+def _load(store: Any, request: str) -> dict | None:
+    try:
+        raw = _state_path(store, request).read_bytes()
+    except OSError:
+        return None
+    head, _, payload = raw.partition(b"\n")
+    if head.decode(errors="replace") != digest_bytes(payload, store.function).hash:
+        return None
+    try:
+        with quiet_gc():
+            state = pickle.loads(payload)
+    except Exception:  # NB: any unpickling failure means "no state": the slow path
+        return None
+    if not isinstance(state, dict) or state.get("schema") != SCHEMA:
+        return None
+    return state
+
+
+def save(store: Any, state: dict) -> None:
+    try:
+        payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # NB: a speed-up only
+        return
+    head = digest_bytes(payload, store.function).hash.encode()
+    try:
+        atomic_write_bytes(
+            _state_path(store, state["request"]), head + b"\n" + payload, fsync=False
+        )
+    except OSError:
+        pass
+
+
+def forget(store: Any, request: str | None) -> None:
+    if request is not None:
+        try:
+            os.unlink(_state_path(store, request))
+        except OSError:
+            pass
+
+
+@dataclass
+class Plan:
+    """What the state says about this build: the actions that are certainly unchanged
+    (`clean`, with their verified entries) and those the scheduler must look at (`dirty`)."""
+
+    request: str
+    state: dict
+    dirty: set[str] = field(default_factory=set)
+    changed: bool = False  # NB: signatures were refreshed: save the state again
+
+    @property
+    def actions(self) -> dict[str, list]:
+        return self.state["actions"]
+
+    def outcome(self, action_id: str):
+        from rsi.action import ActionResult, OutputFile
+        from rsi.scheduler import Outcome
+
+        a = self.actions[action_id]
+        logs = [Digest(*d) if d else None for d in a[LOGS]]
+        result = ActionResult(
+            exit_code=0,
+            outputs=tuple(OutputFile(p, Digest(h, n), x) for p, h, n, x in a[OUTPUTS]),
+            stdout=logs[0],
+            stderr=logs[1],
+        )
+        return Outcome(action_id, "hit", Digest(a[KEY_HASH], a[KEY_SIZE]), result)
+
+    def hit_rows(self, ids) -> Iterator[tuple[str, str, str, str]]:
+        actions = self.actions
+        for i in ids:
+            a = actions[i]
+            yield i, a[LABEL], a[MNEMONIC], f"{a[KEY_HASH]}/{a[KEY_SIZE]}"
+
+    def refs(self, ids) -> dict[str, dict]:
+        """What the workspace's gc-root registration names for these actions."""
+        actions = self.actions
+        return {
+            i: {"key": f"{actions[i][KEY_HASH]}/{actions[i][KEY_SIZE]}", "label": actions[i][LABEL]}
+            for i in ids
+        }
+
+    def output(self, producer: str, path: str) -> tuple[Digest, bool] | None:
+        for p, h, n, x in self.actions[producer][OUTPUTS]:
+            if p == path:
+                return Digest(h, n), x
+        return None
+
+
+class StateOutcomes(Mapping):
+    """Outcomes of actions the state vouches for (all of them, or `ids`), made on first use:
+    a build of 100,000 unchanged actions need not build 100,000 objects nobody reads."""
+
+    def __init__(self, plan: Plan, ids: list[str] | None = None) -> None:
+        self._plan = plan
+        self._ids = plan.state["order"] if ids is None else ids
+        self._members = None if ids is None else set(ids)
+        self._made: dict = {}
+
+    def __getitem__(self, action_id: str):
+        got = self._made.get(action_id)
+        if got is None:
+            if action_id not in self:
+                raise KeyError(action_id)
+            got = self._made[action_id] = self._plan.outcome(action_id)
+        return got
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __contains__(self, action_id: object) -> bool:
+        if self._members is None:
+            return action_id in self._plan.actions
+        return action_id in self._members
+
+
+class Overlay(Mapping):
+    """A build's outcomes: those of its scheduler run over those the state vouched for."""
+
+    def __init__(self, run: Mapping, settled: Mapping) -> None:
+        self._run, self._settled = run, settled
+
+    def __getitem__(self, action_id: str):
+        got = self._run.get(action_id)
+        return got if got is not None else self._settled[action_id]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._run
+        for action_id in self._settled:
+            if action_id not in self._run:
+                yield action_id
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __contains__(self, action_id: object) -> bool:
+        return action_id in self._run or action_id in self._settled
+
+
+def plan(ws: Any, store: Any, patterns: list[str], current: str) -> Plan | None:
+    """None when there is no usable state (the slow path analyses and keys everything);
+    otherwise which actions are unchanged and which the scheduler must see."""
+    with quiet_gc():
+        return _plan(ws, store, patterns, current)
+
+
+def _plan(ws: Any, store: Any, patterns: list[str], current: str) -> Plan | None:
+    from rsi import analysis_cache
+    from rsi.workspace import packages_under
+
+    request = request_key(ws, patterns, current, store)
+    if request is None:
+        return None
+    state = _load(store, request)
+    if state is None:
+        return None
+    memo = store.meta_memo
+    # NB: the engine and rule code, then every read analysis made (declarations, folder
+    # listings, sources' existence, mode and real path): any change means analyse again
+    if not analysis_cache.packages_still_at(state["code_packages"]):
+        return None  # NB: another copy of the engine or a rule family is on the path now
+    if analysis_cache.code_digest(memo, state["code_roots"]) != state["code"]:
+        return None
+    # NB: one lstat per source serves both the analysis' check of its existence, mode and
+    # real path and the check of its content's signature below
+    sources = state["sources"]
+    lstats: dict[str, os.stat_result] = {}
+    for path in sources:
+        try:
+            lstats[path] = os.lstat(path)
+        except OSError:
+            pass
+    tracker = state["tracker"]
+    tracker.memo = memo
+    walker = lambda package: packages_under(ws.root, package)  # noqa: E731
+    if not tracker.still_valid(store, walker, lstats):
+        return None
+    p = Plan(request, state)
+    _check_sources(store, sources, lstats, p)
+    _check_index(store, state, p)
+    _check_entries(store, state["actions"], state["blobs"], p)
+    return p
+
+
+def _check_sources(store: Any, sources: dict, lstats: dict, p: Plan) -> None:
+    """Sources whose signature moved are hashed again; a different digest makes the actions
+    reading them dirty."""
+    dirty = p.dirty
+    for path, entry in sources.items():
+        sig, hash_hex, size, consumers = entry
+        st = lstats.get(path)
+        if st is None:
+            dirty.update(consumers)  # NB: the scheduler says what is wrong with it
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                st = os.stat(path)
+            except OSError:
+                dirty.update(consumers)
+                continue
+        if sig is not None and sig == (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+            continue
+        try:
+            # NB: not through the stat memo: a racy source is read every time until it settles,
+            # and that must not load a memo of every source
+            digest = digest_file(path, store.function)
+        except OSError:
+            dirty.update(consumers)
+            continue
+        new_sig = _trusted(st, time.time_ns()) if digest.size == st.st_size else None
+        if hash_hex is None or digest.hash != hash_hex or digest.size != size:
+            dirty.update(consumers)
+            continue
+        if new_sig != sig:  # NB: touched, same content: remember the new signature
+            entry[0] = new_sig
+            p.changed = True
+
+
+def _check_index(store: Any, state: dict, p: Plan) -> None:
+    dirty = p.dirty
+    actions = state["actions"]
+    index_sig = _plain_sig(store.targets / "index.json")
+    if index_sig is None or index_sig != state.get("index_sig"):
+        # NB: another build recorded other keys for some of these actions; the scheduler
+        # records ours again so "why" compares against what this request last ran
+        index = store.load_target_index()
+        for action_id, a in actions.items():
+            if (index.get(action_id) or {}).get("key") != f"{a[KEY_HASH]}/{a[KEY_SIZE]}":
+                dirty.add(action_id)
+        state["index_sig"] = index_sig
+        p.changed = True
+
+
+def _check_entries(store: Any, actions: dict, blobs: dict, p: Plan) -> None:
+    """Every action not yet dirty keeps its cache entry and blobs as recorded (by signature);
+    a racy or differing one is verified by content as a cache hit would be, and an action
+    whose entry or blobs fail is dirty."""
+    dirty = p.dirty
+    ac_root, cas_root = store._ac_s, store._cas_s
+    checked: dict[str, bool] = {}
+    stat_of = os.stat
+    for action_id, a in actions.items():
+        if action_id in dirty:
+            continue
+        h = a[KEY_HASH]
+        try:
+            st = stat_of(f"{ac_root}/{h[:2]}/{h}")
+        except OSError:
+            dirty.add(action_id)
+            continue
+        sig = a[AC_SIG]
+        if (
+            sig is None or sig != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        ) and not _entry_verified(store, a, st, p):
+            dirty.add(action_id)
+            continue
+        good = True
+        for _, bh, n, _x in a[OUTPUTS]:
+            ok = checked.get(bh)
+            if ok is None:
+                ok = checked[bh] = _blob_still_good(store, cas_root, bh, n, blobs, p)
+            if not ok:
+                good = False
+                break
+        if good:
+            for d in a[LOGS]:
+                if d:
+                    ok = checked.get(d[0])
+                    if ok is None:  # NB: logs are checked by size, as a cache hit does
+                        try:
+                            ok = stat_of(f"{cas_root}/{d[0][:2]}/{d[0]}").st_size == d[1]
+                        except OSError:
+                            ok = False
+                        checked[d[0]] = ok
+                    if not ok:
+                        good = False
+                        break
+        if not good:
+            dirty.add(action_id)
+
+
+def _entry_verified(store: Any, a: list, st: os.stat_result, p: Plan) -> bool:
+    """The entry read and checked as a cache hit reads it, and holding what was recorded."""
+    result = store.get_action_result(Digest(a[KEY_HASH], a[KEY_SIZE]))
+    if result is None or not result.ok:
+        return False
+    outputs = tuple((o.path, o.digest.hash, o.digest.size, o.executable) for o in result.outputs)
+    logs = tuple((d.hash, d.size) if d else None for d in (result.stdout, result.stderr))
+    if outputs != tuple(a[OUTPUTS]) or logs != tuple(a[LOGS]):
+        return False
+    a[AC_SIG] = _trusted(st, time.time_ns())
+    p.changed = True
+    return True
+
+
+def _blob_still_good(store: Any, cas_root: str, h: str, n: int, blobs: dict, p: Plan) -> bool:
+    try:
+        st = os.stat(f"{cas_root}/{h[:2]}/{h}")
+    except OSError:
+        return False
+    if st.st_size != n:
+        return False
+    want = blobs.get(h)
+    if want is not None and (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) == want:
+        return True
+    if not store.has_verified(Digest(h, n)):
+        return False
+    blobs[h] = _trusted(st, time.time_ns())
+    p.changed = True
+    return True
+
+
+# ---------------------------------------------------------------------------------- record
+
+
+def record(
+    store: Any,
+    request: str,
+    *,
+    analysis: dict,
+    labels: list,
+    graph: Any,
+    outcomes: Mapping,
+    observed: Mapping[str, tuple],
+    previous: Plan | None,
+    rerun: set[str],
+    roots_path: Any,
+) -> None:
+    """Save the state of a build in which every wanted action succeeded. `observed` is what
+    the scheduler saw of each source it keyed ((signature or None, hash, size), or
+    (None, None, None) when two reads disagreed); `rerun` are the actions it looked at (the
+    others kept their entries from `previous`)."""
+    now = time.time_ns()
+    wanted = [i for i in outcomes]
+    old_actions = previous.actions if previous is not None else {}
+    old_sources = previous.state["sources"] if previous is not None else {}
+    blobs: dict = dict(previous.state["blobs"]) if previous is not None else {}
+    actions: dict[str, list] = {}
+    sources: dict[str, list] = {}
+    # NB: the tracker's own strings as keys, so each path is pickled once
+    same_path = {p: p for p in getattr(analysis.get("tracker"), "stats", {})}
+    for action_id in wanted:
+        spec = graph.actions[action_id]
+        for art in spec.inputs:
+            if art.source is not None and art.producer is None:
+                path = str(art.source)
+                path = same_path.get(path, path)
+                entry = sources.get(path)
+                if entry is None:
+                    seen = observed.get(path)
+                    if seen is None:
+                        old = old_sources.get(path)
+                        seen = (old[0], old[1], old[2]) if old else (None, None, None)
+                    else:
+                        old = old_sources.get(path)
+                        if (
+                            old is not None
+                            and any(c not in rerun for c in old[3])
+                            and (old[1], old[2]) != seen[1:]
+                        ):
+                            # NB: an unchanged consumer was keyed with the old content
+                            seen = (None, None, None)
+                    entry = sources[path] = [seen[0], seen[1], seen[2], []]
+                entry[3].append(action_id)
+        if action_id not in rerun and action_id in old_actions:
+            actions[action_id] = old_actions[action_id]
+            continue
+        o = outcomes[action_id]
+        result = o.result
+        outputs = tuple(
+            (x.path, x.digest.hash, x.digest.size, x.executable) for x in result.outputs
+        )
+        logs = tuple((d.hash, d.size) if d else None for d in (result.stdout, result.stderr))
+        try:
+            ac_sig = _trusted(os.stat(f"{store._ac_s}/{o.key.hash[:2]}/{o.key.hash}"), now)
+        except OSError:
+            ac_sig = None
+        for _, h, _n, _x in outputs:
+            if h not in blobs or blobs[h] is None:
+                try:
+                    blobs[h] = _trusted(os.stat(f"{store._cas_s}/{h[:2]}/{h}"), now)
+                except OSError:
+                    blobs[h] = None
+        actions[action_id] = [
+            spec.label,
+            spec.mnemonic,
+            o.key.hash,
+            o.key.size,
+            ac_sig,
+            outputs,
+            logs,
+        ]
+    targets = []
+    for label in labels:
+        provider = graph.providers[label]
+        targets.append(
+            {
+                "label": str(label),
+                "rule": graph.targets[label].rule.name,
+                "declared": len(graph.target_actions.get(label, [])),
+                "files": [
+                    (art.path, graph.producer(art.producer))
+                    for art in provider.files
+                    if art.producer is not None
+                ],
+                "show": provider.info.get("show"),
+            }
+        )
+    live = {h for a in actions.values() for _, h, _n, _x in a[OUTPUTS]}
+    state = {
+        "schema": SCHEMA,
+        "request": request,
+        **analysis,
+        "targets": targets,
+        "order": wanted,
+        "actions": actions,
+        "sources": sources,
+        "blobs": {h: s for h, s in blobs.items() if h in live},
+        "index_sig": _plain_sig(store.targets / "index.json"),
+        "roots_sig": _plain_sig(roots_path),
+    }
+    save(store, state)

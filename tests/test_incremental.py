@@ -1,0 +1,198 @@
+"""Incremental builds served from the build state (rsi/incremental.py): a no-op build reports
+every action as a hit without re-keying it, and nothing the state remembers can hide a change:
+a same-size rewrite with its mtime put back, a deleted or corrupted cache entry, a changed
+declaration. No timing is asserted anywhere here."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bwrap")]
+
+ALL = {"//:leaf_a", "//:leaf_b", "//:top"}
+
+
+@pytest.fixture
+def fanin(command, make_workspace, tmp_path):
+    """leaf_a, leaf_b -> top, each leaf copying its source and adding a line."""
+    return make_workspace(
+        tmp_path,
+        {
+            "in/a.txt": "alpha\n",
+            "in/b.txt": "bravo\n",
+            "BUILD.toml": command(
+                "leaf_a",
+                cmd="cat $(SRCS) > $(OUT) && echo a >> $(OUT)",
+                srcs=["in/a.txt"],
+                outs=["a.out"],
+            )
+            + command(
+                "leaf_b",
+                cmd="cat $(SRCS) > $(OUT) && echo b >> $(OUT)",
+                srcs=["in/b.txt"],
+                outs=["b.out"],
+            )
+            + command(
+                "top",
+                cmd="cat $(location :leaf_a) $(location :leaf_b) > $(OUT)",
+                deps=[":leaf_a", ":leaf_b"],
+                outs=["top.out"],
+            ),
+        },
+    )
+
+
+def _state_files(ws: Path) -> list[Path]:
+    return sorted((ws / "cache" / "analysis").glob("state-*"))
+
+
+def _settle(build, ws: Path) -> None:
+    """Build until the state holds trusted signatures: a second no-op build more than the racy
+    window after the files it records last changed."""
+    time.sleep(1.1)
+    build(ws, "//:top")
+    time.sleep(1.1)
+    run = build(ws, "//:top")
+    assert run.executed == set() and run.cached == ALL
+
+
+def _rewrite_same_size_same_mtime(path: Path, text: str) -> None:
+    st = os.stat(path)
+    assert len(text.encode()) == st.st_size
+    path.write_text(text)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_mtime_ns == st.st_mtime_ns and os.stat(path).st_size == st.st_size
+
+
+def test_no_op_build_reports_every_action_as_a_hit_with_its_events(build, fanin):
+    first = build(fanin, "//:top")
+    assert first.executed == ALL
+    assert _state_files(fanin), "a successful build records its state"
+    again = build(fanin, "//:top")
+    assert again.executed == set() and again.cached == ALL
+    report = again.json()
+    assert report["counts"]["cached"] == 3 and report["counts"]["executed"] == 0
+    assert report["targets"]["//:top"]["cache"] == "hit"
+    assert (fanin / "out" / "top.out").read_text() == "alpha\na\nbravo\nb\n"
+    ids = [e["id"] for e in again.events]
+    assert ids == sorted(set(ids))
+    keys = {e["label"]: e["key"] for e in first.finished()}
+    assert {e["label"]: e["key"] for e in again.finished()} == keys
+
+
+def test_same_size_rewrite_with_mtime_put_back_rebuilds_right_after_a_build(build, fanin):
+    build(fanin, "//:top")
+    build(fanin, "//:top")  # NB: the state exists; its signatures are still racy
+    _rewrite_same_size_same_mtime(fanin / "in" / "a.txt", "ALPHA\n")
+    run = build(fanin, "//:top")
+    assert run.executed == {"//:leaf_a", "//:top"}
+    assert (fanin / "out" / "top.out").read_text() == "ALPHA\na\nbravo\nb\n"
+
+
+def test_same_size_rewrite_with_mtime_put_back_rebuilds_once_signatures_are_trusted(build, fanin):
+    build(fanin, "//:top")
+    _settle(build, fanin)
+    _rewrite_same_size_same_mtime(fanin / "in" / "b.txt", "BRAVO\n")
+    run = build(fanin, "//:top")
+    assert run.executed == {"//:leaf_b", "//:top"}
+    assert (fanin / "out" / "top.out").read_text() == "alpha\na\nBRAVO\nb\n"
+    assert build(fanin, "//:top").executed == set()
+
+
+def test_touching_a_source_reruns_nothing(build, fanin):
+    build(fanin, "//:top")
+    _settle(build, fanin)
+    later = time.time() + 5
+    os.utime(fanin / "in" / "a.txt", (later, later))
+    assert build(fanin, "//:top").executed == set()
+    assert build(fanin, "//:top").executed == set()
+
+
+def test_changing_then_restoring_a_source_serves_the_old_results(build, fanin):
+    build(fanin, "//:top")
+    _settle(build, fanin)
+    (fanin / "in" / "a.txt").write_text("changed, longer\n")
+    assert build(fanin, "//:top").executed == {"//:leaf_a", "//:top"}
+    (fanin / "in" / "a.txt").write_text("alpha\n")
+    run = build(fanin, "//:top")
+    assert run.executed == set() and run.cached == ALL
+    assert (fanin / "out" / "top.out").read_text() == "alpha\na\nbravo\nb\n"
+
+
+def test_a_deleted_action_cache_entry_is_rebuilt(build, fanin):
+    first = build(fanin, "//:top")
+    _settle(build, fanin)
+    key = next(e["key"] for e in first.finished() if e["label"] == "//:leaf_a").split("/")[0]
+    (fanin / "cache" / "ac" / key[:2] / key).unlink()
+    run = build(fanin, "//:top")
+    assert run.executed == {"//:leaf_a"}
+    assert (fanin / "out" / "top.out").read_text() == "alpha\na\nbravo\nb\n"
+
+
+def test_a_corrupted_output_blob_is_never_served(build, fanin):
+    first = build(fanin, "//:top")
+    _settle(build, fanin)
+    key = next(e["key"] for e in first.finished() if e["label"] == "//:leaf_a").split("/")[0]
+    entry = json.loads((fanin / "cache" / "ac" / key[:2] / key).read_text())
+    blob_hash = entry["result"]["outputs"][0][1].split("/")[0]
+    blob = fanin / "cache" / "cas" / blob_hash[:2] / blob_hash
+    size = blob.stat().st_size
+    os.chmod(blob, 0o644)
+    blob.write_bytes(b"X" * size)  # NB: same size, in place
+    run = build(fanin, "//:top")
+    assert "//:leaf_a" in run.executed
+    assert (fanin / "out" / "top.out").read_text() == "alpha\na\nbravo\nb\n"
+
+
+def test_a_changed_declaration_is_analysed_again(build, command, fanin):
+    build(fanin, "//:top")
+    _settle(build, fanin)
+    text = (fanin / "BUILD.toml").read_text().replace("echo a >>", "echo A >>")
+    (fanin / "BUILD.toml").write_text(text)
+    run = build(fanin, "//:top")
+    assert run.executed == {"//:leaf_a", "//:top"}
+    assert (fanin / "out" / "top.out").read_text() == "alpha\nA\nbravo\nb\n"
+
+
+def test_a_deleted_source_fails_the_build_naming_it(build, fanin):
+    build(fanin, "//:top")
+    _settle(build, fanin)
+    (fanin / "in" / "b.txt").unlink()
+    run = build(fanin, "//:top", expect=None)
+    assert run.returncode != 0
+    assert "b.txt" in run.stdout + run.stderr
+
+
+def test_deleted_output_under_out_is_written_again(build, fanin):
+    build(fanin, "//:top")
+    _settle(build, fanin)
+    (fanin / "out" / "top.out").unlink()
+    run = build(fanin, "//:top")
+    assert run.executed == set()
+    assert (fanin / "out" / "top.out").read_text() == "alpha\na\nbravo\nb\n"
+
+
+def test_a_build_served_from_the_state_still_gives_its_graph_and_outcomes(fanin):
+    """The engine API (the campaign commands read `report.graph` and `report.outcomes`)."""
+    from rsi.build import build as run_build
+    from rsi.workspace import Workspace
+
+    ws = Workspace.load(fanin)
+    first = run_build(ws, ["//:top"], progress=False)
+    second = run_build(ws, ["//:top"], progress=False)
+    assert first.ok and second.ok
+    assert set(second.outcomes) == set(first.outcomes)
+    for action_id, outcome in second.outcomes.items():
+        assert outcome.status == "hit"
+        assert outcome.key == first.outcomes[action_id].key
+        want = first.outcomes[action_id].result.output_map
+        assert {p: o.digest for p, o in outcome.result.output_map.items()} == {
+            p: o.digest for p, o in want.items()
+        }
+    assert set(second.graph.actions) == set(first.graph.actions)
+    assert second.targets["//:top"]["outputs"] == first.targets["//:top"]["outputs"]
