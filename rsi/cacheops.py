@@ -1,15 +1,15 @@
 """Inspecting and maintaining the local store: ls, show, verify, gc, stats.
 
 gc keeps what any registered, existing workspace references (`<store>/roots/`), never only
-what the workspace running it does; it removes before it rewrites, so a full disk cannot leave
-a kept result without its blobs.
+what the workspace running it does, and every blob a rule family's `rsi.gc_roots` entry point
+names (the campaign logs); it removes before it rewrites, so a full disk cannot leave a kept
+result without its blobs.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,39 +152,6 @@ def cache_stats(store: LocalStore) -> dict:
     }
 
 
-_DIGEST_TEXT = re.compile(r"^([0-9a-f]{64})/\d+$")
-
-
-def _logged_blobs(store: LocalStore) -> set[str]:
-    """Blobs named by any append-only log under `<store>/campaigns/` (candidate snapshots,
-    frozen project trees): gc roots, since a logged candidate may not have been built yet."""
-    found: set[str] = set()
-
-    def walk(value) -> None:
-        if isinstance(value, str):
-            m = _DIGEST_TEXT.match(value)
-            if m:
-                found.add(m.group(1))
-        elif isinstance(value, dict):
-            for v in value.values():
-                walk(v)
-        elif isinstance(value, list):
-            for v in value:
-                walk(v)
-
-    for log in sorted((store.root / "campaigns").glob("*/*.jsonl")):
-        try:
-            lines = log.read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                walk(json.loads(line))
-            except ValueError:
-                continue  # NB: a torn last line of a crashed writer
-    return found
-
-
 def _workspace_exists(path: str) -> bool:
     return bool(path) and (Path(path) / "rsi.toml").is_file()
 
@@ -202,7 +169,13 @@ def cache_gc(
     Order, for a crash or a full disk at any point: action results go first, then blobs no
     kept result names, then the target index and registrations are rewritten; removing needs
     no space, and an index naming a removed result only means a miss.
+
+    Rule families add roots of their own (the campaign logs' candidate files) through the
+    `rsi.gc_roots` entry point group; one that fails stops gc before it removes anything.
     """
+    from rsi.registry import gc_root_blobs
+
+    family_roots = gc_root_blobs(store)
     index = store.load_target_index()
     mine_path = store._registration_path(workspace) if workspace is not None else None
     root_keys: set[str] = set()
@@ -248,7 +221,7 @@ def cache_gc(
         if entry.get("key", "").split("/")[0] in kept_keys:
             new_index[action_id] = entry
             kept_blobs.update(store.index_blobs(entry))
-    kept_blobs |= _logged_blobs(store)
+    kept_blobs |= family_roots
     my_new = {i: e for i, e in my_keep.items() if str(e.get("key")).split("/")[0] in kept_keys}
 
     removed_actions = [k.hash for k in store.iter_action_keys() if k.hash not in kept_keys]

@@ -55,6 +55,7 @@ class DeclarationError(RsiError):
             parts.append(f"field '{field}'")
         prefix = ", ".join(parts)
         super().__init__(f"{prefix}: {message}" if prefix else message, hint=hint)
+        self.detail = message  # NB: without the file/target/field prefix, to re-attribute it
         self.file = file
         self.target = target
         self.field = field

@@ -2,6 +2,10 @@
 
 Each entry point is a callable returning a list of `Rule`s. The engine imports rule code only
 through here, so it never depends on a particular family.
+
+A family that keeps state of its own in the store (the campaign logs) registers its gc roots
+the same way, in the `rsi.gc_roots` group: a callable taking the store and yielding the
+digests (`Digest`, `hash/size` or bare hash texts) of blobs `rsi cache gc` must keep.
 """
 
 from __future__ import annotations
@@ -9,12 +13,13 @@ from __future__ import annotations
 import importlib
 import re
 from importlib import metadata
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
-from rsi.errors import DeclarationError
+from rsi.errors import DeclarationError, RsiError, UsageError
 from rsi.rule import Rule
 
 ENTRY_POINT_GROUP = "rsi.rules"
+GC_ROOTS_GROUP = "rsi.gc_roots"
 CONFIG_FILE = "rsi.toml"
 _REF = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*)?$")
 
@@ -75,6 +80,53 @@ def load_rules(extra: Iterable[str] = ()) -> dict[str, Rule]:
     return rules
 
 
+_HASH = re.compile(r"^[0-9a-f]{64}$")
+
+
+def gc_root_providers() -> list[tuple[str, Callable[[Any], Iterable[Any]]]]:
+    """(name, callable) of every `rsi.gc_roots` entry point, sorted by name. One that cannot be
+    loaded is an error, never skipped: gc without it would remove what it keeps."""
+    found = []
+    for ep in sorted(metadata.entry_points(group=GC_ROOTS_GROUP), key=lambda e: e.name):
+        try:
+            provider = ep.load()
+        except Exception as exc:  # NB: whatever the family's import raises
+            raise UsageError(
+                f"gc root provider {ep.name!r} ({ep.value}) cannot be loaded: "
+                f"{type(exc).__name__}: {exc}; nothing was removed",
+                hint="fix or reinstall the package that registers it (pip install -e .)",
+            ) from None
+        if not callable(provider):
+            raise UsageError(
+                f"gc root provider {ep.name!r} ({ep.value}) is not callable; nothing was removed"
+            )
+        found.append((ep.name, provider))
+    return found
+
+
+def gc_root_blobs(store: Any) -> set[str]:
+    """The blob hashes every registered `rsi.gc_roots` provider says to keep in `store`."""
+    from rsi.digest import Digest
+
+    keep: set[str] = set()
+    for name, provider in gc_root_providers():
+        try:
+            for value in provider(store):
+                if isinstance(value, Digest):
+                    value = value.hash
+                text = value.split("/", 1)[0] if isinstance(value, str) else None
+                if text is None or not _HASH.match(text):
+                    raise ValueError(f"yielded {value!r:.80}, not a digest")
+                keep.add(text)
+        except Exception as exc:  # NB: a root we cannot list is a root we would delete
+            raise RsiError(
+                f"gc root provider {name!r} failed: {type(exc).__name__}: {exc}; "
+                "nothing was removed",
+                hint="fix what it names and run `rsi cache gc` again",
+            ) from None
+    return keep
+
+
 def describe_rules(rules: dict[str, Rule]) -> list[dict]:
     out = []
     for name in sorted(rules):
@@ -102,6 +154,33 @@ def describe_rules(rules: dict[str, Rule]) -> list[dict]:
             }
         )
     return out
+
+
+def _short(value: Any, limit: int = 48) -> str:
+    import json
+
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def rules_text(doc: list[dict]) -> str:
+    """`rsi rules` for people: every rule, and one line per attribute with its kind, whether it
+    is required (or its default) and what it means."""
+    lines: list[str] = []
+    for r in doc:
+        if lines:
+            lines.append("")
+        lines.append(f"{r['name']}: {r['doc']}")
+        width = max((len(a["name"]) for a in r["attrs"]), default=0)
+        for a in r["attrs"]:
+            need = "required" if a["required"] else f"default {_short(a['default'])}"
+            meaning = a["doc"] or "-"
+            if a["choices"]:
+                meaning += f" (one of {', '.join(a['choices'])})"
+            if a.get("range"):
+                meaning += f" ({a['range']})"
+            lines.append(f"  {a['name']:<{width}}  {a['kind']}, {need}: {meaning}")
+    return "\n".join(lines)
 
 
 def rules_markdown(doc: list[dict]) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from rsi.attrs import attr
-from rsi.errors import RsiError
+from rsi.errors import DeclarationError, RsiError
 from rsi.rule import Provider, Rule, RuleContext
 
 
@@ -19,14 +19,23 @@ def _toolchain(ctx: RuleContext) -> Provider:
     doc = {k: (list(v) if isinstance(v, tuple) else v) for k, v in doc.items()}
     try:
         recipe = load_recipe(doc, ctx.label.name)
+    except DeclarationError as exc:
+        # NB: the recipe names no file or target of its own here: this target's, and the
+        # attribute (`wheels`, not `wheels[0]`) at fault
+        raise ctx.error(exc.detail, (exc.field or "").split("[")[0] or None, exc.hint) from None
+    try:
         recipe = type(recipe)(**{**recipe.__dict__, "declared_in": ctx.package_dir / "BUILD.toml"})
         info = build(recipe, ctx.settings["store"])
     except RsiError as exc:
         raise ctx.error(f"toolchain build failed: {exc.message}", hint=exc.hint) from None
     # NB: tracked, so a deleted or rebuilt toolchain invalidates the cached analysis
     ctx.read_file(info.path / "info.json")
-    doc = {"toolchain": info.platform_value, "image_id": info.image_id,
-           "recipe_digest": info.recipe_digest, "rootfs": str(info.rootfs)}
+    doc = {
+        "toolchain": info.platform_value,
+        "image_id": info.image_id,
+        "recipe_digest": info.recipe_digest,
+        "rootfs": str(info.rootfs),
+    }
     out = ctx.write(f"{ctx.label.name}.toolchain.json", json.dumps(doc, indent=1, sort_keys=True))
     return Provider(files=(out,), info={"toolchain": info.platform_value, **doc})
 
@@ -34,7 +43,7 @@ def _toolchain(ctx: RuleContext) -> Provider:
 TOOLCHAIN = Rule(
     name="toolchain",
     doc="A pinned root filesystem from Debian packages plus hashed wheels, built as a "
-        "byte-identical tar (docs/toolchains.md). Its identity is the tar's digest.",
+    "byte-identical tar (docs/toolchains.md). Its identity is the tar's digest.",
     attrs={
         "description": attr("string", "what it is for", default=""),
         "suite": attr("string", "Debian suite, e.g. bookworm", nonempty=True),

@@ -1,16 +1,30 @@
 #!/usr/bin/env bash
 # Idempotent set-up of a fresh machine for rsi: system packages, the virtual environment with
 # rsi installed (editable) and, with --test, what the test suite needs. Safe to run again.
+# Plain set-up covers the README's commands: the sandbox (bubblewrap) and building a pinned
+# toolchain (mmdebstrap; `rsi build //toolchains:numpy`, `//tasks/softmax:verdict_in_toolchain`).
+# --print-packages only prints the Debian packages this machine still lacks, and exits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=0
-[ "${1:-}" = "--test" ] && want_test=1
+print_only=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) want_test=1 ;;
+    --print-packages) print_only=1 ;;
+    *) echo "setup: unknown argument $arg (use --test, --print-packages)" >&2; exit 2 ;;
+  esac
+done
 
 need_apt=()
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
+command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)
 if [ "$want_test" = 1 ]; then
   command -v dockerd >/dev/null || need_apt+=(docker.io)
-  command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)
+fi
+if [ "$print_only" = 1 ]; then
+  echo "${need_apt[*]}"
+  exit 0
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then

@@ -3,7 +3,8 @@
 Fixtures (each returns the helper of the same name): `make_workspace` writes `rsi.toml` and any
 files (BUILD.toml included) under a fresh folder; `run_rsi` runs `python -m rsi.cli` there;
 `build` adds `--json --events` and parses both; `command` writes one `command` target as TOML.
-`bwrap` skips a test unless the local sandbox is bubblewrap.
+`bwrap` skips a test unless the local sandbox is bubblewrap; `torch` is torch, or skips the test
+where it is not installed. Every test is marked `fast` or `e2e` (see TEST_KINDS below).
 """
 
 from __future__ import annotations
@@ -41,6 +42,31 @@ def _private_host_lock() -> None:
 
 _private_host_lock()
 
+# Every test is exactly one of these (markers in pyproject.toml). `fast`: a unit test with no
+# sandbox (bwrap), docker, network or server, torch, or subprocess-heavy harness run; the whole
+# fast set runs in under a minute (`./scripts/test.sh -m fast`). `e2e`: everything else.
+TEST_KINDS = ("fast", "e2e")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Refuse to run a suite in which some test is not exactly one of fast/e2e: checked before
+    `-m` deselects anything, so an unmarked test fails `-m fast` runs too."""
+    wrong = []
+    for item in items:
+        kinds = sorted({m.name for m in item.iter_markers() if m.name in TEST_KINDS})
+        if len(kinds) != 1:
+            wrong.append(f"  {item.nodeid}: {' and '.join(kinds) or 'neither'}")
+    if wrong:
+        shown = "\n".join(wrong[:30]) + (
+            f"\n  ... and {len(wrong) - 30} more" if len(wrong) > 30 else ""
+        )
+        raise pytest.UsageError(
+            f"{len(wrong)} test(s) must carry exactly one of the markers {', '.join(TEST_KINDS)}"
+            " (`pytestmark = pytest.mark.fast` for a whole module, `@pytest.mark.e2e` for one"
+            f" test; see tests/conftest.py):\n{shown}"
+        )
+
 
 def write_files(root: Path, files: Mapping[str, str | bytes]) -> None:
     """Write `{relative path: content}` under `root`; text is dedented."""
@@ -54,7 +80,10 @@ def write_files(root: Path, files: Mapping[str, str | bytes]) -> None:
 
 
 def make_workspace(
-    tmp_path: Path, files: Mapping[str, str | bytes] | None = None, *, config: str = "",
+    tmp_path: Path,
+    files: Mapping[str, str | bytes] | None = None,
+    *,
+    config: str = "",
     name: str = "ws",
 ) -> Path:
     """A workspace folder `tmp_path/name` holding `rsi.toml` (`config`) and `files`."""
@@ -80,8 +109,10 @@ class RsiRun:
             raise AssertionError(f"rsi {' '.join(self.args)} printed no JSON:\n{self}") from None
 
     def __str__(self) -> str:
-        return (f"$ rsi {' '.join(self.args)}\nexit {self.returncode}\n--- stdout\n{self.stdout}"
-                f"\n--- stderr\n{self.stderr}")
+        return (
+            f"$ rsi {' '.join(self.args)}\nexit {self.returncode}\n--- stdout\n{self.stdout}"
+            f"\n--- stderr\n{self.stderr}"
+        )
 
     # -------------------------------------------------------------- event stream views
     def finished(self) -> list[dict]:
@@ -90,8 +121,11 @@ class RsiRun:
     @property
     def executed(self) -> set[str]:
         """Labels whose action ran in this build and succeeded."""
-        return {e["label"] for e in self.finished() if e.get("cache") == "miss"
-                and e.get("status") == "ok"}
+        return {
+            e["label"]
+            for e in self.finished()
+            if e.get("cache") == "miss" and e.get("status") == "ok"
+        }
 
     @property
     def cached(self) -> set[str]:
@@ -105,20 +139,29 @@ class RsiRun:
 
 
 def run_rsi(
-    ws: Path, *args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None,
-    timeout: float = 120, user: list[str] | None = None,
+    ws: Path,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 120,
+    user: list[str] | None = None,
 ) -> RsiRun:
     """Run the real CLI in `ws` (or `cwd`). `user` prefixes the command (e.g. setpriv ...)."""
     full_env = {**os.environ, **(env or {})}
     proc = subprocess.run(
-        [*(user or []), *RSI, *args], cwd=cwd or ws, env=full_env, capture_output=True,
-        text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False,
+        [*(user or []), *RSI, *args],
+        cwd=cwd or ws,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        check=False,
     )
     return RsiRun(tuple(args), proc.returncode, proc.stdout, proc.stderr)
 
 
-def build(ws: Path, *args: str, expect: int | None = 0, store: Path | None = None,
-          **kw) -> RsiRun:
+def build(ws: Path, *args: str, expect: int | None = 0, store: Path | None = None, **kw) -> RsiRun:
     """`rsi [--store S] build --json --events FILE ARGS`; checks the exit code (unless `expect`
     is None) and parses the event stream into `.events`."""
     events_path = ws.parent / f"events-{uuid.uuid4().hex[:12]}.jsonl"
@@ -163,7 +206,9 @@ def mount_tmpfs(tmp_path):
         point.mkdir()
         got = subprocess.run(
             ["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(point)],
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if got.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {got.stderr.strip()}")
@@ -203,11 +248,25 @@ def bwrap() -> None:
     require_bwrap()
 
 
-def command(name: str, *, cmd: str, outs: list[str], srcs: list[str] = (), deps: list[str] = (),
-            **extra) -> str:
+@pytest.fixture(name="torch", scope="session")
+def torch_fixture():
+    """torch, imported only when a test asks for it (collecting never needs it); without torch
+    installed the test skips, saying so."""
+    return pytest.importorskip(
+        "torch", reason="torch is not installed (the `torch` or `test` extra of pyproject.toml)"
+    )
+
+
+def command(
+    name: str, *, cmd: str, outs: list[str], srcs: list[str] = (), deps: list[str] = (), **extra
+) -> str:
     """One `command` target as TOML text."""
-    lines = [f"[{name}]", 'rule = "command"', f"outs = {json.dumps(list(outs))}",
-             f"cmd = {json.dumps(cmd)}"]
+    lines = [
+        f"[{name}]",
+        'rule = "command"',
+        f"outs = {json.dumps(list(outs))}",
+        f"cmd = {json.dumps(cmd)}",
+    ]
     if srcs:
         lines.append(f"srcs = {json.dumps(list(srcs))}")
     if deps:

@@ -55,6 +55,7 @@ def failed_event(run, label: str) -> dict:
     return event
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("where", ["big", "/tmp/big", "/dev/shm/big"])
 def test_writing_past_the_scratch_limit_fails_that_action_and_leaves_no_scratch(
     build, command, make_workspace, tmp_path, mode, where
@@ -78,6 +79,7 @@ def test_writing_past_the_scratch_limit_fails_that_action_and_leaves_no_scratch(
     assert list((ws / "cache" / "tmp").iterdir()) == []
 
 
+@pytest.mark.e2e
 def test_allocating_past_the_memory_limit_fails_that_action_and_the_host_is_fine(
     build, command, make_workspace, tmp_path, mode
 ):
@@ -102,6 +104,7 @@ def test_allocating_past_the_memory_limit_fails_that_action_and_the_host_is_fine
     assert (ws / "out" / "a").read_text() == "fine\n"
 
 
+@pytest.mark.e2e
 def test_scratch_on_a_slot_s_tmpfs_counts_against_memory_too(
     build, command, make_workspace, tmp_path
 ):
@@ -122,6 +125,7 @@ def test_scratch_on_a_slot_s_tmpfs_counts_against_memory_too(
     assert failed_event(run, "//:fill")["reason"] == "memory_limit"
 
 
+@pytest.mark.fast
 def test_the_limits_come_from_the_action_s_platform_first(tmp_path):
     """`scratch`/`memory` platform properties override the workspace's defaults."""
     limits = Limits(scratch_bytes=16 * MIB, memory_bytes=48 * MIB)
@@ -130,6 +134,7 @@ def test_the_limits_come_from_the_action_s_platform_first(tmp_path):
     assert limits.for_action({}) == limits
 
 
+@pytest.mark.e2e
 def test_every_process_of_an_action_is_in_its_own_memory_cgroup(tmp_path, bwrap):
     needs_cgroups()
     from rsi.executors.local import LocalExecutor
@@ -164,6 +169,7 @@ def _memory_cgroup(proc_cgroup: str) -> list[str]:
     return [x for x in proc_cgroup.splitlines() if ":memory:" in x or x.startswith("0::")]
 
 
+@pytest.mark.e2e
 def test_a_slot_s_scratch_is_gone_after_each_action_and_never_on_the_host(tmp_path, bwrap):
     """The slot's files live in tmpfs mounts of its own namespace: emptied after every action,
     and never in a host folder that could outlive it."""
@@ -199,6 +205,7 @@ def _host_slot_folders() -> set[str]:
     return {p.name for p in root.iterdir()} if root.is_dir() else set()
 
 
+@pytest.mark.e2e
 def test_kill_9_leaves_no_scratch_of_a_slot_in_ram(
     make_workspace, command, build, rsi_argv, tmp_path, bwrap
 ):
@@ -264,6 +271,7 @@ def _holders(namespace: str) -> list[int]:
     return found
 
 
+@pytest.mark.fast
 def test_limits_are_settings_and_rsi_info_reports_them(make_workspace, run_rsi, tmp_path):
     ws = make_workspace(tmp_path, config=LIMITS)
     doc = run_rsi(ws, "info", "--json").json()
@@ -286,6 +294,7 @@ def test_limits_are_settings_and_rsi_info_reports_them(make_workspace, run_rsi, 
         assert run.returncode == 2 and f"field '{field}'" in run.stderr, run
 
 
+@pytest.mark.fast
 def test_rsi_info_says_when_memory_is_not_enforced(make_workspace, run_rsi, tmp_path):
     ws = make_workspace(tmp_path)
     run = run_rsi(ws, "info", "--json", env={"RSI_CGROUPS": "0"})
@@ -295,6 +304,7 @@ def test_rsi_info_says_when_memory_is_not_enforced(make_workspace, run_rsi, tmp_
     assert json.loads(run.stdout)["limits"]["memory_bytes"] > 0
 
 
+@pytest.mark.fast
 def test_cgroup_v2_makes_action_cgroups_next_to_rsi_s_own_or_says_why_not(tmp_path, monkeypatch):
     """The v2 choice, on a stand-in hierarchy: a cgroup holding processes cannot have children
     with controllers, so actions go in its parent (which has the memory controller when this

@@ -21,6 +21,8 @@ from rsi.toolchain.testing import (
     test_store_dir,
 )
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def bwrap_executor():
@@ -45,10 +47,14 @@ def numpy_tc():
 def _action(store: LocalStore, tc, script: str, argv_extra=(), **kw) -> Action:
     src = store.put_bytes(script.encode())
     platform = {"toolchain": tc.platform_value, **kw.pop("platform", {})}
-    return Action(argv=("python3", "src/probe.py", *argv_extra),
-                  inputs=(("src/probe.py", FileNode(src)),),
-                  outputs=kw.pop("outputs", ("out/ok",)), platform=tuple(platform.items()),
-                  timeout_s=kw.pop("timeout_s", 60), **kw)
+    return Action(
+        argv=("python3", "src/probe.py", *argv_extra),
+        inputs=(("src/probe.py", FileNode(src)),),
+        outputs=kw.pop("outputs", ("out/ok",)),
+        platform=tuple(platform.items()),
+        timeout_s=kw.pop("timeout_s", 60),
+        **kw,
+    )
 
 
 PROBE = textwrap.dedent("""
@@ -92,34 +98,37 @@ def test_sandbox_is_isolated_and_only_the_output_folder_is_writable(
 def test_rootfs_is_extracted_once_and_stays_unchanged(bwrap_executor, store, numpy_tc) -> None:
     root = rootfs_dir(numpy_tc)
     before = sorted(os.listdir(root))
-    assert bwrap_executor.run(_action(store, numpy_tc, "open('out/ok','w').write('1')"),
-                              store).ok
+    assert bwrap_executor.run(_action(store, numpy_tc, "open('out/ok','w').write('1')"), store).ok
     assert rootfs_dir(numpy_tc) == root and sorted(os.listdir(root)) == before
     assert (root / "etc/rsi/lock.txt").exists()
 
 
 def test_timeout_kills_every_process_of_the_sandbox(bwrap_executor, store, numpy_tc) -> None:
     marker = f"rsi-marker-{uuid.uuid4().hex}"
-    script = ("import subprocess, sys, time\n"
-              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', "
-              "sys.argv[1]])\ntime.sleep(300)\n")
+    script = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', "
+        "sys.argv[1]])\ntime.sleep(300)\n"
+    )
     action = _action(store, numpy_tc, script, argv_extra=(marker,), timeout_s=1.5)
     started = time.monotonic()
     result = bwrap_executor.run(action, store)
     assert time.monotonic() - started < 15
     assert result.timed_out and "timed out" in result.failure
     time.sleep(0.3)
-    left = subprocess.run(["pgrep", "-f", marker], check=False, capture_output=True,
-                          text=True).stdout
+    left = subprocess.run(
+        ["pgrep", "-f", marker], check=False, capture_output=True, text=True
+    ).stdout
     assert left.strip() == ""
 
 
 def test_torch_toolchain_runs_with_pinned_threads(bwrap_executor, store) -> None:
     torch_tc = built_toolchain("torch-cpu")
-    script = ("import torch; print(torch.__version__, torch.get_num_threads(), "
-              "torch.ones(3).sum().item())")
-    action = _action(store, torch_tc, script, outputs=(), platform={"threads": "1"},
-                     timeout_s=120)
+    script = (
+        "import torch; print(torch.__version__, torch.get_num_threads(), "
+        "torch.ones(3).sum().item())"
+    )
+    action = _action(store, torch_tc, script, outputs=(), platform={"threads": "1"}, timeout_s=120)
     result = bwrap_executor.run(action, store)
     assert result.ok, store.read_bytes(result.stderr).decode()[-2000:]
     assert store.read_bytes(result.stdout).decode().split() == ["2.13.0+cpu", "1", "3.0"]
@@ -128,8 +137,11 @@ def test_torch_toolchain_runs_with_pinned_threads(bwrap_executor, store) -> None
 def test_host_toolchain_actions_run_in_the_local_bwrap_sandbox(bwrap_executor, store) -> None:
     from rsi.executors.local import host_python_identity
 
-    action = Action(argv=("python3", "-c", "print('hi')"),
-                    platform=(("toolchain", host_python_identity()),), timeout_s=60)
+    action = Action(
+        argv=("python3", "-c", "print('hi')"),
+        platform=(("toolchain", host_python_identity()),),
+        timeout_s=60,
+    )
     result = bwrap_executor.run(action, store)
     assert result.ok and result.executor == "bwrap"
     assert store.read_bytes(result.stdout) == b"hi\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.usefixtures("bwrap")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bwrap")]
 
 
 @pytest.fixture

@@ -91,6 +91,7 @@ def built_ws(make_workspace, command, build, tmp_path):
 # ------------------------------------------------------------- sources that leave the workspace
 
 
+@pytest.mark.e2e
 def test_a_source_through_a_symlinked_folder_out_of_the_workspace_is_refused(
     built_ws, command, run_rsi, tmp_path
 ):
@@ -109,6 +110,7 @@ def test_a_source_through_a_symlinked_folder_out_of_the_workspace_is_refused(
     assert not (built_ws / "out" / "pkg").exists()
 
 
+@pytest.mark.fast
 def test_a_source_symlink_to_a_host_file_is_refused(command, make_workspace, tmp_path):
     (tmp_path / "secret").write_text("s")
     ws = make_workspace(tmp_path, {"BUILD.toml": command("t", cmd="x", outs=["o"], srcs=["s"])})
@@ -117,6 +119,7 @@ def test_a_source_symlink_to_a_host_file_is_refused(command, make_workspace, tmp
     assert err.field == "srcs" and str(tmp_path / "secret") in str(err)
 
 
+@pytest.mark.fast
 def test_a_source_symlink_inside_the_workspace_is_still_a_source(command, make_workspace, tmp_path):
     ws = make_workspace(
         tmp_path,
@@ -133,6 +136,7 @@ def test_a_source_symlink_inside_the_workspace_is_still_a_source(command, make_w
     assert [a.path for a in spec.inputs] == ["pkg/alias.txt"]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("src", "words"),
     [
@@ -159,6 +163,7 @@ def test_absolute_and_dotdot_sources_are_refused_at_analysis(
     assert words in str(err)
 
 
+@pytest.mark.e2e
 def test_a_folder_swapped_for_a_symlink_out_is_refused_after_a_cached_analysis(
     command, make_workspace, build, run_rsi, tmp_path
 ):
@@ -185,6 +190,7 @@ def test_a_folder_swapped_for_a_symlink_out_is_refused_after_a_cached_analysis(
     assert (ws / "out/pkg/o").read_text() == "inside\n"
 
 
+@pytest.mark.fast
 def test_a_package_folder_linked_out_of_the_workspace_is_refused(
     command, make_workspace, run_rsi, tmp_path
 ):
@@ -223,10 +229,12 @@ def _edit(ws: Path, old: str, new: str) -> None:
     build_file.write_text(text.replace(old, new, 1))
 
 
+@pytest.mark.fast
 def test_the_task_copy_analyses(task_ws):
     _analyze(task_ws, "//sm:fast", "//sm:task")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("src", "words"),
     [
@@ -246,12 +254,14 @@ def test_a_candidate_folder_out_of_the_workspace_is_refused(task_ws, tmp_path, s
     assert words in str(err)
 
 
+@pytest.mark.fast
 def test_a_symlinked_folder_inside_a_candidate_folder_is_refused(task_ws, tmp_path):
     (task_ws / "sm/candidates/fast/inner").symlink_to(tmp_path / "host")
     err = _error(task_ws, "//sm:fast")
     assert err.field == "src" and "inner" in str(err)
 
 
+@pytest.mark.fast
 def test_a_link_whose_text_leaves_its_folder_is_refused_even_when_it_lands_inside(task_ws):
     # NB: on this host the link lands back in baseline/; where the tree is materialised, the
     # same text would reach whatever sits next to the folder
@@ -260,6 +270,7 @@ def test_a_link_whose_text_leaves_its_folder_is_refused_even_when_it_lands_insid
     assert err.field == "baseline" and "again.py" in str(err) and "leaves" in str(err)
 
 
+@pytest.mark.fast
 def test_a_task_runtime_file_through_a_symlink_out_is_refused(task_ws, tmp_path):
     (task_ws / "sm" / "hostlink").symlink_to(tmp_path / "host")
     _edit(task_ws, '"oracle.py"]', '"oracle.py", "hostlink/kernel.py"]')
@@ -267,6 +278,7 @@ def test_a_task_runtime_file_through_a_symlink_out_is_refused(task_ws, tmp_path)
     assert err.field == "runtime" and str(tmp_path / "host" / "kernel.py") in str(err)
 
 
+@pytest.mark.fast
 def test_a_task_baseline_folder_linked_out_is_refused(task_ws, tmp_path):
     (task_ws / "sm" / "hostlink").symlink_to(tmp_path / "host")
     _edit(task_ws, 'baseline = "baseline"', 'baseline = "hostlink"')
@@ -274,6 +286,7 @@ def test_a_task_baseline_folder_linked_out_is_refused(task_ws, tmp_path):
     assert err.field == "baseline" and "outside the workspace" in str(err)
 
 
+@pytest.mark.fast
 def test_task_docs_outside_the_package_are_refused(task_ws):
     _edit(task_ws, 'docs = ["TASK.md", "LICENSE"]', 'docs = ["TASK.md", "/etc/passwd"]')
     err = _error(task_ws, "//sm:task")
@@ -283,6 +296,7 @@ def test_task_docs_outside_the_package_are_refused(task_ws):
 # ------------------------------------------------------------ one input path, two files
 
 
+@pytest.mark.e2e
 def test_a_source_and_a_dependency_output_at_one_path_are_refused_naming_both(
     built_ws, command, run_rsi
 ):
@@ -296,6 +310,7 @@ def test_a_source_and_a_dependency_output_at_one_path_are_refused_naming_both(
     assert _store_entries(built_ws) == before
 
 
+@pytest.mark.fast
 def test_a_source_file_where_a_dependency_output_needs_a_folder_is_refused(
     command, make_workspace, tmp_path
 ):
@@ -313,6 +328,7 @@ def test_a_source_file_where_a_dependency_output_needs_a_folder_is_refused(
     assert err.target == "//pkg:t" and "pkg/d/x" in str(err) and "pkg/d" in str(err)
 
 
+@pytest.mark.fast
 def test_an_output_under_a_source_file_is_refused(command, make_workspace, tmp_path):
     ws = make_workspace(
         tmp_path, {"a": "x", "BUILD.toml": command("t", cmd="x", outs=["a/b"], srcs=["a"])}
@@ -321,6 +337,7 @@ def test_an_output_under_a_source_file_is_refused(command, make_workspace, tmp_p
     assert "lies under 'a'" in str(err)
 
 
+@pytest.mark.fast
 def test_a_shared_action_reached_through_two_dependencies_is_one_input(
     command, make_workspace, tmp_path
 ):
@@ -344,6 +361,7 @@ def test_a_shared_action_reached_through_two_dependencies_is_one_input(
 _BASE = '[t]\nrule = "command"\nouts = ["o"]\ncmd = "echo hi > $(OUT)"\n'
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("line", "field", "words"),
     [
@@ -370,6 +388,7 @@ def test_a_value_no_action_can_run_with_exits_2_naming_the_field(
     assert _store_entries(built_ws) == before
 
 
+@pytest.mark.e2e
 def test_a_nul_in_a_command_exits_2_naming_cmd(built_ws, run_rsi):
     (built_ws / "pkg" / "BUILD.toml").write_text(
         '[t]\nrule = "command"\nouts = ["o"]\ncmd = "echo \\u0000 > $(OUT)"\n'
@@ -378,6 +397,7 @@ def test_a_nul_in_a_command_exits_2_naming_cmd(built_ws, run_rsi):
     _assert_refused(run, "pkg/BUILD.toml", "//pkg:t", "field 'cmd'", "NUL")
 
 
+@pytest.mark.fast
 def test_a_float_inside_a_table_must_be_finite(make_workspace, tmp_path):
     rule = Rule(
         "tabled", {"t": attr("table"), "l": attr("table_list", default=[])}, lambda ctx: Provider()
@@ -387,6 +407,7 @@ def test_a_float_inside_a_table_must_be_finite(make_workspace, tmp_path):
     assert err.field == "t" and "finite" in str(err)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("rules", "words"),
     [
@@ -416,6 +437,7 @@ def test_a_malformed_rules_list_exits_2_naming_rsi_toml(
     _assert_refused(run, "rsi.toml", "field 'rules'", words)
 
 
+@pytest.mark.fast
 def test_an_unknown_executor_exits_2_naming_rsi_toml(make_workspace, command, run_rsi, tmp_path):
     ws = make_workspace(
         tmp_path,
@@ -427,6 +449,7 @@ def test_an_unknown_executor_exits_2_naming_rsi_toml(make_workspace, command, ru
     assert not (ws / "cache").exists()
 
 
+@pytest.mark.fast
 def test_the_remote_executor_without_a_remote_exits_2(make_workspace, command, run_rsi, tmp_path):
     ws = make_workspace(
         tmp_path,
@@ -437,6 +460,7 @@ def test_the_remote_executor_without_a_remote_exits_2(make_workspace, command, r
     _assert_refused(run, "rsi.toml", "field 'executor'", "needs a remote")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "line",
     [
@@ -456,6 +480,7 @@ def test_a_binding_limit_out_of_range_is_refused_naming_it(task_ws, line):
     assert (err.target, err.field) == ("//sm:cpu", field), err
 
 
+@pytest.mark.fast
 def test_a_timeout_a_rule_computes_out_of_range_is_refused_at_analysis(make_workspace, tmp_path):
     def scaled(ctx):
         ctx.action(
@@ -473,6 +498,7 @@ def test_a_timeout_a_rule_computes_out_of_range_is_refused_at_analysis(make_work
     assert err.target == "//:x" and "timeout inf" in str(err)
 
 
+@pytest.mark.fast
 def test_an_argv_or_environment_a_rule_computes_with_nul_is_refused(make_workspace, tmp_path):
     def nul(ctx):
         ctx.action(
@@ -633,6 +659,7 @@ _TARGETS = {
 }
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("rule_name", sorted(_TARGETS))
 def test_every_hostile_value_in_every_attribute_loads_or_is_refused_by_name(fuzz_ws, rule_name):
     rule = FUZZ_RULES[rule_name]
@@ -699,6 +726,7 @@ def _toml(value) -> str:
     return "{" + ", ".join(f"{_toml(k)} = {_toml(v)}" for k, v in value.items()) + "}"
 
 
+@pytest.mark.e2e
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_random_values_in_every_attribute_load_or_are_refused_by_name(fuzz_ws, data):

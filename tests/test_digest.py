@@ -23,6 +23,8 @@ from rsi.digest import (
 )
 from rsi.errors import RsiError
 
+pytestmark = pytest.mark.fast
+
 # -------------------------------------------------------------------------------- bytes, files
 
 

@@ -25,6 +25,8 @@ from rsi.toolchain.testing import (
     test_store_dir,
 )
 
+pytestmark = pytest.mark.e2e
+
 PROBE = textwrap.dedent("""
     import os, socket
     report = {"uid": os.getuid(), "gid": os.getgid()}
@@ -71,9 +73,14 @@ def numpy_tc():
 def _action(store: LocalStore, tc, script: str, **kw) -> Action:
     src = store.put_bytes(script.encode())
     platform = {"toolchain": tc.platform_value, **kw.pop("platform", {})}
-    return Action(argv=("python3", "src/probe.py"), inputs=(("src/probe.py", FileNode(src)),),
-                  outputs=kw.pop("outputs", ("out/ok",)), platform=tuple(platform.items()),
-                  timeout_s=kw.pop("timeout_s", 60), **kw)
+    return Action(
+        argv=("python3", "src/probe.py"),
+        inputs=(("src/probe.py", FileNode(src)),),
+        outputs=kw.pop("outputs", ("out/ok",)),
+        platform=tuple(platform.items()),
+        timeout_s=kw.pop("timeout_s", 60),
+        **kw,
+    )
 
 
 def _stdout(store: LocalStore, result) -> str:
@@ -113,8 +120,9 @@ def test_docker_load_gives_the_image_id_computed_from_the_tar(docker_executor, n
     with contextlib.suppress(docker.errors.ImageNotFound):
         docker_executor.client.images.remove(numpy_tc.image_id, force=True)
     docker_executor._loaded.discard(numpy_tc.image_id)
-    got = ensure_loaded(docker_executor.client, numpy_tc.image_config, numpy_tc.rootfs_tar,
-                        numpy_tc.rootfs_sha256)
+    got = ensure_loaded(
+        docker_executor.client, numpy_tc.image_config, numpy_tc.rootfs_tar, numpy_tc.rootfs_sha256
+    )
     assert got == numpy_tc.image_id
     image = docker_executor.client.images.get(got)
     assert image.tags == []
@@ -158,7 +166,8 @@ def test_killing_the_build_removes_its_container(
     docker_executor, store, numpy_tc, sig, tmp_path: Path
 ) -> None:
     driver = tmp_path / "driver.py"
-    driver.write_text(textwrap.dedent(f"""
+    driver.write_text(
+        textwrap.dedent(f"""
         from rsi.action import Action
         from rsi.digest import FileNode
         from rsi.store import LocalStore
@@ -168,10 +177,12 @@ def test_killing_the_build_removes_its_container(
         action = Action(argv=("python3", "s.py"), inputs=(("s.py", FileNode(src)),),
                         platform=(("toolchain", {numpy_tc.platform_value!r}),), timeout_s=100)
         DockerExecutor().run(action, store)
-    """))
+    """)
+    )
     repo = Path(__file__).resolve().parents[1]
-    proc = subprocess.Popen([sys.executable, str(driver)], cwd=repo,
-                            env={**os.environ, "PYTHONPATH": str(repo)})
+    proc = subprocess.Popen(
+        [sys.executable, str(driver)], cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}
+    )
     deadline = time.monotonic() + 60
     while not _rsi_containers(docker_executor, **{"rsi.pid": str(proc.pid)}):
         assert time.monotonic() < deadline and proc.poll() is None, "container never started"
@@ -185,10 +196,13 @@ def test_killing_the_build_removes_its_container(
 def test_thread_count_and_cpu_set_are_pinned_by_the_platform(
     docker_executor, store, numpy_tc
 ) -> None:
-    script = ("import os; print(sorted(os.sched_getaffinity(0)), os.environ['OMP_NUM_THREADS'], "
-              "os.environ['OPENBLAS_NUM_THREADS'])")
-    action = _action(store, numpy_tc, script, outputs=(),
-                     platform={"threads": "1", "cpuset": "0", "cpus": "1"})
+    script = (
+        "import os; print(sorted(os.sched_getaffinity(0)), os.environ['OMP_NUM_THREADS'], "
+        "os.environ['OPENBLAS_NUM_THREADS'])"
+    )
+    action = _action(
+        store, numpy_tc, script, outputs=(), platform={"threads": "1", "cpuset": "0", "cpus": "1"}
+    )
     result = docker_executor.run(action, store)
     assert result.ok, store.read_bytes(result.stderr).decode()
     assert _stdout(store, result).split() == ["[0]", "1", "1"]
@@ -200,8 +214,9 @@ def test_accelerator_platform_requests_gpus(docker_executor, store, numpy_tc, tm
     (request,) = kwargs["device_requests"]
     assert request["Count"] == 1 and request["Capabilities"] == [["gpu"]]
     plain = _action(store, numpy_tc, "pass")
-    assert "device_requests" not in docker_executor.container_kwargs(plain, numpy_tc, tmp_path,
-                                                                     ["out"])
+    assert "device_requests" not in docker_executor.container_kwargs(
+        plain, numpy_tc, tmp_path, ["out"]
+    )
 
 
 def test_accelerator_action_sees_the_gpu(docker_executor, store, numpy_tc) -> None:
@@ -209,8 +224,9 @@ def test_accelerator_action_sees_the_gpu(docker_executor, store, numpy_tc) -> No
     if "nvidia" not in runtimes and not os.path.exists("/dev/nvidia0"):
         pytest.skip("no NVIDIA GPU or nvidia container runtime on this machine")
     script = "import os; print(sorted(p for p in os.listdir('/dev') if p.startswith('nvidia')))"
-    result = docker_executor.run(_action(store, numpy_tc, script, outputs=(),
-                                         platform={"accelerator": "nvidia"}), store)
+    result = docker_executor.run(
+        _action(store, numpy_tc, script, outputs=(), platform={"accelerator": "nvidia"}), store
+    )
     assert result.ok and "nvidia0" in _stdout(store, result)
 
 
@@ -220,9 +236,11 @@ def test_same_action_key_and_outputs_on_docker_and_bwrap(docker_executor, store,
         skip_or_fail(reason)
     from rsi.executors.bwrap import BwrapExecutor
 
-    script = ("import numpy as np\nrng = np.random.default_rng(0)\n"
-              "open('out/ok', 'w').write(repr(float((rng.random((64, 64)) @ "
-              "rng.random((64, 64))).sum())))\n")
+    script = (
+        "import numpy as np\nrng = np.random.default_rng(0)\n"
+        "open('out/ok', 'w').write(repr(float((rng.random((64, 64)) @ "
+        "rng.random((64, 64))).sum())))\n"
+    )
     action = _action(store, numpy_tc, script, platform={"threads": "1"})
     via_docker = docker_executor.run(action, store)
     via_bwrap = BwrapExecutor().run(action, store)
@@ -230,6 +248,7 @@ def test_same_action_key_and_outputs_on_docker_and_bwrap(docker_executor, store,
     assert via_docker.outputs == via_bwrap.outputs
     assert (via_docker.executor, via_bwrap.executor) == ("docker", "bwrap")
     assert via_docker.host["hostname"] and via_bwrap.host["sandbox"] == "bwrap"
-    other = _action(store, numpy_tc, script, platform={"threads": "1",
-                                                      "toolchain": "numpy@" + "0" * 64})
+    other = _action(
+        store, numpy_tc, script, platform={"threads": "1", "toolchain": "numpy@" + "0" * 64}
+    )
     assert other.key() != action.key()

@@ -18,7 +18,7 @@ from processes import live_pids
 
 from rsi.digest import digest_file
 
-pytestmark = pytest.mark.usefixtures("bwrap")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bwrap")]
 
 
 def assert_store_whole(store: Path) -> None:
@@ -133,9 +133,7 @@ def test_kill_9_leaves_no_sandbox_or_action_process_behind(
     try:
         deadline = time.monotonic() + 60
         # NB: "sleep\0" + marker matches the sleeps themselves, not the shells around them
-        while len(live_pids(f"sleep\0{38}{marker}")) < 2 or not live_pids(
-            f"sleep\0{39}{marker}"
-        ):
+        while len(live_pids(f"sleep\0{38}{marker}")) < 2 or not live_pids(f"sleep\0{39}{marker}"):
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.02)
     finally:

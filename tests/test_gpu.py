@@ -5,7 +5,8 @@ CPU, the refusal of a `cuda` spec where no GPU is visible (a harness fault, exit
 transport, nvidia-smi parsing (a fake nvidia-smi on PATH), the GPU arm's control flow against a
 simulated `torch.cuda`, the bindings' platform properties, and the silu_mul task on the CPU.
 The tests marked `needs_cuda` build the shipped GPU verdicts through the real CLI; without a CUDA
-device they skip with the reason below, and with one they run for real.
+device they skip with the reason below, and with one they run for real. torch is imported only by
+the tests that use it (the `torch` fixture): without torch installed those skip, and the rest run.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from harness_support import (
     ROOT,
     TASKS,
@@ -32,7 +32,23 @@ from harness_support import (
 SILU = TASKS / "silu_mul"
 
 NO_CUDA_REASON = "no CUDA device: torch.cuda.is_available() is False"
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA_REASON)
+
+
+@pytest.fixture
+def cuda(torch):
+    """Skips the test unless torch sees a CUDA device."""
+    if not torch.cuda.is_available():
+        pytest.skip(NO_CUDA_REASON)
+
+
+@pytest.fixture
+def no_cuda(torch):
+    """Skips the test where torch sees a CUDA device."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible here")
+
+
+needs_cuda = pytest.mark.usefixtures("cuda")
 
 
 def _load(stem: str):
@@ -47,6 +63,7 @@ _measure = run_measure
 # ------------------------------------------------------------------------- bandwidth arithmetic
 
 
+@pytest.mark.fast
 def test_peak_bandwidth_is_double_data_rate_times_bus_width_and_null_when_unknown():
     # H100 SXM: 2619 MHz HBM3 on a 5120-bit bus is the datasheet's 3.35 TB/s
     assert C.peak_bandwidth_gb_s(2_619_000, 5120) == pytest.approx(3352.32)
@@ -67,6 +84,7 @@ def test_peak_bandwidth_is_double_data_rate_times_bus_width_and_null_when_unknow
     assert C.peak_bandwidth(None, None) == (None, None)
 
 
+@pytest.mark.fast
 def test_achieved_bandwidth_is_bytes_over_median_time_and_fraction_of_peak():
     bw = C.bandwidth(3_000_000, 1500.0, 4000.0)  # 3 MB in 1.5 us = 2000 GB/s
     assert bw == {
@@ -84,6 +102,8 @@ def test_achieved_bandwidth_is_bytes_over_median_time_and_fraction_of_peak():
         }
 
 
+@pytest.mark.e2e
+@pytest.mark.usefixtures("torch")  # silu_mul's workloads make torch tensors
 def test_bytes_per_call_counts_every_input_and_the_output():
     loaded = C.load_module_from_path(SILU / "workloads.py", "workloads")
     inputs = loaded.make_inputs({"shape": [4, 16], "dtype": "bfloat16", "kind": "strided"}, 1)
@@ -94,6 +114,7 @@ def test_bytes_per_call_counts_every_input_and_the_output():
     assert C.tensor_bytes(arrays, (3,), "float64") == 60 + 24
 
 
+@pytest.mark.fast
 def test_l2_flush_is_twice_the_reported_l2_or_twice_the_documented_default():
     assert C.l2_flush_bytes({"l2_cache_bytes": 50 * 2**20, "l2_cache_bytes_source": "torch"}) == (
         100 * 2**20,
@@ -111,7 +132,8 @@ def test_l2_flush_is_twice_the_reported_l2_or_twice_the_documented_default():
 # ------------------------------------------------------------------------------ fingerprints
 
 
-def test_fingerprint_on_a_cpu_has_every_field_and_null_gpu_fields():
+@pytest.mark.e2e
+def test_fingerprint_on_a_cpu_has_every_field_and_null_gpu_fields(torch):
     fp = C.fingerprint({"device": "cpu", "toolchain": "host-python@abc"})
     for key in (
         "device",
@@ -146,6 +168,7 @@ FAKE_SMI = (
 )
 
 
+@pytest.mark.fast
 def test_nvidia_smi_rows_are_parsed_and_matched_to_the_device_by_uuid(tmp_path, monkeypatch):
     smi = tmp_path / "bin" / "nvidia-smi"
     smi.parent.mkdir()
@@ -184,7 +207,8 @@ def test_nvidia_smi_rows_are_parsed_and_matched_to_the_device_by_uuid(tmp_path, 
 # ------------------------------------------------------------------------ refusal without CUDA
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible here")
+@pytest.mark.e2e
+@pytest.mark.usefixtures("no_cuda")
 @pytest.mark.parametrize("script", ["check.py", "measure.py"])
 def test_cuda_spec_without_cuda_is_a_harness_fault_not_a_cpu_run(tmp_path, script):
     spec = task_spec("silu_mul", device="cuda")
@@ -198,6 +222,7 @@ def test_cuda_spec_without_cuda_is_a_harness_fault_not_a_cpu_run(tmp_path, scrip
     assert not out.exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -211,6 +236,7 @@ def test_bad_accelerator_fields_are_harness_faults(tmp_path, overrides, message)
     assert proc.returncode == 2 and message in proc.stderr and not out.exists()
 
 
+@pytest.mark.e2e
 def test_cuda_needs_a_torch_task(tmp_path):
     spec = task_spec("softmax", device="cuda")
     proc, out = _check(tmp_path, "softmax", TASKS / "softmax" / "baseline", spec)
@@ -234,7 +260,7 @@ class _FakeEvent:
         return (other.t - self.t) / 1e6  # ms, as CUDA events report
 
 
-def _simulated_cuda(monkeypatch, calls: list[str]) -> None:
+def _simulated_cuda(torch, monkeypatch, calls: list[str]) -> None:
     """Stand-ins for the torch.cuda calls the arm makes; tensors stay on the CPU."""
     props = types.SimpleNamespace(
         name="Simulated GPU",
@@ -255,9 +281,9 @@ def _simulated_cuda(monkeypatch, calls: list[str]) -> None:
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
 
 
-
-def test_device_facts_fall_back_to_the_driver_and_stay_null_when_nobody_knows(monkeypatch):
-    _simulated_cuda(monkeypatch, [])
+@pytest.mark.e2e
+def test_device_facts_fall_back_to_the_driver_and_stay_null_when_nobody_knows(torch, monkeypatch):
+    _simulated_cuda(torch, monkeypatch, [])
     props = torch.cuda.get_device_properties(0)
     monkeypatch.setattr(props, "memory_clock_rate", 0)  # not exposed: reads as 0
     monkeypatch.delattr(props, "L2_cache_size")
@@ -305,6 +331,8 @@ def _analyze(*labels: str):
     return graph, blobs
 
 
+@pytest.mark.e2e
+@pytest.mark.usefixtures("torch")  # analysing a torch task needs torch
 @pytest.mark.parametrize("task", ["rmsnorm", "silu_mul"])
 def test_gpu_binding_asks_for_an_accelerator_only_where_the_device_is_used(task):
     graph, blobs = _analyze(f"//tasks/{task}:verdict_gpu", f"//tasks/{task}:verdict")
@@ -343,6 +371,8 @@ def _action_of(task: str, mnemonic: str):
     )
 
 
+@pytest.mark.e2e
+@pytest.mark.usefixtures("torch")  # analysing a torch task needs torch
 def test_docker_executor_requests_gpus_for_a_gpu_binding_and_not_for_its_assess():
     pytest.importorskip("docker")
     from rsi.executors.docker import DockerExecutor
@@ -360,6 +390,8 @@ def test_docker_executor_requests_gpus_for_a_gpu_binding_and_not_for_its_assess(
     assert "device_requests" not in assess
 
 
+@pytest.mark.e2e
+@pytest.mark.usefixtures("torch")  # analysing a torch task needs torch
 def test_local_bwrap_sandbox_binds_nvidia_devices_for_accelerator_actions(monkeypatch):
     from rsi.executors import local
 
@@ -382,6 +414,8 @@ def test_local_bwrap_sandbox_binds_nvidia_devices_for_accelerator_actions(monkey
 # ---------------------------------------------------------------- the silu_mul task on the CPU
 
 
+@pytest.mark.e2e
+@pytest.mark.usefixtures("torch")  # a torch task
 @pytest.mark.parametrize(
     "impl", ["baseline", "candidates/fast", "candidates/gain20", "candidates/same"]
 )
@@ -396,6 +430,8 @@ def test_silu_mul_baseline_and_good_candidates_pass_every_case(tmp_path, impl):
     assert all(doc["fingerprint"][k] is None for k in C.GPU_FINGERPRINT_KEYS)
 
 
+@pytest.mark.e2e
+@pytest.mark.usefixtures("torch")  # a torch task
 @pytest.mark.parametrize("impl", ["wrong_half", "no_silu", "zeros"])
 def test_silu_mul_wrong_controls_fail_as_wrong_output(tmp_path, impl):
     spec = task_spec("silu_mul")
@@ -407,6 +443,8 @@ def test_silu_mul_wrong_controls_fail_as_wrong_output(tmp_path, impl):
     assert [r["case"] for r in doc["reasons"]] == ["normal_bf16"]
 
 
+@pytest.mark.e2e
+@pytest.mark.usefixtures("torch")  # a torch task
 def test_cpu_measure_reports_bandwidth_with_a_null_peak_and_assess_carries_it(tmp_path):
     spec = task_spec(
         "silu_mul",
@@ -464,6 +502,8 @@ def test_cpu_measure_reports_bandwidth_with_a_null_peak_and_assess_carries_it(tm
     assert verdict["fingerprint"]["toolchain"] == "host-python@test"
 
 
+@pytest.mark.e2e
+@pytest.mark.usefixtures("torch")  # a torch task
 def test_bytes_per_call_from_the_spec_wins(tmp_path):
     spec = task_spec(
         "silu_mul", measure={"pairs": 1, "samples": 2, "warmups": 0, "bytes_per_call": 12345}
@@ -474,6 +514,7 @@ def test_bytes_per_call_from_the_spec_wins(tmp_path):
     assert bw["bytes_per_call"] == 12345 and bw["bytes_source"] == "measure.bytes_per_call"
 
 
+@pytest.mark.fast
 def test_calibration_from_another_kind_of_device_does_not_apply():
     assess = _load("assess")
     fp = {"device": "cuda", "gpu_name": "NVIDIA H200", "gpu_uuid": "GPU-1"}
@@ -486,6 +527,7 @@ def test_calibration_from_another_kind_of_device_does_not_apply():
     assert assess._hardware({}) == ()  # older evidence says nothing, matches anything
 
 
+@pytest.mark.fast
 def test_calibration_from_another_cpu_model_does_not_apply():
     """A noise floor measured on another CPU model (say, served from a shared cache) is not
     this host's noise floor."""
@@ -514,6 +556,7 @@ def _gpu_workspace(tmp_path: Path, make_workspace, tasks: tuple[str, ...]) -> Pa
     return ws
 
 
+@pytest.mark.e2e
 @needs_cuda
 @pytest.mark.parametrize("task", ["rmsnorm", "silu_mul"])
 def test_gpu_verdict_builds_for_real_with_cuda_event_timing(tmp_path, make_workspace, build, task):
@@ -552,6 +595,7 @@ def test_gpu_verdict_builds_for_real_with_cuda_event_timing(tmp_path, make_works
     assert samples["device"]["uuid"] == samples["fingerprint"]["gpu_uuid"]
 
 
+@pytest.mark.e2e
 @needs_cuda
 def test_gpu_check_judges_outputs_on_the_device(tmp_path):
     spec = task_spec("silu_mul", device="cuda")

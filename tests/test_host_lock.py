@@ -17,8 +17,6 @@ from eventlog import read_events
 from rsi.host import DEFAULT_HOST_LOCK, HostLock
 
 
-
-
 def _until(condition, what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -90,6 +88,7 @@ def waiter(make_workspace, command, tmp_path):
     )
 
 
+@pytest.mark.fast
 def test_the_suite_uses_a_host_lock_of_its_own():
     path = os.environ.get("RSI_HOST_LOCK")
     assert path and path != DEFAULT_HOST_LOCK
@@ -97,6 +96,7 @@ def test_the_suite_uses_a_host_lock_of_its_own():
     assert HostLock().path == Path(path)
 
 
+@pytest.mark.e2e
 def test_a_build_waiting_for_the_host_lock_says_who_holds_it(build, holder, waiter):
     t0 = time.monotonic()
     run = build(waiter, "//:time", "--lock-timeout", "3", expect=1, timeout=60)
@@ -111,6 +111,7 @@ def test_a_build_waiting_for_the_host_lock_says_who_holds_it(build, holder, wait
     assert f"held by pid {holder.pid}, //:hold (exclusive, since" in run.stderr
 
 
+@pytest.mark.e2e
 def test_a_timing_action_waiting_on_ordinary_actions_names_their_build(build, start_holder, waiter):
     other = start_holder(exclusive=False)
     run = build(waiter, "//:time", "--lock-timeout", "2", expect=1, timeout=60)
@@ -122,6 +123,7 @@ def test_a_timing_action_waiting_on_ordinary_actions_names_their_build(build, st
     assert f"held by pid {other.pid}, //:hold (shared, since" in run.stderr
 
 
+@pytest.mark.e2e
 def test_lock_timeout_fails_the_action_clearly_and_runs_nothing(build, holder, waiter):
     run = build(waiter, "//:time", "--lock-timeout", "1", expect=1, timeout=60)
     [finished] = run.finished()
@@ -133,6 +135,7 @@ def test_lock_timeout_fails_the_action_clearly_and_runs_nothing(build, holder, w
     assert holder.poll() is None  # the holder was never disturbed
 
 
+@pytest.mark.fast
 def test_a_lock_timeout_that_is_not_a_number_of_seconds_is_a_usage_error(run_rsi, waiter):
     for bad in ("-1", "nan", "soon"):
         run = run_rsi(waiter, "build", "//:time", "--lock-timeout", bad)
@@ -140,6 +143,7 @@ def test_a_lock_timeout_that_is_not_a_number_of_seconds_is_a_usage_error(run_rsi
         assert "Traceback" not in run.stderr
 
 
+@pytest.mark.e2e
 def test_ctrl_c_while_waiting_for_the_host_lock_exits_at_once(holder, waiter, rsi_argv):
     events = waiter.parent / "waiter-events.jsonl"
     proc = subprocess.Popen(
@@ -177,6 +181,7 @@ def test_ctrl_c_while_waiting_for_the_host_lock_exits_at_once(holder, waiter, rs
     assert holder.poll() is None
 
 
+@pytest.mark.e2e
 def test_a_waiting_build_goes_on_once_the_holder_is_done(build, holder, waiter):
     import threading
 
@@ -193,6 +198,7 @@ def test_a_waiting_build_goes_on_once_the_holder_is_done(build, holder, waiter):
     assert (waiter / "out" / "t").exists()
 
 
+@pytest.mark.fast
 def test_round_and_campaign_final_take_a_lock_timeout(run_rsi, waiter):
     for args in (("round", "--help"), ("campaign", "final", "--help")):
         run = run_rsi(waiter, *args)

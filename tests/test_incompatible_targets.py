@@ -71,6 +71,7 @@ def _env(ws, accelerators: str) -> dict[str, str]:
     return {"PYTHONPATH": path, "RSI_HOST_ACCELERATORS": accelerators}
 
 
+@pytest.mark.e2e
 def test_a_pattern_skips_targets_needing_a_device_the_host_lacks_and_passes(build, mixed):
     run = build(mixed, "//...", "--keep-going", env=_env(mixed, ""))
     report = run.json()
@@ -92,12 +93,14 @@ def test_a_pattern_skips_targets_needing_a_device_the_host_lacks_and_passes(buil
     assert run.events[-1]["kind"] == "build_finished" and run.events[-1]["ok"] is True
 
 
+@pytest.mark.e2e
 def test_a_pattern_without_keep_going_also_skips_them(build, mixed):
     run = build(mixed, "//...", env=_env(mixed, ""))
     assert run.json()["targets"]["//:gpu"]["skipped"] == "needs cuda"
     assert run.json()["targets"]["//:cpu"]["ok"] is True
 
 
+@pytest.mark.e2e
 def test_the_human_output_lists_skipped_targets_with_the_reason(run_rsi, mixed):
     run = run_rsi(mixed, "build", "//...", env=_env(mixed, ""))
     assert run.returncode == 0, run
@@ -105,6 +108,7 @@ def test_the_human_output_lists_skipped_targets_with_the_reason(run_rsi, mixed):
     assert "//:report: skipped: needs cuda" in run.stdout
 
 
+@pytest.mark.e2e
 def test_naming_a_target_that_needs_a_missing_device_fails_with_the_reason(build, mixed):
     run = build(mixed, "//:gpu", expect=1, env=_env(mixed, ""))
     target = run.json()["targets"]["//:gpu"]
@@ -114,6 +118,7 @@ def test_naming_a_target_that_needs_a_missing_device_fails_with_the_reason(build
     assert not [e for e in run.events if e["kind"] == "action_started" and "gpu" in e["label"]]
 
 
+@pytest.mark.e2e
 def test_naming_a_target_downstream_of_one_fails_even_within_a_pattern(build, mixed):
     run = build(mixed, "//...", "//:report", "--keep-going", expect=1, env=_env(mixed, ""))
     targets = run.json()["targets"]
@@ -122,6 +127,7 @@ def test_naming_a_target_downstream_of_one_fails_even_within_a_pattern(build, mi
     assert targets["//:cpu"]["ok"] is True  # --keep-going: the rest still builds
 
 
+@pytest.mark.e2e
 def test_a_host_that_has_the_device_builds_those_targets(build, mixed):
     run = build(mixed, "//...", env=_env(mixed, "cuda"))
     targets = run.json()["targets"]
@@ -129,6 +135,7 @@ def test_a_host_that_has_the_device_builds_those_targets(build, mixed):
     assert "//:gpu" in run.executed
 
 
+@pytest.mark.e2e
 def test_a_device_model_the_host_lacks_is_named(build, make_workspace, tmp_path):
     ws = make_workspace(
         tmp_path,
@@ -143,6 +150,7 @@ def test_a_device_model_the_host_lacks_is_named(build, make_workspace, tmp_path)
     assert run.json()["targets"]["//:h"]["skipped"] == "needs nvidia-h200"
 
 
+@pytest.mark.fast
 def test_remote_execution_is_not_limited_by_this_hosts_devices() -> None:
     from rsi.build import executor_capabilities
     from rsi.host import host_capabilities

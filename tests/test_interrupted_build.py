@@ -14,7 +14,7 @@ import pytest
 from eventlog import read_events
 from processes import live_pids
 
-
+pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -68,6 +68,7 @@ def drain() -> None:
 # ------------------------------------------------------------------------------ scratch
 
 
+@pytest.mark.e2e
 def test_each_action_gets_a_fresh_empty_scratch_folder(store, executor):
     first = executor.run(sh("touch leftover; mkdir -p junk; echo 1 > o"), store)
     assert first.ok
@@ -77,6 +78,7 @@ def test_each_action_gets_a_fresh_empty_scratch_folder(store, executor):
     assert list(store.tmp.iterdir()) == []
 
 
+@pytest.mark.e2e
 def test_inputs_are_materialised_at_their_paths(store, executor):
     inputs = [
         file_input(store, "pkg/data.txt", b"payload\n"),
@@ -86,12 +88,14 @@ def test_inputs_are_materialised_at_their_paths(store, executor):
     assert output(store, result) == b"payload\nran\n"
 
 
+@pytest.mark.e2e
 def test_symlink_inputs_are_materialised_as_links(store, executor):
     inputs = [file_input(store, "d/real.txt", b"real\n"), ("d/link", SymlinkNode("real.txt"))]
     result = executor.run(sh("readlink d/link > o; cat d/link >> o", inputs=inputs), store)
     assert output(store, result) == b"real.txt\nreal\n"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "inputs,outputs",
     [
@@ -117,6 +121,7 @@ def test_paths_that_could_leave_the_scratch_folder_are_refused(inputs, outputs):
 # ------------------------------------------------------------------------------ read-only
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "input_path,out", [("in.txt", "o"), ("pkg/in.txt", "pkg/o"), ("src/in.txt", "o")]
 )
@@ -139,6 +144,7 @@ def test_writing_to_an_input_fails_and_the_stored_input_is_unchanged(
 # ------------------------------------------------------------------------------ environment
 
 
+@pytest.mark.e2e
 def test_environment_is_cleared_to_the_declared_variables(store, executor, monkeypatch):
     monkeypatch.setenv("RSI_TEST_HOST_SECRET", "leaked")
     result = executor.run(sh("env > o", env=[PATH, ("FOO", "bar")]), store)
@@ -148,6 +154,7 @@ def test_environment_is_cleared_to_the_declared_variables(store, executor, monke
     assert set(env) <= {"PATH", "FOO", "PWD", "SHLVL", "_", "OLDPWD"}
 
 
+@pytest.mark.e2e
 def test_workspace_and_store_are_invisible(store, executor, tmp_path):
     (tmp_path / "host-file").write_text("host")
     script = f"ls {tmp_path} > o 2>&1; ls {store.root} >> o 2>&1; echo done >> o"
@@ -156,6 +163,7 @@ def test_workspace_and_store_are_invisible(store, executor, tmp_path):
     assert "host-file" not in text and "cas" not in text
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="needs /usr/bin/python3")
 def test_no_network_even_to_a_host_listener(store, executor):
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -184,6 +192,7 @@ def test_no_network_even_to_a_host_listener(store, executor):
 # ------------------------------------------------------------------------------ outputs
 
 
+@pytest.mark.e2e
 def test_undeclared_outputs_are_ignored(store, executor):
     marker = uuid.uuid4().hex.encode()
     result = executor.run(sh(f"echo declared > o; echo {marker.decode()} > extra"), store)
@@ -191,17 +200,20 @@ def test_undeclared_outputs_are_ignored(store, executor):
     assert not store.has(digest_bytes(marker + b"\n"))
 
 
+@pytest.mark.e2e
 def test_missing_declared_output_fails_naming_it(store, executor):
     result = executor.run(sh("echo one > o", outputs=["o", "sub/missing.txt"]), store)
     assert not result.ok
     assert "sub/missing.txt" in result.failure and "o," not in result.failure
 
 
+@pytest.mark.e2e
 def test_output_whose_folder_was_replaced_by_a_file_fails_naming_it(store, executor):
     result = executor.run(sh("rmdir sub; echo x > sub", outputs=["sub/o"]), store)
     assert not result.ok and "sub/o" in result.failure
 
 
+@pytest.mark.e2e
 def test_output_executable_bit_is_recorded(store, executor):
     result = executor.run(
         sh("echo '#!/bin/sh' > o; chmod +x o; echo data > d", outputs=["o", "d"]), store
@@ -211,6 +223,7 @@ def test_output_executable_bit_is_recorded(store, executor):
     assert result.output_map["d"].executable is False
 
 
+@pytest.mark.e2e
 def test_stdout_and_stderr_are_kept_in_the_store(store, executor):
     result = executor.run(sh("echo to-out; echo to-err >&2; echo x > o"), store)
     assert store.read_bytes(result.stdout) == b"to-out\n"
@@ -218,6 +231,7 @@ def test_stdout_and_stderr_are_kept_in_the_store(store, executor):
     assert result.host["sandbox"] == "bwrap"
 
 
+@pytest.mark.e2e
 def test_failing_command_reports_its_exit_code_and_keeps_stderr(store, executor):
     result = executor.run(sh("echo why it failed >&2; exit 7", outputs=["o"]), store)
     assert not result.ok and result.exit_code == 7
@@ -241,6 +255,7 @@ def _gone(pid: int, within_s: float = 5) -> bool:
     return False
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sandbox", ["bwrap", "bwrap-per-action", "unshare", "none"])
 def test_timeout_kills_the_whole_tree_including_a_detached_grandchild(store, sandbox):
     from rsi.executors.local import sandbox_mode
@@ -276,6 +291,7 @@ def test_timeout_kills_the_whole_tree_including_a_detached_grandchild(store, san
             os.kill(pid, 9)
 
 
+@pytest.mark.e2e
 def test_an_action_cannot_pass_its_failure_off_as_a_sandbox_fault(store):
     """bwrap reports the child's start on --json-status-fd; text on stderr proves nothing."""
     from rsi.executors.local import sandbox_mode
@@ -298,6 +314,7 @@ def pooled(bwrap) -> LocalExecutor:
     return LocalExecutor(pool=True)
 
 
+@pytest.mark.e2e
 def test_a_reused_slot_passes_nothing_from_one_action_to_the_next(store, pooled, monkeypatch):
     """/tmp, /dev/shm, System V IPC and background processes all end with their action."""
     from rsi.executors import pool
@@ -329,6 +346,7 @@ def test_a_reused_slot_passes_nothing_from_one_action_to_the_next(store, pooled,
     assert len(used) == 3 and used[0] is used[1] is used[2]  # NB: one slot served all three
 
 
+@pytest.mark.e2e
 def test_actions_in_a_slot_run_as_another_uid_and_cannot_touch_the_runner(store, pooled):
     result = pooled.run(
         sh(
@@ -343,6 +361,7 @@ def test_actions_in_a_slot_run_as_another_uid_and_cannot_touch_the_runner(store,
     assert output(store, after) == b"still-serving\n"
 
 
+@pytest.mark.e2e
 def test_a_slot_that_dies_mid_action_is_an_infrastructure_error_and_is_replaced(store, pooled):
     from rsi.errors import ExecutionError
     from rsi.executors import pool
@@ -373,6 +392,7 @@ def test_a_slot_that_dies_mid_action_is_an_infrastructure_error_and_is_replaced(
     assert all(s.alive() for idle in pool.POOL._idle.values() for s in idle)
 
 
+@pytest.mark.e2e
 def test_a_source_changed_after_its_digest_was_taken_is_refused(store, pooled, tmp_path):
     from rsi.errors import ExecutionError
 
@@ -393,6 +413,7 @@ def test_a_source_changed_after_its_digest_was_taken_is_refused(store, pooled, t
     assert output(store, pooled.run(action, store)) == b"as hashed\n"
 
 
+@pytest.mark.fast
 def test_a_small_tmpfs_is_not_used_for_scratch(monkeypatch):
     """Docker's default 64 MiB /dev/shm would fail large outputs; scratch then goes to /tmp."""
     from rsi.executors import pool
@@ -410,6 +431,7 @@ def test_a_small_tmpfs_is_not_used_for_scratch(monkeypatch):
     assert pool.scratch_root() == Path("/somewhere/else")
 
 
+@pytest.mark.e2e
 def test_no_message_queue_key_or_log_state_survives_into_the_next_action(store, pooled):
     """POSIX message queues, the uid's keyrings and the log files the action owned are all
     fresh for the next action of the same slot."""
@@ -449,6 +471,7 @@ def test_no_message_queue_key_or_log_state_survives_into_the_next_action(store, 
     assert store.read_bytes(second.stdout) == b"to-log\n"
 
 
+@pytest.mark.e2e
 def test_actions_get_default_signal_dispositions(store, executor):
     """The runner is Python, which ignores SIGPIPE; an action must not inherit that (a slot
     and a per-action sandbox give the same result)."""
@@ -456,6 +479,7 @@ def test_actions_get_default_signal_dispositions(store, executor):
     assert output(store, result) == b"141\n"
 
 
+@pytest.mark.e2e
 def test_a_slot_outlives_the_thread_that_started_it(store, pooled):
     """bwrap's --die-with-parent follows the starting *thread*; slots must not use it, or a
     worker's per-lease thread (or a build's pool thread) would leave a dying slot behind."""

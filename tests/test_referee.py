@@ -13,15 +13,26 @@ from pathlib import Path
 import pytest
 from harness_support import TASKS, run_harness, task_spec
 
+pytestmark = pytest.mark.e2e
+
 REFEREE = Path(__file__).resolve().parent / "fixtures" / "referee"
 BASELINE = TASKS / "softmax" / "baseline"
 MEASURE = {
     "workload": {"name": "bench", "shape": [64, 1024], "dtype": "float32", "kind": "normal"},
-    "warmups": 2, "samples": 10, "pairs": 30, "seed": 0, "probes": 8, "value_checks": 2,
+    "warmups": 2,
+    "samples": 10,
+    "pairs": 30,
+    "seed": 0,
+    "probes": 8,
+    "value_checks": 2,
 }
-HIDDEN = {"count": 4, "ranges": [
-    {"shape": [[1, 64], [1, 2048]], "dtype": "float32", "kind": "normal"},
-    {"shape": [[2, 48], [2, 512]], "dtype": "float32", "kind": "transposed"}]}
+HIDDEN = {
+    "count": 4,
+    "ranges": [
+        {"shape": [[1, 64], [1, 2048]], "dtype": "float32", "kind": "normal"},
+        {"shape": [[2, 48], [2, 512]], "dtype": "float32", "kind": "transposed"},
+    ],
+}
 
 
 def spec(**overrides) -> dict:
@@ -40,14 +51,23 @@ def _run(script: str, tmp: Path, name: str, args: list[str], spec_doc: dict) -> 
 
 
 def check(tmp: Path, impl: Path, spec_doc: dict | None = None) -> dict:
-    return _run("check.py", tmp, f"check-{impl.name}",
-                ["--task", str(TASKS / "softmax"), "--impl", str(impl)], spec_doc or spec())
+    return _run(
+        "check.py",
+        tmp,
+        f"check-{impl.name}",
+        ["--task", str(TASKS / "softmax"), "--impl", str(impl)],
+        spec_doc or spec(),
+    )
 
 
 def measure(tmp: Path, impl: Path, spec_doc: dict | None = None) -> dict:
-    return _run("measure.py", tmp, f"measure-{impl.name}",
-                ["--task", str(TASKS / "softmax"), "--baseline", str(BASELINE),
-                 "--candidate", str(impl)], spec_doc or spec())
+    return _run(
+        "measure.py",
+        tmp,
+        f"measure-{impl.name}",
+        ["--task", str(TASKS / "softmax"), "--baseline", str(BASELINE), "--candidate", str(impl)],
+        spec_doc or spec(),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -66,18 +86,31 @@ def judge(tmp_path_factory):
         (tmp / "c.json").write_text(json.dumps(cand_check))
         (tmp / "s.json").write_text(json.dumps(samples))
         (tmp / "spec.json").write_text(json.dumps(spec()))
-        verdict = _run("assess.py", tmp, "verdict", [
-            "--samples", str(tmp / "s.json"), "--check", str(tmp / "c.json"),
-            "--baseline-check", str(paths["baseline-check"]),
-            "--calibration", str(paths["calibration"])], spec())
+        verdict = _run(
+            "assess.py",
+            tmp,
+            "verdict",
+            [
+                "--samples",
+                str(tmp / "s.json"),
+                "--check",
+                str(tmp / "c.json"),
+                "--baseline-check",
+                str(paths["baseline-check"]),
+                "--calibration",
+                str(paths["calibration"]),
+            ],
+            spec(),
+        )
         return verdict, cand_check, samples
 
     return run
 
 
 def candidate_median_ns(samples: dict) -> float:
-    return statistics.median(ns for p in samples["pairs"]
-                             for ns in p["arms"]["candidate"]["samples_ns"])
+    return statistics.median(
+        ns for p in samples["pairs"] for ns in p["arms"]["candidate"]["samples_ns"]
+    )
 
 
 def test_patched_clocks_do_not_shorten_the_referees_time(judge):
@@ -144,8 +177,11 @@ def test_special_casing_the_public_shapes_fails_on_hidden_cases(tmp_path):
 
 
 def test_extra_threads_on_a_one_thread_binding_fail(tmp_path):
-    doc = measure(tmp_path, REFEREE / "extra_threads",
-                  spec(measure=dict(MEASURE, pairs=2, samples=3, warmups=1)))
+    doc = measure(
+        tmp_path,
+        REFEREE / "extra_threads",
+        spec(measure=dict(MEASURE, pairs=2, samples=3, warmups=1)),
+    )
     assert doc["status"] == "candidate_invalid"
     assert doc["invalid"]["candidate"][0]["code"] == "cpu_overuse"
     assert not doc["invalid"]["baseline"]

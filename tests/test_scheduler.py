@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.usefixtures("bwrap")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bwrap")]
 
 ALL = {"//:leaf_a", "//:leaf_b", "//:mid", "//:top"}
 

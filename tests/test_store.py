@@ -37,6 +37,7 @@ def _tamper(path: Path, data: bytes | None = None, *, truncate: bool = False) ->
 # ------------------------------------------------------------------------------------ blobs
 
 
+@pytest.mark.fast
 def test_blobs_are_sharded_by_the_first_two_hex_digits(store):
     digest = store.put_bytes(b"hello")
     path = store.blob_path(digest)
@@ -44,11 +45,13 @@ def test_blobs_are_sharded_by_the_first_two_hex_digits(store):
     assert path.read_bytes() == b"hello"
 
 
+@pytest.mark.fast
 def test_put_is_idempotent_and_content_addressed(store):
     assert store.put_bytes(b"x") == store.put_bytes(b"x") == digest_bytes(b"x")
     assert len(list(store.iter_blobs())) == 1
 
 
+@pytest.mark.fast
 def test_put_file_stores_the_content_and_leaves_no_temp_files(store, tmp_path):
     src = tmp_path / "src"
     src.write_bytes(b"payload" * 1000)
@@ -59,6 +62,7 @@ def test_put_file_stores_the_content_and_leaves_no_temp_files(store, tmp_path):
     assert not [p for p in store.root.rglob(".tmp-*")]
 
 
+@pytest.mark.fast
 def test_file_blobs_are_read_only(store):
     file_digest = store.put_file(_write(store.root.parent / "f", b"frozen2"))
     assert os.stat(store.blob_path(file_digest)).st_mode & 0o222 == 0
@@ -69,6 +73,7 @@ def _write(path: Path, data: bytes) -> Path:
     return path
 
 
+@pytest.mark.fast
 def test_failed_write_leaves_no_entry_and_no_temp_file(store, monkeypatch):
     def no_space(fd):
         raise OSError(28, "No space left on device")
@@ -80,6 +85,7 @@ def test_failed_write_leaves_no_entry_and_no_temp_file(store, monkeypatch):
     assert not [p for p in store.root.rglob(".tmp-*")]
 
 
+@pytest.mark.fast
 def test_failed_file_write_leaves_no_entry_and_no_temp_file(store, tmp_path, monkeypatch):
     src = _write(tmp_path / "src", b"never stored either")
 
@@ -94,6 +100,7 @@ def test_failed_file_write_leaves_no_entry_and_no_temp_file(store, tmp_path, mon
     assert src.read_bytes() == b"never stored either"
 
 
+@pytest.mark.fast
 def test_copy_cut_short_by_a_full_disk_leaves_no_temp_file(store, tmp_path, monkeypatch):
     src = _write(tmp_path / "src", b"a big file" * 200_000)  # NB: over 1 MiB: copied, not read
 
@@ -108,6 +115,7 @@ def test_copy_cut_short_by_a_full_disk_leaves_no_temp_file(store, tmp_path, monk
     assert list(store.iter_blobs()) == []
 
 
+@pytest.mark.fast
 def test_truncated_blob_is_detected_on_read_and_removed(store):
     digest = store.put_bytes(b"some content")
     _tamper(store.blob_path(digest), truncate=True)
@@ -116,6 +124,7 @@ def test_truncated_blob_is_detected_on_read_and_removed(store):
     assert not store.blob_path(digest).exists()
 
 
+@pytest.mark.fast
 def test_altered_blob_of_the_same_size_is_never_served(store, tmp_path):
     digest = store.put_file(_write(tmp_path / "src", b"original"))
     assert store.has_verified(digest)
@@ -126,11 +135,13 @@ def test_altered_blob_of_the_same_size_is_never_served(store, tmp_path):
     assert not store.blob_path(digest).exists()
 
 
+@pytest.mark.fast
 def test_missing_blob_is_a_corrupt_entry_error(store):
     with pytest.raises(CorruptEntry, match="missing"):
         store.read_bytes(digest_bytes(b"never put"))
 
 
+@pytest.mark.fast
 def test_store_refuses_a_different_digest_function(tmp_path):
     LocalStore(tmp_path / "s", "blake3")
     with pytest.raises(StoreError, match="sha256"):
@@ -141,10 +152,15 @@ def test_store_refuses_a_different_digest_function(tmp_path):
 
 
 def _result(store: LocalStore, data: bytes = b"out") -> ActionResult:
-    return ActionResult(exit_code=0, outputs=(OutputFile("out", store.put_bytes(data)),),
-                        stdout=store.put_bytes(b""), stderr=store.put_bytes(b""))
+    return ActionResult(
+        exit_code=0,
+        outputs=(OutputFile("out", store.put_bytes(data)),),
+        stdout=store.put_bytes(b""),
+        stderr=store.put_bytes(b""),
+    )
 
 
+@pytest.mark.fast
 def test_action_result_round_trips(store):
     key = digest_bytes(b"key")
     result = _result(store)
@@ -154,10 +170,12 @@ def test_action_result_round_trips(store):
     assert got is not None and got.to_json() == result.to_json()
 
 
+@pytest.mark.fast
 def test_unknown_action_key_is_a_miss(store):
     assert store.get_action_result(digest_bytes(b"nothing")) is None
 
 
+@pytest.mark.fast
 def test_altered_action_result_is_detected_removed_and_a_miss(store):
     key = digest_bytes(b"key")
     store.put_action_result(key, _result(store))
@@ -170,6 +188,7 @@ def test_altered_action_result_is_detected_removed_and_a_miss(store):
     assert str(key) in store.corrupt_seen
 
 
+@pytest.mark.fast
 def test_truncated_action_result_is_a_miss(store):
     key = digest_bytes(b"key")
     store.put_action_result(key, _result(store))
@@ -177,6 +196,7 @@ def test_truncated_action_result_is_a_miss(store):
     assert store.get_action_result(key) is None
 
 
+@pytest.mark.fast
 def test_action_result_whose_output_blob_is_corrupt_is_a_miss(store):
     key = digest_bytes(b"key")
     result = _result(store, b"output bytes")
@@ -192,13 +212,21 @@ def test_action_result_whose_output_blob_is_corrupt_is_a_miss(store):
 @pytest.fixture
 def chain_ws(command, make_workspace, tmp_path):
     """gen (upper-cases in.txt) -> use (gen twice)."""
-    return make_workspace(tmp_path, {
-        "in.txt": "input\n",
-        "BUILD.toml": command("gen", cmd="tr a-z A-Z < $(SRCS) > $(OUT)", srcs=["in.txt"],
-                              outs=["gen.txt"])
-        + command("use", cmd="cat $(location :gen) $(location :gen) > $(OUT)", deps=[":gen"],
-                  outs=["use.txt"]),
-    })
+    return make_workspace(
+        tmp_path,
+        {
+            "in.txt": "input\n",
+            "BUILD.toml": command(
+                "gen", cmd="tr a-z A-Z < $(SRCS) > $(OUT)", srcs=["in.txt"], outs=["gen.txt"]
+            )
+            + command(
+                "use",
+                cmd="cat $(location :gen) $(location :gen) > $(OUT)",
+                deps=[":gen"],
+                outs=["use.txt"],
+            ),
+        },
+    )
 
 
 def _output_blob(store_root: Path, content: bytes) -> Path:
@@ -206,9 +234,14 @@ def _output_blob(store_root: Path, content: bytes) -> Path:
     return store_root / "cas" / digest.hash[:2] / digest.hash
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("how", ["truncate", "alter"])
 def test_corrupt_output_blob_is_never_served_and_is_rebuilt(
-    build, chain_ws, run_rsi, bwrap, how,
+    build,
+    chain_ws,
+    run_rsi,
+    bwrap,
+    how,
 ):
     ws = chain_ws
     build(ws, "//:use")
@@ -224,6 +257,7 @@ def test_corrupt_output_blob_is_never_served_and_is_rebuilt(
     assert run_rsi(ws, "cache", "verify").returncode == 0
 
 
+@pytest.mark.e2e
 def test_altered_action_result_is_rebuilt(build, chain_ws, bwrap):
     ws = chain_ws
     first = build(ws, "//:use")
@@ -240,6 +274,7 @@ def test_altered_action_result_is_rebuilt(build, chain_ws, bwrap):
     assert (ws / "out" / "use.txt").read_text() == "INPUT\nINPUT\n"
 
 
+@pytest.mark.e2e
 def test_cache_verify_reports_corruption_then_clean(build, chain_ws, run_rsi, bwrap):
     ws = chain_ws
     first = build(ws, "//:use")
@@ -259,18 +294,39 @@ def test_cache_verify_reports_corruption_then_clean(build, chain_ws, run_rsi, bw
     assert rebuilt.executed == {"//:gen", "//:use"}
 
 
+@pytest.mark.e2e
 def test_concurrent_builds_on_one_store_corrupt_nothing(
-    build, command, make_workspace, rsi_argv, run_rsi, tmp_path, bwrap,
+    build,
+    command,
+    make_workspace,
+    rsi_argv,
+    run_rsi,
+    tmp_path,
+    bwrap,
 ):
-    files = {"BUILD.toml": "".join(
-        command(f"t{i}", cmd=f"sleep 0.1; seq {i} 400 > $(OUT)", outs=[f"t{i}.txt"])
-        for i in range(6)
-    ) + command("all", cmd="cat $(SRCS) " + " ".join(f"$(location :t{i})" for i in range(6))
-                + " > $(OUT)", deps=[f":t{i}" for i in range(6)], outs=["all.txt"])}
+    files = {
+        "BUILD.toml": "".join(
+            command(f"t{i}", cmd=f"sleep 0.1; seq {i} 400 > $(OUT)", outs=[f"t{i}.txt"])
+            for i in range(6)
+        )
+        + command(
+            "all",
+            cmd="cat $(SRCS) " + " ".join(f"$(location :t{i})" for i in range(6)) + " > $(OUT)",
+            deps=[f":t{i}" for i in range(6)],
+            outs=["all.txt"],
+        )
+    }
     ws = make_workspace(tmp_path, files)
-    procs = [subprocess.Popen([*rsi_argv, "build", "--jobs", "2", "//:all"], cwd=ws,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [*rsi_argv, "build", "--jobs", "2", "//:all"],
+            cwd=ws,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     verify = run_rsi(ws, "cache", "verify")

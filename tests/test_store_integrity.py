@@ -60,6 +60,7 @@ def _user_files(folder: Path) -> None:
     (folder / "thesis.tex").write_text("\\documentclass{article}\n")
 
 
+@pytest.mark.e2e
 def test_store_set_to_the_workspace_root_is_refused_exit_2_and_nothing_is_lost(
     build, make_workspace, tmp_path, two_targets
 ):
@@ -73,6 +74,7 @@ def test_store_set_to_the_workspace_root_is_refused_exit_2_and_nothing_is_lost(
     assert _tree(ws) == before  # nothing deleted, nothing written (no STORE.json, no out/)
 
 
+@pytest.mark.e2e
 def test_store_above_the_workspace_is_refused(build, make_workspace, tmp_path, two_targets):
     ws = make_workspace(tmp_path, {"BUILD.toml": two_targets}, config='[workspace]\nstore = ".."\n')
     before = _tree(tmp_path)
@@ -82,6 +84,7 @@ def test_store_above_the_workspace_is_refused(build, make_workspace, tmp_path, t
     assert {k: v for k, v in _tree(tmp_path).items() if not k.startswith("events-")} == before
 
 
+@pytest.mark.e2e
 def test_store_folder_holding_other_files_is_refused_by_every_command_and_nothing_is_lost(
     build, make_workspace, run_rsi, tmp_path, two_targets
 ):
@@ -102,6 +105,7 @@ def test_store_folder_holding_other_files_is_refused_by_every_command_and_nothin
     assert _tree(ws) == before
 
 
+@pytest.mark.e2e
 def test_store_option_naming_a_folder_with_files_is_refused_naming_the_option(
     build, make_workspace, tmp_path, two_targets
 ):
@@ -115,6 +119,7 @@ def test_store_option_naming_a_folder_with_files_is_refused_naming_the_option(
     assert _tree(other) == before
 
 
+@pytest.mark.e2e
 def test_store_of_another_rsi_version_is_refused(build, make_workspace, tmp_path, two_targets):
     ws = make_workspace(tmp_path, {"BUILD.toml": two_targets})
     (ws / "cache").mkdir()
@@ -123,6 +128,7 @@ def test_store_of_another_rsi_version_is_refused(build, make_workspace, tmp_path
     assert "rsi.store/9" in run.stderr and "field 'store'" in run.stderr
 
 
+@pytest.mark.e2e
 def test_empty_folder_a_placeholder_folder_and_an_existing_store_are_all_used(
     build, make_workspace, tmp_path, two_targets
 ):
@@ -140,6 +146,7 @@ def test_empty_folder_a_placeholder_folder_and_an_existing_store_are_all_used(
     assert build(ws, "//:b", store=empty).executed == {"//:b"}
 
 
+@pytest.mark.fast
 def test_local_store_itself_refuses_a_folder_with_files_exit_2(tmp_path):
     """Every way in (a worker, a script) gets the same refusal, not only the CLI."""
     _user_files(tmp_path / "x")
@@ -150,6 +157,7 @@ def test_local_store_itself_refuses_a_folder_with_files_exit_2(tmp_path):
     assert _tree(tmp_path / "x") == before
 
 
+@pytest.mark.fast
 def test_a_folder_claimed_by_another_writer_is_a_store_the_first_local_store_adopts(tmp_path):
     """Toolchain builds write `<store>/toolchains/` without a LocalStore: they claim the
     folder first, so the store they leave is recognised (and a folder with files refused)."""
@@ -164,6 +172,7 @@ def test_a_folder_claimed_by_another_writer_is_a_store_the_first_local_store_ado
     assert store.has(store.put_bytes(b"kept"))
 
 
+@pytest.mark.fast
 def test_a_campaign_log_written_before_any_build_leaves_a_store_rsi_accepts(tmp_path):
     """`rsi campaign stop` may be the first command in a workspace: its log must not leave a
     store folder that every later command refuses; nor may it write into a user's folder."""
@@ -193,6 +202,7 @@ def _shared(make_workspace, tmp_path, name: str, build_toml: str, files=None) ->
     )
 
 
+@pytest.mark.e2e
 def test_gc_in_one_workspace_keeps_what_another_workspace_sharing_the_store_uses(
     build, command, make_workspace, run_rsi, tmp_path
 ):
@@ -222,6 +232,7 @@ def test_gc_in_one_workspace_keeps_what_another_workspace_sharing_the_store_uses
     assert again.executed == set() and again.cached == {"//:y", "//:z"}
 
 
+@pytest.mark.e2e
 def test_gc_keeps_another_clone_s_results_for_the_same_labels(
     build, command, make_workspace, run_rsi, tmp_path
 ):
@@ -240,6 +251,7 @@ def test_gc_keeps_another_clone_s_results_for_the_same_labels(
         assert (ws / "out" / "up.txt").read_text() == text
 
 
+@pytest.mark.e2e
 def test_gc_drops_the_roots_of_a_workspace_whose_folder_is_gone_and_says_so(
     build, command, make_workspace, run_rsi, tmp_path
 ):
@@ -326,6 +338,7 @@ def big_output_ws(command, make_workspace, tmp_path):
     )
 
 
+@pytest.mark.e2e
 def test_kill_9_during_a_large_copy_leaves_nothing_readers_trip_on_and_gc_removes_it(
     big_output_ws, build, run_rsi, tmp_path, bwrap
 ):
@@ -352,6 +365,7 @@ def test_kill_9_during_a_large_copy_leaves_nothing_readers_trip_on_and_gc_remove
     assert (ws / "out" / "big.bin").read_bytes() == b"\0" * 1500000
 
 
+@pytest.mark.e2e
 def test_kill_9_during_a_large_copy_is_cleaned_by_the_next_build(
     big_output_ws, build, run_rsi, tmp_path, bwrap
 ):
@@ -363,6 +377,7 @@ def test_kill_9_during_a_large_copy_is_cleaned_by_the_next_build(
     assert run_rsi(ws, "cache", "verify").returncode == 0
 
 
+@pytest.mark.e2e
 def test_temporaries_an_older_rsi_left_in_cas_and_ac_are_invisible_and_gc_removes_them(
     build, make_workspace, run_rsi, tmp_path, two_targets
 ):
@@ -391,6 +406,7 @@ def test_temporaries_an_older_rsi_left_in_cas_and_ac_are_invisible_and_gc_remove
     assert build(ws, "//...").cached == {"//:a", "//:b"}
 
 
+@pytest.mark.fast
 def test_a_killed_writer_never_leaves_a_temporary_where_readers_list(tmp_path, monkeypatch):
     """put_file's copy and every atomic write land under tmp/, never in cas/ or ac/."""
     store = LocalStore(tmp_path / "s")
@@ -418,6 +434,7 @@ def _result(store: LocalStore, data: bytes) -> ActionResult:
     return ActionResult(exit_code=0, outputs=(OutputFile("out", store.put_bytes(data)),))
 
 
+@pytest.mark.fast
 def test_swapped_action_cache_entries_are_neither_served(tmp_path):
     store = LocalStore(tmp_path / "s")
     k1, k2 = digest_bytes(b"one"), digest_bytes(b"two")
@@ -431,6 +448,7 @@ def test_swapped_action_cache_entries_are_neither_served(tmp_path):
     assert {str(k1), str(k2)} <= set(store.corrupt_seen)
 
 
+@pytest.mark.e2e
 def test_swapped_action_cache_entries_are_reported_by_verify_and_rebuilt_correctly(
     build, make_workspace, run_rsi, tmp_path, two_targets
 ):
@@ -454,6 +472,7 @@ def test_swapped_action_cache_entries_are_reported_by_verify_and_rebuilt_correct
     assert (ws / "out" / "b.txt").read_text() == "beta\n"
 
 
+@pytest.mark.e2e
 def test_action_cache_entry_in_the_older_format_is_a_miss_never_served(
     build, make_workspace, run_rsi, tmp_path, two_targets
 ):
@@ -493,6 +512,7 @@ _NO_SPACE_CLI = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_gc_that_cannot_write_for_a_full_disk_is_a_clear_error_and_deletes_nothing_half(
     build, make_workspace, run_rsi, tmp_path, two_targets
 ):
@@ -540,6 +560,7 @@ def fill(folder: Path) -> Path:
     return filler
 
 
+@pytest.mark.e2e
 def test_gc_on_a_really_full_disk_runs_without_a_traceback_and_keeps_the_store_whole(
     build, make_workspace, run_rsi, small_tmpfs, tmp_path, two_targets
 ):

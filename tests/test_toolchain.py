@@ -36,6 +36,7 @@ def _numpy_doc() -> dict:
 # ------------------------------------------------------------------------------ declarations
 
 
+@pytest.mark.fast
 def test_declarations_hold_numpy_and_torch_toolchains() -> None:
     recipes = load_declarations(DECLARATIONS)
     assert {"numpy", "torch-cpu"} <= set(recipes)
@@ -44,6 +45,7 @@ def test_declarations_hold_numpy_and_torch_toolchains() -> None:
     assert all(len(w.sha256) == 64 for r in recipes.values() for w in r.wheels)
 
 
+@pytest.mark.fast
 def test_recipe_digest_ignores_description_and_declaring_file() -> None:
     doc = _numpy_doc()
     a = recipe_from_dict(doc, name="numpy", file=str(DECLARATIONS))
@@ -51,6 +53,7 @@ def test_recipe_digest_ignores_description_and_declaring_file() -> None:
     assert a.digest() == b.digest()
 
 
+@pytest.mark.fast
 def test_recipe_digest_changes_with_a_wheel_pin_or_a_package() -> None:
     doc = _numpy_doc()
     base = recipe_from_dict(doc, name="numpy").digest()
@@ -60,6 +63,7 @@ def test_recipe_digest_changes_with_a_wheel_pin_or_a_package() -> None:
     assert recipe_from_dict(more, name="numpy").digest() != base
 
 
+@pytest.mark.fast
 def test_bad_wheel_pin_names_the_field(tmp_path: Path) -> None:
     bad = tmp_path / "BUILD.toml"
     bad.write_text(
@@ -71,6 +75,7 @@ def test_bad_wheel_pin_names_the_field(tmp_path: Path) -> None:
     assert "wheels[0]" in str(err.value) and "sha256" in str(err.value)
 
 
+@pytest.mark.fast
 def test_unknown_toolchain_name_lists_the_declared_ones() -> None:
     with pytest.raises(DeclarationError) as err:
         load_recipe(DECLARATIONS, "nope")
@@ -80,6 +85,7 @@ def test_unknown_toolchain_name_lists_the_declared_ones() -> None:
 # --------------------------------------------------------------------------------- locks
 
 
+@pytest.mark.fast
 def test_lock_diff_names_each_moved_package() -> None:
     old = {"deb:python3": "3.11.2-1", "wheel:numpy": "2.4.6", "deb:less": "590-2"}
     new = {"deb:python3": "3.11.2-1+b1", "wheel:numpy": "2.4.6", "wheel:torch": "2.13.0"}
@@ -91,6 +97,7 @@ def test_lock_diff_names_each_moved_package() -> None:
     assert not diff_locks(old, dict(old))
 
 
+@pytest.mark.fast
 def test_lock_text_round_trips() -> None:
     lock = {"deb:python3": "3.11.2-1+b1", "wheel:numpy": "2.4.6"}
     assert parse_lock(format_lock(lock)) == lock
@@ -110,6 +117,7 @@ def _make_tree(root: Path, order: list[str], mtime: float) -> None:
         os.utime(path, (mtime, mtime), follow_symlinks=False)
 
 
+@pytest.mark.fast
 def test_rootfs_tar_is_byte_identical_whatever_the_mtimes_and_creation_order(
     tmp_path: Path,
 ) -> None:
@@ -130,6 +138,7 @@ def test_rootfs_tar_is_byte_identical_whatever_the_mtimes_and_creation_order(
     assert next(m for m in members if m.name == "hard").islnk()
 
 
+@pytest.mark.fast
 def test_image_id_follows_the_rootfs_tar_and_nothing_else() -> None:
     env = {"PATH": "/usr/bin"}
     a = image_config("numpy", "a" * 64, "b" * 64, EPOCH, env)
@@ -144,6 +153,7 @@ def test_image_id_follows_the_rootfs_tar_and_nothing_else() -> None:
 # --------------------------------------------------------------------------- real builds
 
 
+@pytest.mark.e2e
 def test_built_toolchain_carries_its_lock_in_the_image_and_beside_the_store_entry() -> None:
     info = built_toolchain("numpy")
     assert info.platform_value == f"numpy@{info.rootfs.hash}"
@@ -164,6 +174,7 @@ def test_built_toolchain_carries_its_lock_in_the_image_and_beside_the_store_entr
     assert bad == []
 
 
+@pytest.mark.e2e
 def test_unchanged_recipe_is_reused_not_rebuilt() -> None:
     info = built_toolchain("numpy")
     started = time.monotonic()
@@ -173,6 +184,7 @@ def test_unchanged_recipe_is_reused_not_rebuilt() -> None:
     assert (toolchains_root(test_store_dir()) / info.recipe_digest / "rootfs.tar").exists()
 
 
+@pytest.mark.e2e
 def test_rebuilding_from_scratch_gives_the_same_digests(tmp_path: Path) -> None:
     info = built_toolchain("numpy")
     fresh = build(DECLARATIONS, tmp_path / "store", name="numpy", write_lock=False, force=True)
@@ -183,6 +195,7 @@ def test_rebuilding_from_scratch_gives_the_same_digests(tmp_path: Path) -> None:
     assert fresh.lock == info.lock
 
 
+@pytest.mark.e2e
 def test_moved_package_gives_a_new_digest_and_names_what_changed() -> None:
     info = built_toolchain("numpy")
     doc = _numpy_doc()
@@ -207,6 +220,7 @@ def test_moved_package_gives_a_new_digest_and_names_what_changed() -> None:
     assert moved.changes.packages == ["wheel:numpy"]
 
 
+@pytest.mark.e2e
 def test_torch_toolchain_pins_torch_cpu_and_numpy() -> None:
     info = built_toolchain("torch-cpu")
     assert info.lock["wheel:torch"] == "2.13.0+cpu"

@@ -23,6 +23,9 @@ RECIPE_SCHEMA = "rsi.toolchain.recipe/1"
 BUILDER_VERSION = "1"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_WHEEL_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+!-]*\.whl$")
+_WHEEL_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+_WHEEL_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
 DEFAULT_ENV = (
     ("LANG", "C.UTF-8"),
     ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
@@ -146,6 +149,18 @@ def recipe_from_dict(
             )
         if not str(w["file"]).endswith(".whl"):
             raise DeclarationError("file must be a .whl file name", field=f, **where)
+        if not _WHEEL_FILE.match(str(w["file"])):
+            # NB: the file is looked up, written and (on a bad hash) deleted in the download
+            # cache by this name: a folder, '..' or an absolute path would reach the host
+            raise DeclarationError(
+                f"file {w['file']!r} must be a plain file name (no folder, no '..', not absolute)",
+                field=f,
+                **where,
+                hint="name the wheel as pip downloads it, e.g. numpy-2.4.6-cp311-...whl",
+            )
+        for key, pattern in (("name", _WHEEL_NAME), ("version", _WHEEL_VERSION)):
+            if not pattern.match(str(w[key])):
+                raise DeclarationError(f"{key} {w[key]!r} is not a wheel {key}", field=f, **where)
         wheels.append(Wheel(str(w["name"]), str(w["version"]), str(w["file"]), str(w["sha256"])))
     epoch = doc.get("source_date_epoch", 1735689600)
     if not isinstance(epoch, int) or epoch <= 0:

@@ -106,19 +106,51 @@ class Postgres:
         data = self.root / "data"
         run = _pg_user()
         _run(
-            [*run, str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-U", "bgd",
-             "--no-sync", "-E", "UTF8"],
+            [
+                *run,
+                str(PG_BIN / "initdb"),
+                "-D",
+                str(data),
+                "-A",
+                "trust",
+                "-U",
+                "bgd",
+                "--no-sync",
+                "-E",
+                "UTF8",
+            ],
         )
         self.port = free_port()
         opts = f"-h 127.0.0.1 -p {self.port} -k {self.root} -F -c fsync=off"
         _run(
-            [*run, str(PG_BIN / "pg_ctl"), "-D", str(data), "-o", opts,
-             "-l", str(self.root / "postgres.log"), "-w", "-t", "30", "start"],
+            [
+                *run,
+                str(PG_BIN / "pg_ctl"),
+                "-D",
+                str(data),
+                "-o",
+                opts,
+                "-l",
+                str(self.root / "postgres.log"),
+                "-w",
+                "-t",
+                "30",
+                "start",
+            ],
         )
         self._started = True
         _run(
-            [*run, str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(self.port),
-             "-U", "bgd", "bgd"],
+            [
+                *run,
+                str(PG_BIN / "createdb"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "bgd",
+                "bgd",
+            ],
         )
         _run([str(BGD), "migrate", "apply", self.url])
         return self
@@ -126,9 +158,18 @@ class Postgres:
     def stop(self) -> None:
         if self._started:
             subprocess.run(
-                [*_pg_user(), str(PG_BIN / "pg_ctl"), "-D", str(self.root / "data"),
-                 "-m", "immediate", "-w", "stop"],
-                capture_output=True, check=False,
+                [
+                    *_pg_user(),
+                    str(PG_BIN / "pg_ctl"),
+                    "-D",
+                    str(self.root / "data"),
+                    "-m",
+                    "immediate",
+                    "-w",
+                    "stop",
+                ],
+                capture_output=True,
+                check=False,
             )
             self._started = False
 
@@ -169,7 +210,10 @@ class BuildGridServer:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 [str(BGD), "server", "start", str(config)],
-                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.workdir,
                 start_new_session=True,
             )
         try:

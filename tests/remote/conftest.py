@@ -23,8 +23,9 @@ def _ensure_buildgrid() -> None:
     if servers.BGD.exists():
         return
     if os.environ.get("RSI_BUILDGRID_AUTOINSTALL", "1") == "1":
-        subprocess.run(["bash", str(ROOT / "scripts/buildgrid/setup.sh")], capture_output=True,
-                       check=False)
+        subprocess.run(
+            ["bash", str(ROOT / "scripts/buildgrid/setup.sh")], capture_output=True, check=False
+        )
     if not servers.BGD.exists():
         reason = f"BuildGrid is not installed at {servers.BGD} (run scripts/buildgrid/setup.sh)"
         if os.environ.get("RSI_REQUIRE_BUILDGRID") == "1":
@@ -56,8 +57,12 @@ def worker(exec_server, tmp_path_factory):
     from rsi.worker import Worker
 
     events: list[dict] = []
-    bot = Worker(exec_server.url, tmp_path_factory.mktemp("worker"), on_event=events.append,
-                 poll_timeout_s=5.0)
+    bot = Worker(
+        exec_server.url,
+        tmp_path_factory.mktemp("worker"),
+        on_event=events.append,
+        poll_timeout_s=5.0,
+    )
     stop = threading.Event()
     thread = threading.Thread(target=bot.run, args=(stop,), daemon=True)
     thread.start()

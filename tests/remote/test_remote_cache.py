@@ -14,6 +14,8 @@ from rsi.remote import RemoteCache, RemoteConfig, RemoteSession
 from rsi.remote.client import DigestFunctionMismatch, RemoteClient
 from rsi.store import LocalStore
 
+pytestmark = pytest.mark.e2e
+
 
 def _diamond(url: str) -> dict:
     return {

@@ -16,6 +16,8 @@ from rsi.executors.local import LocalExecutor, host_python_identity
 from rsi.remote import RemoteConfig, RemoteExecutor, RemoteSession, UnmetPlatform
 from rsi.store import LocalStore
 
+pytestmark = pytest.mark.e2e
+
 CHECK = b"""
 import json, sys
 got = open("candidate/out.txt").read().split()
@@ -35,9 +37,14 @@ def test_command_action_runs_on_a_worker(exec_server, worker, tmp_path):
     store = LocalStore(tmp_path / "s", "sha256")
     events: list = []
     node = FileNode(store.put_bytes(b"remote input\n"))
-    action = Action(argv=("sh", "-c", "tr a-z A-Z < in.txt > out/up.txt; echo ran"),
-                    inputs=(("in.txt", node),), outputs=("out/up.txt",),
-                    platform=(("toolchain", "host"),), digest_function="sha256", label="//r:cmd")
+    action = Action(
+        argv=("sh", "-c", "tr a-z A-Z < in.txt > out/up.txt; echo ran"),
+        inputs=(("in.txt", node),),
+        outputs=("out/up.txt",),
+        platform=(("toolchain", "host"),),
+        digest_function="sha256",
+        label="//r:cmd",
+    )
     result = _executor(exec_server.url, store, events, queue_timeout_s=30).run(action, store)
     assert result.ok, result
     assert store.read_bytes(result.outputs[0].digest) == b"REMOTE INPUT\n"
@@ -47,28 +54,39 @@ def test_command_action_runs_on_a_worker(exec_server, worker, tmp_path):
     assert any(e["event"] == "worker.lease" and e["exit_code"] == 0 for e in worker.events)
 
 
-def test_check_action_runs_on_a_worker_with_the_host_python_toolchain(exec_server, worker,
-                                                                       tmp_path):
+def test_check_action_runs_on_a_worker_with_the_host_python_toolchain(
+    exec_server, worker, tmp_path
+):
     store = LocalStore(tmp_path / "s", "sha256")
     inputs = (
         ("check.py", FileNode(store.put_bytes(CHECK))),
         ("candidate/out.txt", FileNode(store.put_bytes(b"1 2 3\n"))),
         ("oracle/expected.txt", FileNode(store.put_bytes(b"1 2 3\n"))),
     )
-    action = Action(argv=("python3", "check.py"), inputs=inputs, outputs=("verdict.json",),
-                    platform=(("toolchain", host_python_identity()),), digest_function="sha256",
-                    label="//r:check")
+    action = Action(
+        argv=("python3", "check.py"),
+        inputs=inputs,
+        outputs=("verdict.json",),
+        platform=(("toolchain", host_python_identity()),),
+        digest_function="sha256",
+        label="//r:check",
+    )
     result = _executor(exec_server.url, store, [], queue_timeout_s=30).run(action, store)
     assert result.ok, store.read_bytes(result.stderr)
     verdict = json.loads(store.read_bytes(result.outputs[0].digest))
     assert verdict == {"verdict": "PASS", "compared": 3}
 
 
-def test_job_needing_an_accelerator_nobody_offers_fails_at_its_deadline(exec_server, worker,
-                                                                        tmp_path):
+def test_job_needing_an_accelerator_nobody_offers_fails_at_its_deadline(
+    exec_server, worker, tmp_path
+):
     store = LocalStore(tmp_path / "s", "sha256")
-    action = Action(argv=("true",), platform=(("accelerator", "nvidia-b300"),),
-                    digest_function="sha256", label="//r:gpu")
+    action = Action(
+        argv=("true",),
+        platform=(("accelerator", "nvidia-b300"),),
+        digest_function="sha256",
+        label="//r:gpu",
+    )
     executor = _executor(exec_server.url, store, [], queue_timeout_s=3)
     t0 = time.monotonic()
     with pytest.raises(UnmetPlatform) as caught:
@@ -78,8 +96,9 @@ def test_job_needing_an_accelerator_nobody_offers_fails_at_its_deadline(exec_ser
     assert "accelerator=nvidia-b300" in message and "no worker" in message
 
 
-def test_unregistered_platform_property_is_refused_with_the_servers_reason(exec_server, worker,
-                                                                           tmp_path):
+def test_unregistered_platform_property_is_refused_with_the_servers_reason(
+    exec_server, worker, tmp_path
+):
     from rsi.errors import RemoteError
 
     store = LocalStore(tmp_path / "s", "sha256")
@@ -91,24 +110,32 @@ def test_unregistered_platform_property_is_refused_with_the_servers_reason(exec_
 def test_server_down_with_fallback_runs_locally_and_warns(tmp_path):
     store = LocalStore(tmp_path / "s", "sha256")
     events: list = []
-    config = RemoteConfig("grpc://127.0.0.1:9", mode="execute", fallback="local",
-                          connect_timeout_s=1)
-    executor = RemoteExecutor(RemoteSession(config, store, events.append),
-                              fallback=LocalExecutor())
-    action = Action(argv=("sh", "-c", "echo local > o.txt"), outputs=("o.txt",),
-                    digest_function="sha256")
+    config = RemoteConfig(
+        "grpc://127.0.0.1:9", mode="execute", fallback="local", connect_timeout_s=1
+    )
+    executor = RemoteExecutor(RemoteSession(config, store, events.append), fallback=LocalExecutor())
+    action = Action(
+        argv=("sh", "-c", "echo local > o.txt"), outputs=("o.txt",), digest_function="sha256"
+    )
     result = executor.run(action, store)
     assert result.ok and result.executor == "local"
     assert events[0]["event"] == "remote.warning" and "unreachable" in events[0]["message"]
 
 
 def test_cli_build_with_remote_executor_runs_on_the_worker(exec_server, worker, tmp_path):
-    ws = make_workspace(tmp_path, {
-        "in/a.txt": "alpha\n",
-        "BUILD.toml": command("up", cmd="tr a-z A-Z < $(SRCS) > $(OUT)", srcs=["in/a.txt"],
-                              outs=["a.out"]),
-    }, config=(f'[workspace]\ndigest_function = "sha256"\nremote = "{exec_server.url}"\n'
-               'remote_mode = "execute"\nexecutor = "remote"\n'))
+    ws = make_workspace(
+        tmp_path,
+        {
+            "in/a.txt": "alpha\n",
+            "BUILD.toml": command(
+                "up", cmd="tr a-z A-Z < $(SRCS) > $(OUT)", srcs=["in/a.txt"], outs=["a.out"]
+            ),
+        },
+        config=(
+            f'[workspace]\ndigest_function = "sha256"\nremote = "{exec_server.url}"\n'
+            'remote_mode = "execute"\nexecutor = "remote"\n'
+        ),
+    )
     before = len(worker.events)
     run = build(ws, "//:up")
     assert run.executed == {"//:up"}

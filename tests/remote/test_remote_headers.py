@@ -16,6 +16,8 @@ from rsi.remote._proto.build.bazel.remote.execution.v2 import (
 )
 from rsi.remote.client import HEADERS_ENV, RemoteClient, remote_headers
 
+pytestmark = pytest.mark.e2e
+
 
 class _Capabilities(re_grpc.CapabilitiesServicer):
     """A real gRPC server on loopback that answers Capabilities and records the metadata."""
