@@ -15,6 +15,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +101,42 @@ def _union(*groups: tuple[Artifact, ...]) -> tuple[Artifact, ...]:
 
 def campaign_dir(store_root: str | os.PathLike, label: Label | str) -> Path:
     return Path(store_root) / "campaigns" / hashlib.sha256(str(label).encode()).hexdigest()
+
+
+_DIGEST_TEXT = re.compile(r"^([0-9a-f]{64})/\d+$")
+
+
+def gc_roots(store) -> Iterator[str]:
+    """The `rsi.gc_roots` entry point of the campaign family: every blob named by a campaign
+    log under `<store>/campaigns/` (candidate snapshots, frozen project trees). They are gc
+    roots because a logged candidate may not have been built yet, so no cached result names
+    its files. Yields `hash/size` digest texts; a torn last line of a crashed writer is
+    skipped, an unreadable log too (gc keeps what the others name)."""
+    found: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            m = _DIGEST_TEXT.match(value)
+            if m:
+                found.add(value)
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    for log in sorted((Path(store.root) / "campaigns").glob("*/*.jsonl")):
+        try:
+            lines = log.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                walk(json.loads(line))
+            except ValueError:
+                continue  # NB: a torn last line of a crashed writer
+    yield from sorted(found)
 
 
 class CampaignLog:
@@ -196,6 +233,13 @@ class State:
     candidates: tuple[dict, ...]
     stop: dict | None
     abandoned: Mapping[int, dict] = field(default_factory=dict)
+    # NB: `regrade` entries, in order: the last one's `assess` is the assessment policy every
+    # round is judged under from then on (its measurements stay)
+    regrades: tuple[dict, ...] = ()
+
+    @property
+    def assess_override(self) -> dict:
+        return dict((self.regrades[-1].get("assess") or {}) if self.regrades else {})
 
     @property
     def started_at(self) -> float | None:
@@ -214,7 +258,8 @@ def state_of(entries: list[dict]) -> State:
     for e in entries:
         if e.get("kind") == "abandon" and isinstance(e.get("round"), int):
             abandoned.setdefault(e["round"], e)
-    return State(start, cands, stop, abandoned)
+    regrades = tuple(e for e in entries if e.get("kind") == "regrade")
+    return State(start, cands, stop, abandoned, regrades)
 
 
 # ================================================================================== the policy
@@ -469,6 +514,7 @@ def _generate(label: Label, attrs: dict, settings: Mapping[str, Any]) -> list[Ge
                     "hypothesis": cand.get("hypothesis") or "",
                     "usage": cand.get("usage") or {},
                     "submitted_at": cand["time"],
+                    "assess": state.assess_override,
                 },
             )
         )
@@ -575,6 +621,17 @@ def project_spec(a: Mapping[str, Any], error) -> dict:
     hint=None)` builds the exception to raise."""
     if a["direction"] not in ("minimize", "maximize"):
         raise error("direction must be minimize or maximize", "direction")
+    for field_name in ("editable", "protocol"):
+        for pat in a[field_name]:
+            # NB: patterns match paths inside the frozen tree; one that leaves it matches
+            # nothing, and would only be refused later, at the campaign's start
+            if pat.startswith("/") or ".." in pat.split("/") or "\x00" in pat:
+                raise error(
+                    f"{field_name} pattern {pat!r} leaves the project root "
+                    f"({'an absolute path' if pat.startswith('/') else 'a path with ..'})",
+                    field_name,
+                    "name files relative to the project root, without '..'",
+                )
     for pat in a["protocol"]:
         if in_scope(pat, a["editable"]):
             raise error(
@@ -937,13 +994,29 @@ def project_actions(
 # ------------------------------------------------------------------------------------- round
 
 
+def evidence_dir(ctx: RuleContext, binding: Label | str) -> str:
+    """Where a round's judge evidence lives for `binding`: package-relative, named by the
+    binding (its package too when that is another one)."""
+    label = Label.parse(str(binding))
+    if label.package == ctx.label.package:
+        return f"_evidence/{label.name}"
+    return f"_evidence/{label.package.replace('/', '.')}.{label.name}"
+
+
 def _round(ctx: RuleContext) -> Provider:
     a = ctx.attrs
     binding = ctx.dep(a["binding"])
     name = ctx.label.name
     kind = "project" if binding.info.get("kind") == "project" else "task"
-    cand_dir = ctx.exec_path(f"{name}/cand")
-    files = _digest_artifacts(ctx, f"{name}/cand", a["files"], a["executable"])
+    # NB: the candidate and its evidence live at paths named by the binding and the content
+    # (never by the round or the campaign), so the same content under the same binding has
+    # the same check, measure and assess keys in any round of any campaign of this package:
+    # it is judged once, and every later round reuses that evidence
+    content = manifest_digest(a["files"], a["executable"]).split("/")[0]
+    evidence = f"{evidence_dir(ctx, a['binding'])}/{content}/"
+    cand_rel = f"_cand/{content}"
+    cand_dir = ctx.exec_path(cand_rel)
+    files = _digest_artifacts(ctx, cand_rel, a["files"], a["executable"])
     if not files:
         raise ctx.error("the candidate holds no files", "files")
     if kind == "task":
@@ -955,12 +1028,30 @@ def _round(ctx: RuleContext) -> Provider:
                 f"({', '.join(sorted(editable))})",
                 "files",
             )
-        out = verdict_actions(ctx, binding, files, cand_dir, prefix=f"{name}/")
+        assess_spec, verdict_dir = None, evidence
+        full = binding.info["full_spec"]
+        if a["assess"] and dict(full["assess"], **a["assess"]) != full["assess"]:
+            text = json.dumps(
+                dict(full, assess=dict(full["assess"], **a["assess"])), sort_keys=True, indent=1
+            )
+            # NB: a regraded policy's verdict lives apart from the declared policy's
+            policy = hashlib.sha256(text.encode()).hexdigest()[:16]
+            verdict_dir = f"{evidence}assess-{policy}/"
+            assess_spec = ctx.write(f"{verdict_dir}assess_spec.json", text)
+        out = verdict_actions(
+            ctx,
+            binding,
+            files,
+            cand_dir,
+            prefix=verdict_dir,
+            evidence=evidence,
+            assess_spec=assess_spec,
+        )
     else:
         outside = sorted(f for f in a["files"] if not in_scope(f, binding.info["editable"]))
         if outside:
             raise ctx.error(f"{', '.join(outside)} lie outside the editable scope", "files")
-        out = project_actions(ctx, binding, files, cand_dir, prefix=f"{name}/")
+        out = project_actions(ctx, binding, files, cand_dir, prefix=evidence)
     platform = binding.info["platform"]
     tools = tool_platform(platform)
     meta = ctx.write(
@@ -1034,6 +1125,11 @@ CAMPAIGN_ROUND = Rule(
         "hypothesis": attr("string", "why the agent expects it to be faster", default=""),
         "usage": attr("table", "what the agent reported spending", default={}),
         "submitted_at": attr("float", "log time of the entry"),
+        "assess": attr(
+            "table",
+            "the assessment policy of the campaign's last regrade (empty: the binding's)",
+            default={},
+        ),
     },
     impl=_round,
 )

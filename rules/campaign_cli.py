@@ -14,13 +14,14 @@ import os
 import socket
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
-from rsi.errors import DeclarationError, RsiError, UsageError
+from rsi.errors import EXIT_USAGE, DeclarationError, RsiError, UsageError
 from rsi.label import Label
 from rules.campaign import (
     DEFAULT_EXCLUDE,
@@ -87,6 +88,11 @@ class Campaign:
     binding: Any  # the binding or external_project target
     scope: list[str]
     log: CampaignLog
+    # NB: what the campaign's commands read the time from and build with: a service (a job
+    # runner, a dashboard, a test) passes its own; `builder(ws, patterns, events_to=,
+    # lock_timeout=)` returns a BuildReport like rsi.build.build
+    clock: Any = time.time
+    builder: Any = None
 
     def sub(self, suffix: str) -> Label:
         return Label(self.label.package, f"{self.label.name}.{suffix}")
@@ -296,10 +302,39 @@ def judge_changes(recorded: dict, current: dict, store=None) -> list[str]:
     return changes
 
 
+def recorded_judge(state: State) -> dict | None:
+    """The judge the campaign is fixed to: the start's, or the last regrade's that took a
+    changed assessment policy from the declaration."""
+    for entry in reversed(state.regrades):
+        if entry.get("judge"):
+            return entry["judge"]
+    return (state.start or {}).get("judge")
+
+
+def assess_only_change(recorded: dict, current: dict, store) -> list[str] | None:
+    """The assessment-policy fields (`assess.…`) that differ between two judges when nothing
+    else does (None: something else changed too, or nothing did)."""
+    if not recorded or not current:
+        return None
+    if {k: v for k, v in recorded.items() if k != "spec"} != {
+        k: v for k, v in current.items() if k != "spec"
+    }:
+        return None
+    was, now = recorded.get("spec") or {}, current.get("spec") or {}
+    if set(was) != set(now) or any(was[k] != now[k] for k in was if k != "spec.json"):
+        return None
+    if was.get("spec.json") == now.get("spec.json"):
+        return None
+    fields = _spec_fields(store, was["spec.json"], now["spec.json"])
+    if not fields or not all(f.startswith("assess.") for f in fields):
+        return None
+    return fields
+
+
 def judge_status(camp: Campaign, state: State, store) -> dict:
     """`unchanged`, `changed` (with `changes`), `unrecorded` (a log from before judges were
     recorded) or `unknown` (the binding cannot be analysed now: `error`)."""
-    recorded = (state.start or {}).get("judge")
+    recorded = recorded_judge(state)
     if not recorded:
         return {
             "state": "unrecorded" if state.start or state.candidates else "not_started",
@@ -314,7 +349,7 @@ def judge_status(camp: Campaign, state: State, store) -> dict:
 
 def _check_judge_unchanged(camp: Campaign, state: State, store) -> None:
     """Refuse to judge anything under a judge other than the one recorded at the start."""
-    if not (state.start or {}).get("judge"):
+    if not recorded_judge(state):
         return
     judge = judge_status(camp, state, store)
     if judge["state"] == "unknown":
@@ -326,6 +361,19 @@ def _check_judge_unchanged(camp: Campaign, state: State, store) -> None:
             field="binding",
             hint="fix the binding's declaration as it was at the start",
         )
+    if judge["state"] == "changed":
+        fields = assess_only_change(recorded_judge(state), current_judge(camp, store), store)
+        if fields:
+            raise JudgeChanged(
+                f"the assessment policy of {camp.label}'s binding changed since it was fixed "
+                f"({', '.join(fields)}); rounds and the final are refused until the campaign "
+                "takes it",
+                file=camp.target.file,
+                target=str(camp.label),
+                field="binding",
+                hint=f"rsi campaign regrade {camp.label} re-assesses every round under it from "
+                "the retained measurements (nothing is measured again), or restore it",
+            )
     if judge["state"] == "changed":
         raise JudgeChanged(
             f"the judge of {camp.label} changed since the campaign started: "
@@ -697,7 +745,7 @@ def add_candidate(camp: Campaign, src: Path, hypothesis: str | None, usage: dict
         state = state_of(camp.log.read())
         _check_policy_unchanged(camp, state)
         _check_judge_unchanged(camp, state, store)
-        now = time.time()
+        now = camp.clock()
         started = False
         if state.start is None and not state.candidates:
             _append_start(camp, store, now)
@@ -803,10 +851,33 @@ def cached_outcomes(ws, store, labels: list[Label]):
     return graph, lookup.lookup(graph, graph.actions_for(labels))
 
 
+def _select_from_rounds(store, graph, outcomes, label: Label) -> dict | None:
+    """best.json as the Select action would write it, from the rounds' cached documents (None
+    while some round has none): a round never has to build `best`, so concurrent rounds never
+    run (and replace) each other's actions through it."""
+    docs = []
+    for rlabel in graph.targets[label].attrs["rounds"]:
+        rlabel = Label.parse(str(rlabel))
+        prov = graph.providers.get(rlabel)
+        doc = None if prov is None else _read_json_output(store, graph, outcomes, prov.info["doc"])
+        if doc is None:
+            return None
+        docs.append(doc)
+    return _harness_module("select").select(docs)
+
+
 def best_summary(store, graph, outcomes, label: Label) -> dict:
     if graph is None or label not in graph.providers:
-        return {"state": "unavailable", "detail": "no round has been submitted"}
+        # NB: no round is missing evidence, and none has passed: `none`, as documented
+        return {
+            "state": "none",
+            "label": str(label),
+            "detail": "no round has been submitted",
+            "n_rounds": 0,
+        }
     doc = _read_json_output(store, graph, outcomes, graph.providers[label].info["best"])
+    if doc is None:
+        doc = _select_from_rounds(store, graph, outcomes, label)
     if doc is None:
         return {
             "state": "unavailable",
@@ -867,6 +938,7 @@ def round_document(
     added: bool | None,
     state: State,
     now: float,
+    best: dict | None = None,
 ) -> dict:
     label = camp.round_label(number)
     prov = graph.providers[label]
@@ -914,8 +986,86 @@ def round_document(
             "--reason TEXT` stops it from blocking best, final and report"
         )
     doc["budget"] = budget_doc(effective_policy(camp, state), state, now)
-    doc["best"] = best_summary(store, graph, outcomes, camp.sub("best"))
+    if best is None:
+        best = best_summary(store, graph, outcomes, camp.sub("best"))
+    doc["best"] = best
+    reuse = evidence_reuse(camp, number, graph, outcomes, now)
+    doc["evidence_reuse"] = reuse
+    # NB: `reused`: nothing of the judge ran for this round: its check and measurement (and
+    # so its verdict) are those of the same content under the same binding, judged before
+    doc["reused"] = all(r is not None and r["reused"] for r in reuse.values())
     return doc
+
+
+def best_now(camp: Campaign, store) -> dict:
+    """The campaign's best as the cache has it now (runs nothing)."""
+    if not state_of(camp.log.read()).candidates:
+        return best_summary(store, None, {}, camp.sub("best"))
+    try:
+        with store.lock(exclusive=False):
+            graph, outcomes = cached_outcomes(camp.ws, store, [camp.sub("best")])
+    except RsiError as exc:
+        return {"state": "unavailable", "label": str(camp.sub("best")), "detail": exc.message}
+    return best_summary(store, graph, outcomes, camp.sub("best"))
+
+
+EVIDENCE_INDEX = "evidence-index.json"
+
+
+def _read_index(path: Path) -> dict:
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _update_index(path: Path, entries: dict) -> None:
+    """Add `entries` (output digest -> where it was produced) to the store's evidence index:
+    derived, disposable state (a failure to write it never fails a round)."""
+    from rsi.fsutil import atomic_write_bytes
+
+    try:
+        fd = os.open(path.with_name(EVIDENCE_INDEX + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            index = _read_index(path)
+            for digest, where in entries.items():
+                index.setdefault(digest, where)  # NB: the first producer is the source
+            atomic_write_bytes(path, (json.dumps(index, sort_keys=True) + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def evidence_reuse(camp: Campaign, number: int, graph, outcomes, now: float) -> dict:
+    """For round `number`'s check, samples and verdict: produced by this build (`reused`
+    false), or reused from the cache, and then `from` the round that produced it (any round of
+    any campaign of this store: evidence is keyed by the binding and the candidate's content,
+    never by the round; null when its producer is not on record, e.g. `rsi build`)."""
+    prov = graph.providers[camp.round_label(number)]
+    index_path = camp.log.store_root / "campaigns" / EVIDENCE_INDEX
+    index = _read_index(index_path)
+    here = {"campaign": str(camp.label), "round": number, "label": str(camp.round_label(number))}
+    produced, out = {}, {}
+    for part in ("check", "samples", "verdict"):
+        art = prov.info[part]
+        outcome = _outcome(graph, outcomes, art)
+        result = outcome.result if outcome is not None and outcome.ok else None
+        found = result.output_map.get(art.path) if result else None
+        if found is None:
+            out[part] = None
+            continue
+        digest = str(found.digest)
+        if outcome.status == "executed":
+            produced[digest] = dict(here, time=now)
+            out[part] = {"reused": False, "digest": digest, "from": None}
+        else:
+            out[part] = {"reused": True, "digest": digest, "from": index.get(digest)}
+    if produced:
+        _update_index(index_path, produced)
+    return out
 
 
 def _attempt_message(errors: list[dict]) -> str | None:
@@ -930,7 +1080,76 @@ def _build(camp: Campaign, labels: list[Label], events, lock_timeout: float | No
     from rsi.build import build
 
     ws = camp.ws.with_overrides(keep_going=True)
-    return build(ws, [str(lb) for lb in labels], events_to=events, lock_timeout=lock_timeout)
+    return (camp.builder or build)(
+        ws, [str(lb) for lb in labels], events_to=events, lock_timeout=lock_timeout
+    )
+
+
+@contextmanager
+def _campaign_flock(path: Path, waiting: str):
+    """An exclusive flock on `path` (a file in the campaign's folder); a wait says why on
+    stderr and stays interruptible (Ctrl-C)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            click.echo(f"rsi: waiting: {waiting}", err=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _binding_cached(camp: Campaign, store, number: int) -> bool:
+    """Whether every action of round `number`'s binding (baseline check, A/A calibration; a
+    project's frozen baseline) is in the cache, looked up without running anything."""
+    label = camp.round_label(number)
+    try:
+        with store.lock(exclusive=False):
+            graph, outcomes = cached_outcomes(camp.ws, store, [label])
+        binding = Label.parse(str(graph.targets[label].attrs["binding"]))
+        wanted = graph.actions_for([binding])
+    except (RsiError, KeyError):
+        return False
+    return all(a in outcomes for a in wanted)
+
+
+def build_round(
+    camp: Campaign, store, number: int, events, lock_timeout: float | None = None
+) -> Any:
+    """Build round `number` alone (never `best`, which would build every other round too).
+
+    Concurrent rounds of one campaign never run each other's actions: one build of a round at
+    a time (its lock in the campaign folder: a retry waits for the build in progress and is
+    then served from the cache), and the binding's shared actions are built by one round at a
+    time until they are cached, so every round is judged against the same calibration and no
+    result a caller was given is ever replaced by a rerun."""
+    import hashlib
+
+    labels = [camp.round_label(number)]
+    entry = state_of(camp.log.read()).candidates[number - 1]
+    binding = str(camp.target.attrs["binding"])
+    locks = camp.log.store_root / "campaigns" / "locks"
+
+    def name(*parts: str) -> str:
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32] + ".lock"
+
+    # NB: keyed by what the evidence is keyed by (binding and content), store-wide: the same
+    # content submitted to two campaigns at once is judged once, the other waits and reuses it
+    with _campaign_flock(
+        locks / name("candidate", binding, entry["digest"]),
+        f"round {number} of {camp.label} (or the same content in another round) is being "
+        "judged by another process",
+    ):
+        if _binding_cached(camp, store, number):
+            return _build(camp, labels, events, lock_timeout)
+        with _campaign_flock(
+            locks / name("binding", binding),
+            f"another round under {binding} is building the binding's baseline evidence",
+        ):
+            return _build(camp, labels, events, lock_timeout)
 
 
 LOCK_TIMEOUT = click.option(
@@ -994,12 +1213,44 @@ def _best_line(best: dict) -> str:
 # ================================================================================ commands
 
 
+def _json_errors(schema: str) -> type[click.Command]:
+    """A command class whose command-line refusals (a bad option value, a missing argument,
+    an unknown option) are, under --json, the command's JSON error document too (exit 2),
+    like every other refusal: an agent never has to parse click's text."""
+
+    class JsonErrors(click.Command):
+        def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+            wants_json = "--json" in args
+            # NB: click's parser consumes `args`; the campaign is read before it does
+            first = args[0] if args and not args[0].startswith("-") else None
+            try:
+                return super().parse_args(ctx, args)
+            except click.UsageError as exc:
+                if not wants_json:
+                    raise
+                _emit_json(
+                    {
+                        "schema": schema,
+                        "campaign": first,
+                        "state": "error",
+                        "error": {
+                            "code": "UsageError",
+                            "message": exc.format_message(),
+                            "hint": f"see {ctx.command_path} --help",
+                        },
+                    }
+                )
+                ctx.exit(EXIT_USAGE)
+
+    return JsonErrors
+
+
 @click.group("candidate")
 def candidate() -> None:
     """Submit candidates to a campaign's append-only log."""
 
 
-@candidate.command("add")
+@candidate.command("add", cls=_json_errors(ADD_SCHEMA))
 @click.argument("campaign")
 @click.option(
     "--from",
@@ -1050,7 +1301,7 @@ def candidate_add(
                 "added": res["added"],
                 "digest": res["entry"]["digest"],
                 "ignored_outside_scope": res["ignored_outside_scope"],
-                "budget": budget_doc(camp.policy, res["state"], time.time()),
+                "budget": budget_doc(camp.policy, res["state"], camp.clock()),
             }
         )
         return
@@ -1078,7 +1329,7 @@ def _round_error(camp: Campaign, number: int, doc: dict) -> dict:
             camp.log.append(
                 {
                     "kind": "abandon",
-                    "time": time.time(),
+                    "time": camp.clock(),
                     "round": number,
                     "reason": f"error: an infrastructure fault in {ROUND_ATTEMPTS} attempts: "
                     + message.splitlines()[0][:500],
@@ -1094,7 +1345,124 @@ def _round_error(camp: Campaign, number: int, doc: dict) -> dict:
     )
 
 
-@click.command("round")
+def run_round(
+    camp: Campaign,
+    *,
+    src: Path | None = None,
+    number: int | None = None,
+    hypothesis: str | None = None,
+    usage: dict | None = None,
+    events=None,
+    lock_timeout: float | None = None,
+) -> dict:
+    """`rsi round` in process: submit `src` as a new candidate and build its round, or build
+    (retry) round `number`; returns the rsi.round/1 document. Raises RsiError for refusals
+    (CampaignClosed), usage and declaration errors; an infrastructure fault is retried, then
+    the round ends in the `error` state (the document says so)."""
+    if (src is None) == (number is None):
+        raise UsageError("give exactly one of --from DIR (a new candidate) or --round N")
+    from rsi.build import open_store
+
+    store = open_store(camp.ws)
+    added = None
+    if src is not None:
+        res = add_candidate(camp, Path(src), hypothesis, usage or {})
+        number, added = res["round"], res["added"]
+    else:
+        state = state_of(camp.log.read())
+        if number > len(state.candidates):
+            raise UsageError(
+                f"{camp.label} has {len(state.candidates)} round(s); there is no round {number}"
+            )
+        _check_judge_unchanged(camp, state, store)
+        gave_up = state.abandoned.get(number)
+        if gave_up is not None:
+            raise CampaignClosed(
+                "round_abandoned",
+                f"round {number} of {camp.label} was abandoned at "
+                f"{_iso(gave_up['time'])} ({gave_up.get('reason') or 'no reason given'}); "
+                "it is never built for the campaign again",
+                hint=f"submit a new candidate: rsi round {camp.label} --from DIR",
+            )
+    attempts, key = Attempts(camp.log), f"round-{number}"
+    # NB: a candidate's own failure is a verdict (the referee attributes every abnormal end
+    # after the import to it); what fails a build is an infrastructure fault, retried at
+    # most twice, after which the round ends in the explicit `error` state and no longer
+    # blocks best, final or report
+    for attempt in range(1, ROUND_ATTEMPTS + 1):
+        attempts.record(key, "building")
+        try:
+            report = build_round(camp, store, number, events, lock_timeout)
+        except RsiError as exc:
+            attempts.record(key, "failed", errors=[], message=exc.message)
+            raise
+        state = state_of(camp.log.read())
+        rt = report.targets[str(camp.round_label(number))]
+        doc = round_document(
+            camp,
+            number,
+            report.graph,
+            report.outcomes,
+            store,
+            cache=rt["cache"],
+            failed=_failures(report, camp.round_label(number)),
+            added=added,
+            state=state,
+            now=camp.clock(),
+            best=best_now(camp, store),
+        )
+        attempts.record(
+            key,
+            doc["state"],
+            errors=doc["errors"],
+            message=_attempt_message(doc["errors"]),
+            attempt=attempt,
+            verdict_doc=_verdict_view(doc) if doc["state"] == "done" else None,
+        )
+        if doc["state"] != "failed":
+            break
+    if doc["state"] == "failed":
+        doc = _round_error(camp, number, doc)
+    return doc
+
+
+class Campaigns:
+    """The campaign commands as an in-process service, for whatever drives rounds without a
+    shell (a job service, a dashboard, an agent server, a test): each method returns the
+    command's JSON document or raises its RsiError. `clock` is what budgets, deadlines and log
+    entries read the time from; `builder` builds (rsi.build.build by default)."""
+
+    def __init__(self, ws, *, clock=time.time, builder=None) -> None:
+        self.ws, self.clock, self.builder = ws, clock, builder
+
+    def open(self, campaign: str) -> Campaign:
+        camp = open_campaign(self.ws, campaign)
+        camp.clock, camp.builder = self.clock, self.builder
+        return camp
+
+    def _store(self, camp: Campaign):
+        from rsi.build import open_store
+
+        return open_store(camp.ws)
+
+    def round(self, campaign: str, **kw: Any) -> dict:
+        """rsi.round/1: `src=` a folder (a new candidate) or `number=` (an existing round)."""
+        return run_round(self.open(campaign), **kw)
+
+    def status(self, campaign: str) -> dict:
+        camp = self.open(campaign)
+        return status_document(camp, self._store(camp))
+
+    def best(self, campaign: str) -> dict:
+        camp = self.open(campaign)
+        return best_now(camp, self._store(camp))
+
+    def regrade(self, campaign: str, events=None, **assess: Any) -> dict:
+        camp = self.open(campaign)
+        return regrade(camp, self._store(camp), assess, events=events)
+
+
+@click.command("round", cls=_json_errors(ROUND_SCHEMA))
 @click.argument("campaign")
 @click.option(
     "--from",
@@ -1138,69 +1506,17 @@ def round_cmd(
     try:
         if (src is None) == (number is None):
             raise UsageError("give exactly one of --from DIR (a new candidate) or --round N")
-        from rsi.build import open_store
-
         camp = open_campaign(_workspace(ctx), campaign)
-        store = open_store(camp.ws)
-        added = None
-        if src is not None:
-            res = add_candidate(camp, Path(src), hypothesis, parse_usage(usage_file))
-            number, added = res["round"], res["added"]
-        else:
-            state = state_of(camp.log.read())
-            if number > len(state.candidates):
-                raise UsageError(
-                    f"{camp.label} has {len(state.candidates)} round(s); there is no round {number}"
-                )
-            _check_judge_unchanged(camp, state, store)
-            gave_up = state.abandoned.get(number)
-            if gave_up is not None:
-                raise CampaignClosed(
-                    "round_abandoned",
-                    f"round {number} of {camp.label} was abandoned at "
-                    f"{_iso(gave_up['time'])} ({gave_up.get('reason') or 'no reason given'}); "
-                    "it is never built for the campaign again",
-                    hint=f"submit a new candidate: rsi round {camp.label} --from DIR",
-                )
-        attempts, key = Attempts(camp.log), f"round-{number}"
-        # NB: a candidate's own failure is a verdict (the referee attributes every abnormal end
-        # after the import to it); what fails a build is an infrastructure fault, retried at
-        # most twice, after which the round ends in the explicit `error` state and no longer
-        # blocks best, final or report
-        for attempt in range(1, ROUND_ATTEMPTS + 1):
-            attempts.record(key, "building")
-            try:
-                report = _build(
-                    camp, [camp.round_label(number), camp.sub("best")], events, lock_timeout
-                )
-            except RsiError as exc:
-                attempts.record(key, "failed", errors=[], message=exc.message)
-                raise
-            state = state_of(camp.log.read())
-            rt = report.targets[str(camp.round_label(number))]
-            doc = round_document(
-                camp,
-                number,
-                report.graph,
-                report.outcomes,
-                store,
-                cache=rt["cache"],
-                failed=_failures(report, camp.round_label(number)),
-                added=added,
-                state=state,
-                now=time.time(),
-            )
-            attempts.record(
-                key,
-                doc["state"],
-                errors=doc["errors"],
-                message=_attempt_message(doc["errors"]),
-                attempt=attempt,
-            )
-            if doc["state"] != "failed":
-                break
-        if doc["state"] == "failed":
-            doc = _round_error(camp, number, doc)
+        doc = run_round(
+            camp,
+            src=None if src is None else Path(src),
+            number=number,
+            hypothesis=hypothesis,
+            usage=parse_usage(usage_file) if src is not None else None,
+            events=events,
+            lock_timeout=lock_timeout,
+        )
+        added, number = doc["added"], doc["round"]
     except RsiError as exc:
         if as_json:
             _fail_json(ROUND_SCHEMA, campaign, exc)
@@ -1229,7 +1545,7 @@ def campaign_group() -> None:
     """Inspect and steer campaigns (status, start, stop, abandon, final)."""
 
 
-@campaign_group.command("status")
+@campaign_group.command("status", cls=_json_errors(STATUS_SCHEMA))
 @click.argument("campaign")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
@@ -1288,7 +1604,7 @@ def _harness_module(stem: str):
 
 
 def status_document(camp: Campaign, store) -> dict:
-    now = time.time()
+    now = camp.clock()
     state = state_of(camp.log.read())
     n = len(state.candidates)
     graph, outcomes = None, {}
@@ -1430,7 +1746,7 @@ def status_document(camp: Campaign, store) -> dict:
     }
 
 
-@campaign_group.command("start")
+@campaign_group.command("start", cls=_json_errors(START_SCHEMA))
 @click.argument("campaign")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
@@ -1447,7 +1763,7 @@ def campaign_start(ctx: click.Context, campaign: str, as_json: bool) -> None:
             _check_policy_unchanged(camp, state)
             new = state.start is None and not state.candidates
             if new:
-                _append_start(camp, store, time.time())
+                _append_start(camp, store, camp.clock())
                 state = state_of(camp.log.read())
     except RsiError as exc:
         if as_json:
@@ -1468,7 +1784,7 @@ def campaign_start(ctx: click.Context, campaign: str, as_json: bool) -> None:
             "n_files": project["n_files"],
             "protocol": project["protocol"],
         },
-        "budget": budget_doc(camp.policy, state, time.time()),
+        "budget": budget_doc(camp.policy, state, camp.clock()),
     }
     if as_json:
         _emit_json(doc)
@@ -1483,7 +1799,7 @@ def campaign_start(ctx: click.Context, campaign: str, as_json: bool) -> None:
             )
 
 
-@campaign_group.command("stop")
+@campaign_group.command("stop", cls=_json_errors(STOP_SCHEMA))
 @click.argument("campaign")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
@@ -1494,7 +1810,7 @@ def campaign_stop(ctx: click.Context, campaign: str, as_json: bool) -> None:
         with camp.log.locked():
             state = state_of(camp.log.read())
             _check_policy_unchanged(camp, state)
-            now = time.time()
+            now = camp.clock()
             reason = ended_reason(camp.policy, state, now)
             if reason is None:
                 if "agent" not in camp.policy.stop_on:
@@ -1525,7 +1841,7 @@ def campaign_stop(ctx: click.Context, campaign: str, as_json: bool) -> None:
         "schema": STOP_SCHEMA,
         "campaign": str(camp.label),
         "stopped_now": stopped,
-        "budget": budget_doc(camp.policy, state, time.time()),
+        "budget": budget_doc(camp.policy, state, camp.clock()),
     }
     if as_json:
         _emit_json(doc)
@@ -1537,7 +1853,7 @@ def campaign_stop(ctx: click.Context, campaign: str, as_json: bool) -> None:
         )
 
 
-@campaign_group.command("abandon")
+@campaign_group.command("abandon", cls=_json_errors(ABANDON_SCHEMA))
 @click.argument("campaign")
 @click.option(
     "--round", "number", type=click.IntRange(1), required=True, help="The round to give up on."
@@ -1586,7 +1902,7 @@ def campaign_abandon(
                 entry = camp.log.append(
                     {
                         "kind": "abandon",
-                        "time": time.time(),
+                        "time": camp.clock(),
                         "round": number,
                         "reason": reason.strip(),
                     }
@@ -1604,7 +1920,7 @@ def campaign_abandon(
         "abandoned_now": now_,
         "reason": entry.get("reason"),
         "abandoned_at": entry["time"],
-        "budget": budget_doc(effective_policy(camp, state), state, time.time()),
+        "budget": budget_doc(effective_policy(camp, state), state, camp.clock()),
     }
     if as_json:
         _emit_json(doc)
@@ -1616,7 +1932,221 @@ def campaign_abandon(
         )
 
 
-@campaign_group.command("final")
+REGRADE_SCHEMA = "rsi.campaign.regrade/1"
+REGRADE_FIELDS = ("verdict", "speedup", "threshold", "min_improvement", "reasons")
+ASSESS_LIMITS = {
+    "min_improvement": (0.0, None),
+    "confidence": (0.0, 1.0),
+    "bootstrap_resamples": (1, None),
+    "min_pairs": (1, None),
+}
+
+
+def _ran(graph, outcomes, label: Label, part: str) -> bool:
+    outcome = _outcome(graph, outcomes, graph.providers[label].info[part])
+    return outcome is not None and outcome.status == "executed"
+
+
+def _verdict_view(doc: dict | None) -> dict | None:
+    if doc is None:
+        return None
+    view = {k: doc.get(k) for k in REGRADE_FIELDS}
+    view["reasons"] = sorted(
+        r if isinstance(r, str) else r.get("code") for r in doc.get("reasons") or []
+    )
+    return view
+
+
+def cached_round_docs(camp: Campaign, store, numbers: list[int]) -> dict[int, dict | None]:
+    """Each round's document as the cache has it now (runs nothing; None: not built)."""
+    if not numbers:
+        return {}
+    labels = [camp.round_label(i) for i in numbers]
+    with store.lock(exclusive=False):
+        graph, outcomes = cached_outcomes(camp.ws, store, labels)
+    return {
+        i: _read_json_output(store, graph, outcomes, graph.providers[lb].info["doc"])
+        for i, lb in zip(numbers, labels, strict=True)
+    }
+
+
+def _before_regrade(
+    camp: Campaign, store, state: State, numbers: list[int], declared: bool
+) -> dict[int, dict | None]:
+    """The round documents before a regrade. Once the declaration's policy changed, the
+    cached rounds are those under the policy fixed before: the last rsi.round/1 documents
+    returned (kept in attempts.json) stand for them."""
+    if not declared:
+        return cached_round_docs(camp, store, numbers)
+    last = Attempts(camp.log).read()
+    return {i: (last.get(f"round-{i}") or {}).get("verdict_doc") for i in numbers}
+
+
+def regrade(
+    camp: Campaign,
+    store,
+    assess: dict,
+    *,
+    events=None,
+    lock_timeout: float | None = None,
+) -> dict:
+    """Re-assess every round (abandoned ones aside) under the campaign's assessment policy
+    with `assess` applied, from the measurements already in the cache: check and measure keys
+    do not depend on the assessment policy, so no measure action runs (the document counts
+    them). The new policy is a `regrade` entry in the log, so later rounds, best, final and
+    report follow it. Returns rsi.campaign.regrade/1 with what changed in each verdict."""
+    if camp.kind != "task":
+        raise UsageError(
+            f"{camp.label} judges an external project: regrade is for catalog-task campaigns",
+            hint="an external project's assessment policy is frozen with its tree at the start",
+        )
+    for name, value in assess.items():
+        lo, hi = ASSESS_LIMITS[name]
+        if value < lo or (hi is not None and value >= hi) or (name == "confidence" and value <= 0):
+            raise UsageError(
+                f"--{name.replace('_', '-')} {value} is out of range"
+                + (f" ({lo} < value < {hi})" if hi is not None else f" (at least {lo})")
+            )
+    state = state_of(camp.log.read())
+    if not state.candidates:
+        raise UsageError(f"{camp.label} has no round to regrade")
+    # NB: a declaration whose assessment policy (only) changed is taken: the new judge is
+    # recorded with the regrade, and the rounds' verdicts before it are those under the old
+    current = current_judge(camp, store)
+    declared = assess_only_change(recorded_judge(state), current, store)
+    if declared is None:
+        _check_judge_unchanged(camp, state, store)
+    numbers = [i for i in range(1, len(state.candidates) + 1) if i not in state.abandoned]
+    before = _before_regrade(camp, store, state, numbers, declared is not None)
+    with camp.log.locked():
+        state = state_of(camp.log.read())
+        was = state.assess_override
+        # NB: a changed declaration replaces the policy; given values apply on top of it
+        policy = dict({} if declared else was, **assess)
+        if policy != was or declared:
+            entry = {"kind": "regrade", "time": camp.clock(), "assess": policy, "was": was}
+            if declared:
+                entry.update(judge=current, declared=declared)
+            camp.log.append(entry)
+    report = _build(camp, [camp.round_label(i) for i in numbers], events, lock_timeout)
+    graph = report.graph
+    executed: dict[str, int] = {}
+    for action_id, outcome in report.outcomes.items():
+        if outcome.status == "executed":
+            mnemonic = graph.actions[action_id].mnemonic
+            executed[mnemonic] = executed.get(mnemonic, 0) + 1
+    rounds = []
+    for i in numbers:
+        lb = camp.round_label(i)
+        after = _read_json_output(store, graph, report.outcomes, graph.providers[lb].info["doc"])
+        old, new = _verdict_view(before[i]), _verdict_view(after)
+        if new is not None:
+            Attempts(camp.log).record(f"round-{i}", "done", verdict_doc=new, regraded=True)
+        changed = (
+            sorted(k for k in REGRADE_FIELDS if (old or {}).get(k) != (new or {}).get(k))
+            if old is not None and new is not None
+            else []
+        )
+        rounds.append(
+            {
+                "round": i,
+                "label": str(lb),
+                # NB: `built`: it had no measurement yet, so this build measured it
+                "state": "failed"
+                if new is None
+                else ("built" if _ran(graph, report.outcomes, lb, "samples") else "regraded"),
+                "before": old,
+                "after": new,
+                "changed": changed,
+                "errors": _failures(report, lb),
+            }
+        )
+    return {
+        "schema": REGRADE_SCHEMA,
+        "campaign": str(camp.label),
+        "assess": policy,
+        "was": was,
+        "logged": policy != was or bool(declared),
+        "declared_changes": declared or [],
+        "rounds": rounds,
+        "n_changed": sum(1 for r in rounds if r["changed"]),
+        "executed": executed,
+        "measure_actions": sum(executed.get(m, 0) for m in ("Measure", "Calibrate", "Check")),
+        "best": best_now(camp, store),
+        "wall_s": report.wall_s,
+    }
+
+
+@campaign_group.command("regrade", cls=_json_errors(REGRADE_SCHEMA))
+@click.argument("campaign")
+@click.option("--min-improvement", type=float, help="New assess.min_improvement (e.g. 0.05).")
+@click.option("--confidence", type=float, help="New assess.confidence (e.g. 0.95).")
+@click.option("--bootstrap-resamples", type=int, help="New assess.bootstrap_resamples.")
+@click.option("--min-pairs", type=int, help="New assess.min_pairs.")
+@click.option("--events", type=click.File("w"), help="Also write the build's event stream.")
+@LOCK_TIMEOUT
+@click.option("--json", "as_json", is_flag=True, help="Print one rsi.campaign.regrade/1 document.")
+@click.pass_context
+def campaign_regrade(
+    ctx: click.Context,
+    campaign: str,
+    min_improvement: float | None,
+    confidence: float | None,
+    bootstrap_resamples: int | None,
+    min_pairs: int | None,
+    events,
+    lock_timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Re-assess every round of CAMPAIGN from its retained measurements (no measure action
+    runs), under the assessment policy with the options given applied; lists what changed in
+    each verdict. The new policy is logged: later rounds, best, final and report follow it.
+
+    \b
+    Exit codes: 0 every round has a verdict (a round never built before is measured now:
+    state `built`); 1 some round's build failed (retry it); 2 usage error."""
+    from rsi.build import open_store
+
+    given = {
+        "min_improvement": min_improvement,
+        "confidence": confidence,
+        "bootstrap_resamples": bootstrap_resamples,
+        "min_pairs": min_pairs,
+    }
+    try:
+        camp = open_campaign(_workspace(ctx), campaign)
+        doc = regrade(
+            camp,
+            open_store(camp.ws),
+            {k: v for k, v in given.items() if v is not None},
+            events=events,
+            lock_timeout=lock_timeout,
+        )
+    except RsiError as exc:
+        if as_json:
+            _fail_json(REGRADE_SCHEMA, campaign, exc)
+        raise
+    if as_json:
+        _emit_json(doc)
+    else:
+        click.echo(
+            f"{doc['campaign']}: regraded {len(doc['rounds'])} round(s) under assess "
+            f"{json.dumps(doc['assess'], sort_keys=True)}; {doc['n_changed']} verdict(s) changed, "
+            f"{doc['measure_actions']} measure action(s) run"
+        )
+        for r in doc["rounds"]:
+            if r["state"] != "regraded":
+                click.echo(f"  round {r['round']}: {r['state']}")
+            elif r["changed"]:
+                for k in r["changed"]:
+                    click.echo(f"  round {r['round']}: {k}: {r['before'][k]} -> {r['after'][k]}")
+            else:
+                click.echo(f"  round {r['round']}: unchanged ({r['after']['verdict']})")
+        click.echo(_best_line(doc["best"]))
+    sys.exit(0 if all(r["state"] != "failed" for r in doc["rounds"]) else 1)
+
+
+@campaign_group.command("final", cls=_json_errors(FINAL_SCHEMA))
 @click.argument("campaign")
 @click.option("--events", type=click.File("w"), help="Also write the build's event stream.")
 @LOCK_TIMEOUT
@@ -1642,7 +2172,7 @@ def campaign_final(
             state = state_of(camp.log.read())
             _check_policy_unchanged(camp, state)
             _check_judge_unchanged(camp, state, store)
-            now = time.time()
+            now = camp.clock()
             try:
                 _final_allowed(camp, state, now)
             except CampaignClosed as refused:
@@ -1697,7 +2227,11 @@ def campaign_final(
                 for a in graph.providers[rlabel].files
             },
             "errors": failed,
-            "budget": budget_doc(camp.policy, state, time.time()),
+            "budget": budget_doc(camp.policy, state, camp.clock()),
+            # NB: the one step whose design forbids evidence reuse by content
+            "evidence_reuse": "never: the final re-runs the baseline check, calibration, check "
+            "and paired measurement with fresh seeds and new pairs under its own keys, so it "
+            "is never served from a round's evidence (its own result is cached)",
         }
     except RsiError as exc:
         if as_json:

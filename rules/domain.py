@@ -8,7 +8,11 @@ The harness scripts under rules/harness run inside the sandbox; nothing here run
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
+import os
+import site
+import sys
 from pathlib import Path
 
 from rsi.attrs import attr
@@ -34,6 +38,49 @@ def harness_files(step: str) -> tuple[Artifact, ...]:
     return tuple(
         Artifact(f"{HARNESS_EXEC}/{name}", source=str(HARNESS_DIR / name))
         for name in HARNESS_SCRIPTS[step]
+    )
+
+
+# NB: what provides a task's framework where actions run on the interpreter rsi runs on: the
+# extra of rsi's pyproject.toml that installs it (None: a dependency of rsi itself)
+FRAMEWORK_EXTRAS = {"torch": "torch", "numpy": None}
+
+
+def _host_can_import(module: str) -> bool:
+    """Whether `python3 -I` on this interpreter (what host-python actions run) finds `module`:
+    rsi's own sys.path without the current folder, $PYTHONPATH and the user's site folder."""
+    skip = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    skip.add(os.path.realpath(os.getcwd()))
+    try:
+        skip.add(os.path.realpath(site.getusersitepackages()))
+        skip -= {os.path.realpath(p) for p in site.getsitepackages()}
+    except (AttributeError, OSError):
+        pass
+    paths = [p for p in sys.path if p and os.path.realpath(p) not in skip]
+    return importlib.machinery.PathFinder.find_spec(module, paths) is not None
+
+
+def check_framework(ctx: RuleContext, task_label, framework: str, field_name: str) -> None:
+    """Refuse, at analysis, a binding on the interpreter rsi runs on when that interpreter
+    lacks the task's framework: every check and measure would end in a harness fault
+    ("No module named 'torch'"), the same for any candidate."""
+    if _host_can_import(framework):
+        return
+    extra = FRAMEWORK_EXTRAS.get(framework)
+    if extra:
+        how = (
+            f"install rsi's `{extra}` extra into this environment: pip install -e '.[{extra}]' "
+            f"from the rsi checkout (pip install 'rsi[{extra}]' for a non-editable install; "
+            "./scripts/setup.sh does it)"
+        )
+    else:
+        how = f"install {framework} (pip install {framework}; a dependency of rsi: reinstall rsi)"
+    raise ctx.error(
+        f"task {task_label} needs the framework {framework!r}, which the interpreter rsi runs "
+        f"on ({sys.executable}) cannot import; its checks and measurements would fail with "
+        f"\"No module named '{framework}'\"",
+        field_name,
+        hint=f"{how}, or set `toolchain` to a toolchain target that has {framework}",
     )
 
 
@@ -145,13 +192,24 @@ def _hidden(ctx: RuleContext, hidden: dict) -> dict:
     tolerances = ctx.attrs["tolerances"]
     for i, rng in enumerate(ranges):
         shape = rng.get("shape") if isinstance(rng, dict) else None
-        ok = isinstance(shape, list) and shape and all(
-            isinstance(b, list) and len(b) in (2, 3) and all(
-                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in b)
-            and b[0] <= b[1] and (len(b) == 2 or b[0] % b[2] == 0) for b in shape)
+        ok = (
+            isinstance(shape, list)
+            and shape
+            and all(
+                isinstance(b, list)
+                and len(b) in (2, 3)
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in b)
+                and b[0] <= b[1]
+                and (len(b) == 2 or b[0] % b[2] == 0)
+                for b in shape
+            )
+        )
         if not ok:
-            raise ctx.error(f"ranges[{i}].shape must be [[lo, hi], ...] (or [lo, hi, step] with "
-                            "lo a multiple of step) with 1 <= lo <= hi", "hidden_cases")
+            raise ctx.error(
+                f"ranges[{i}].shape must be [[lo, hi], ...] (or [lo, hi, step] with "
+                "lo a multiple of step) with 1 <= lo <= hi",
+                "hidden_cases",
+            )
         if "name" in rng:
             raise ctx.error(f"ranges[{i}] must not name its case (hidden_N)", "hidden_cases")
         dtype = rng.get("out_dtype", rng.get("dtype"))
@@ -168,6 +226,8 @@ def _binding(ctx: RuleContext) -> Provider:
     task = ctx.dep(a["task"])
     spec = dict(task.info["spec"])
     platform = toolchain_platform(ctx, a["toolchain"])
+    if a["toolchain"] is None:
+        check_framework(ctx, a["task"], spec["framework"], "toolchain")
     host_platform = dict(platform)
     device = a["device"] or spec["device"]
     if device not in ("cpu", "cuda"):
@@ -194,6 +254,12 @@ def _binding(ctx: RuleContext) -> Provider:
     n = ctx.label.name
     check_spec_file = ctx.write(f"{n}/check_spec.json", check_spec)
     spec_file = ctx.write(f"{n}/spec.json", full_spec)
+    # NB: what measuring reads: everything but the assessment policy, so a changed policy
+    # (min improvement, confidence, …) re-assesses retained measurements, never re-measures
+    measure_spec_file = ctx.write(
+        f"{n}/measure_spec.json",
+        json.dumps({k: v for k, v in full.items() if k != "assess"}, sort_keys=True, indent=1),
+    )
     task_dir, baseline_dir = task.info["task_dir"], task.info["baseline_dir"]
     runtime = task.info["runtime"]
     baseline_check = ctx.action(
@@ -227,11 +293,11 @@ def _binding(ctx: RuleContext) -> Provider:
             "--candidate",
             baseline_dir,
             "--spec",
-            spec_file.path,
+            measure_spec_file.path,
             "--out",
             ctx.exec_path(f"{n}/calibration.json"),
         ],
-        inputs=[*harness_files("measure"), *runtime, *task.info["baseline"], spec_file],
+        inputs=[*harness_files("measure"), *runtime, *task.info["baseline"], measure_spec_file],
         outputs=[f"{n}/calibration.json"],
         mnemonic="Calibrate",
         env=ENV,
@@ -244,6 +310,8 @@ def _binding(ctx: RuleContext) -> Provider:
         info={
             **task.info,
             "spec_file": spec_file,
+            "full_spec": full,
+            "measure_spec_file": measure_spec_file,
             "check_spec_file": check_spec_file,
             "platform": platform,
             "host_platform": host_platform,
@@ -394,7 +462,7 @@ def measure_action(
             "--candidate",
             cand_dir,
             "--spec",
-            info["spec_file"].path,
+            info["measure_spec_file"].path,
             "--out",
             ctx.exec_path(f"{prefix}samples.json"),
         ],
@@ -403,7 +471,7 @@ def measure_action(
             *info["runtime"],
             *info["baseline"],
             *cand_files,
-            info["spec_file"],
+            info["measure_spec_file"],
         ],
         outputs=[f"{prefix}samples.json"],
         mnemonic="Measure",
@@ -427,14 +495,17 @@ def verdict_actions(
     cand_dir: str,
     prefix: str = "",
     evidence: str | None = None,
+    assess_spec: Artifact | None = None,
 ) -> dict[str, Artifact]:
     """Check, paired measure and assess for one candidate; usable by other rule families.
 
     `evidence` is the folder of the check and samples (default `prefix`); `prefix` that of the
-    verdict and its table.
+    verdict and its table. `assess_spec` replaces the binding's spec for the assessment only
+    (a campaign's regraded policy); check and measure never read it.
     """
     info = binding.info
     evidence = prefix if evidence is None else evidence
+    spec_file = info["spec_file"] if assess_spec is None else assess_spec
     out = {
         "check": check_action(ctx, binding, cand_files, cand_dir, evidence),
         "samples": measure_action(ctx, binding, cand_files, cand_dir, evidence),
@@ -444,7 +515,7 @@ def verdict_actions(
             *PY,
             f"{HARNESS_EXEC}/assess.py",
             "--spec",
-            info["spec_file"].path,
+            spec_file.path,
             "--samples",
             out["samples"].path,
             "--check",
@@ -458,7 +529,7 @@ def verdict_actions(
         ],
         inputs=[
             *harness_files("assess"),
-            info["spec_file"],
+            spec_file,
             out["samples"],
             out["check"],
             info["baseline_check"],

@@ -176,6 +176,7 @@ STABLE = (
 # ===================================================================================== the log
 
 
+@pytest.mark.fast
 def test_reader_ignores_a_torn_last_line_and_the_next_append_cuts_it(tmp_path):
     log = CampaignLog(tmp_path, "//p:c")
     with log.locked():
@@ -191,6 +192,7 @@ def test_reader_ignores_a_torn_last_line_and_the_next_append_cuts_it(tmp_path):
     assert [e.get("digest") for e in log.read()] == [None, "d1", "d2"]
 
 
+@pytest.mark.fast
 def test_a_corrupt_line_inside_the_log_is_an_error_naming_the_file_and_line(tmp_path):
     log = CampaignLog(tmp_path, "//p:c")
     with log.locked():
@@ -202,6 +204,7 @@ def test_a_corrupt_line_inside_the_log_is_an_error_naming_the_file_and_line(tmp_
     assert str(log.path) in str(info.value) and "line 2" in str(info.value)
 
 
+@pytest.mark.e2e
 def test_kill_9_during_candidate_add_leaves_each_entry_absent_or_whole(tmp_path):
     ws = task_workspace(tmp_path, CAMPAIGN.replace("up_to = 6", "up_to = 50"))
     rng = random.Random(7)
@@ -243,6 +246,7 @@ def _policy(**kw) -> Policy:
     return policy_of(attrs, "BUILD.toml", "//p:c")
 
 
+@pytest.mark.fast
 def test_policy_errors_name_the_field_and_what_to_do():
     for kw, field_name in (
         ({"rounds": {"exactly": 3}}, "rounds"),
@@ -258,6 +262,7 @@ def test_policy_errors_name_the_field_and_what_to_do():
     assert _policy(deadline_s=5.0).stop_on == ("rounds", "deadline", "agent")
 
 
+@pytest.mark.fast
 def test_rounds_end_by_budget_stop_or_deadline():
     p = _policy(rounds={"up_to": 2}, deadline_s=100.0, final_reserve_s=30.0)
     cand = {"kind": "candidate", "time": 1000.0}
@@ -268,6 +273,7 @@ def test_rounds_end_by_budget_stop_or_deadline():
     assert ended_reason(p, State(None, (cand,), {"reason": "agent"})) == "agent"
 
 
+@pytest.mark.e2e
 def test_budget_exhausted_and_deadline_refuse_rounds_with_a_clear_message(tmp_path):
     ws = task_workspace(
         tmp_path,
@@ -300,6 +306,7 @@ def test_budget_exhausted_and_deadline_refuse_rounds_with_a_clear_message(tmp_pa
     assert past["error"]["code"] == "deadline_passed"
 
 
+@pytest.mark.e2e
 def test_a_final_is_refused_while_the_campaign_is_open(tmp_path):
     ws = task_workspace(tmp_path, CAMPAIGN.replace("rounds = {up_to = 6}", "rounds = {exact = 3}"))
     rsi_json(ws, "candidate", "add", C, "--from", str(ws / "cands" / "inplace"))
@@ -312,6 +319,7 @@ def test_a_final_is_refused_while_the_campaign_is_open(tmp_path):
     assert "//tasks/sm:campaign.final" in query.stdout
 
 
+@pytest.mark.e2e
 def test_changing_the_budget_after_the_start_is_refused(tmp_path):
     ws = task_workspace(tmp_path, CAMPAIGN)
     rsi_json(ws, "candidate", "add", C, "--from", str(ws / "cands" / "inplace"))
@@ -321,6 +329,7 @@ def test_changing_the_budget_after_the_start_is_refused(tmp_path):
     assert "changed since it started (rounds)" in doc["error"]["message"]
 
 
+@pytest.mark.e2e
 def test_the_judge_is_fixed_at_the_start_and_a_change_refuses_rounds_and_the_final(tmp_path):
     ws = task_workspace(tmp_path, CAMPAIGN)
     cands, build = ws / "cands", ws / "tasks" / "sm" / "BUILD.toml"
@@ -359,6 +368,7 @@ def test_the_judge_is_fixed_at_the_start_and_a_change_refuses_rounds_and_the_fin
     ]
 
 
+@pytest.mark.fast
 def test_judge_changes_name_the_part_and_the_file():
     from rules.campaign_cli import judge_changes
 
@@ -382,6 +392,7 @@ def test_judge_changes_name_the_part_and_the_file():
     assert changes[1].startswith("harness script ") and changes[1].endswith("check.py changed")
 
 
+@pytest.mark.e2e
 def test_a_faulting_round_ends_in_the_error_state_and_abandoning_unblocks_the_final(tmp_path):
     ws = task_workspace(tmp_path, CAMPAIGN.replace("up_to = 6", "up_to = 3"))
     (ws / "tasks" / "sm" / "workloads.py").write_text("raise RuntimeError('broken task')\n")
@@ -431,6 +442,7 @@ def test_a_faulting_round_ends_in_the_error_state_and_abandoning_unblocks_the_fi
     assert status["final"]["state"] == "no_candidate" and status["best"]["state"] == "none"
 
 
+@pytest.mark.fast
 def test_an_abandoned_round_is_never_selected_but_counts_against_the_budget(tmp_path):
     from rsi.digest import digest_bytes
     from rsi.label import Label
@@ -465,6 +477,8 @@ GPU_BUILD = TASK_BUILD.replace('framework = "numpy"', 'framework = "torch"') + T
 )
 
 
+@pytest.mark.e2e
+@pytest.mark.usefixtures("torch")  # analysing a torch task needs torch
 def test_campaign_bookkeeping_actions_never_ask_for_an_accelerator(tmp_path):
     from rsi.analysis import analyze
     from rsi.digest import digest_bytes
@@ -518,6 +532,7 @@ def test_campaign_bookkeeping_actions_never_ask_for_an_accelerator(tmp_path):
 # ====================================================================================== usage
 
 
+@pytest.mark.fast
 def test_usage_keeps_unknown_values_null_and_a_real_zero(tmp_path):
     from rules.campaign_cli import parse_usage
 
@@ -544,6 +559,7 @@ def _harness(stem: str):
     return module
 
 
+@pytest.mark.fast
 def test_usage_totals_never_double_count_and_stay_null_when_unknown():
     report = _harness("report")
     per_round = [
@@ -572,6 +588,7 @@ def _round_doc(n: int, verdict: str, point: float | None, lo: float | None = Non
     }
 
 
+@pytest.mark.fast
 def test_best_is_the_highest_paired_improvement_among_pass_rounds_only():
     sel = _harness("select")
     doc = sel.select(
@@ -594,6 +611,7 @@ def test_best_is_the_highest_paired_improvement_among_pass_rounds_only():
 # =============================================================================== agent loops
 
 
+@pytest.mark.e2e
 def test_scripted_agent_loop_through_a_catalog_task(tmp_path):
     ws = task_workspace(tmp_path, CAMPAIGN)
     cands = ws / "cands"
@@ -771,6 +789,7 @@ def read_events_tolerant(path: Path) -> list[dict]:
     return out
 
 
+@pytest.mark.e2e
 def test_an_infrastructure_fault_is_retried_and_a_kill_9_leaves_the_round_resumable(tmp_path):
     ws = task_workspace(tmp_path, CAMPAIGN)
     run_rsi(ws, "build", "//tasks/sm:small", timeout=300)  # baseline check + A/A, shared
@@ -876,6 +895,7 @@ PROJECT_CANDIDATES = {
 }
 
 
+@pytest.mark.e2e
 def test_scripted_agent_loop_through_an_external_project(tmp_path):
     ws = make_workspace(tmp_path, {"tasks/ext/BUILD.toml": PROJECT_BUILD})
     proj = ws / "proj"
@@ -915,6 +935,11 @@ def test_scripted_agent_loop_through_an_external_project(tmp_path):
     assert docs["chunked"]["best"]["round"] == 1  # the closed form is by far the fastest
     assert docs["chunked"]["speedup"]["point"] < docs["closed_form"]["speedup"]["point"]
     assert set(docs["wrong"]["candidate"]["files"]) == {"src/work.py"}  # notes.txt ignored
+    samples = json.loads(Path(docs["chunked"]["evidence"]["samples"]["path"]).read_text())
+    arm = samples["pairs"][0]["arms"]["candidate"]
+    # the bench prints seconds: kept in its own unit, never labelled nanoseconds
+    assert "samples_ns" not in arm and 0 < max(arm["samples"]) < 60
+    assert samples["sample_unit"] == "as printed by the benchmark command"
 
     more = rsi_json(ws, "round", camp, "--from", str(ws.parent / "agent" / "wrong"))
     assert more["added"] is False  # known content: no new round, even with the budget used
@@ -940,6 +965,7 @@ def test_scripted_agent_loop_through_an_external_project(tmp_path):
     assert live == set(original)  # no command ever ran in the project folder
 
 
+@pytest.mark.fast
 def test_a_symlinked_folder_or_a_file_as_candidate_is_refused_with_exit_2(tmp_path):
     ws = task_workspace(tmp_path, CAMPAIGN)
     cand = tmp_path / "cand"
@@ -954,3 +980,240 @@ def test_a_symlinked_folder_or_a_file_as_candidate_is_refused_with_exit_2(tmp_pa
     assert not (ws / "cache" / "campaigns").exists() or not any(
         e.get("kind") == "candidate" for e in CampaignLog(ws / "cache", C).read()
     )
+
+
+# ================================================================================ concurrency
+
+TINY = {
+    "measure.samples = 5": "measure.samples = 3",
+    "measure.pairs = 16": "measure.pairs = 6",
+    "measure.probes = 16": "measure.probes = 4",
+}
+
+
+def tiny_workspace(tmp_path: Path, campaign: str = CAMPAIGN) -> Path:
+    ws = task_workspace(tmp_path, campaign)
+    build = ws / "tasks" / "sm" / "BUILD.toml"
+    text = build.read_text()
+    for was, now in TINY.items():
+        text = text.replace(was, now)
+    build.write_text(text)
+    return ws
+
+
+@pytest.mark.e2e
+def test_four_rounds_submitted_at_once_get_their_own_numbers_and_evidence(tmp_path):
+    from rsi.digest import digest_file
+
+    ws = tiny_workspace(tmp_path)
+    names = ("vectorised", "inplace", "unchanged", "wrong")
+    procs = {}
+    for name in names:
+        events = ws.parent / f"events-{name}.jsonl"
+        procs[name] = (
+            subprocess.Popen(
+                [*RSI, "round", C, "--from", str(ws / "cands" / name), "--json"]
+                + ["--events", str(events)],
+                cwd=ws,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                stdin=subprocess.DEVNULL,
+            ),
+            events,
+        )
+    docs, ran = {}, {}
+    for name, (proc, events) in procs.items():
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{out}\n{err}"
+        docs[name] = json.loads(out)
+        ran[name] = [
+            e
+            for e in read_events(events)
+            if e["kind"] == "action_finished" and e.get("cache") == "miss"
+        ]
+    assert sorted(d["round"] for d in docs.values()) == [1, 2, 3, 4]
+    for name, doc in docs.items():
+        assert doc["state"] == "done" and doc["added"] is True, doc
+        assert doc["candidate"]["files"]["kernel.py"].split("/")[0] in {
+            str(digest_file(ws / "cands" / name / "kernel.py")).split("/")[0]
+        }
+        # NB: a round runs its own actions and, at most, the binding's shared ones
+        own = {doc["label"], "//tasks/sm:small"}
+        assert {e["label"] for e in ran[name]} <= own, (name, ran[name])
+    shared = [e["mnemonic"] for r in ran.values() for e in r if e["label"] == "//tasks/sm:small"]
+    assert sorted(shared) == ["BaselineCheck", "Calibrate"], shared
+    # NB: 6 pairs on a shared machine: a clear gain may still be INCONCLUSIVE, never FAIL
+    assert {d["verdict"] for n, d in docs.items() if n in ("vectorised", "inplace")} <= {
+        "PASS",
+        "INCONCLUSIVE",
+    }
+    assert docs["wrong"]["verdict"] == "FAIL"
+    # nothing returned to a caller was replaced: the out/ files still hold what each was
+    # given, and asking for each round again serves the very same evidence from the cache
+    for name, doc in docs.items():
+        for part in ("round", "verdict", "check", "samples"):
+            ev = doc["evidence"][part]
+            assert str(digest_file(ev["path"])) == ev["digest"], (name, part)
+        again = rsi_json(ws, "round", C, "--round", str(doc["round"]))
+        assert again["cache"] == "hit", again
+        assert {k: v["digest"] for k, v in again["evidence"].items()} == {
+            k: v["digest"] for k, v in doc["evidence"].items()
+        }
+    status = rsi_json(ws, "campaign", "status", C)
+    passed = [d["round"] for d in docs.values() if d["verdict"] == "PASS"]
+    assert status["best"]["state"] == ("selected" if passed else "none")
+    assert status["best"].get("round") in (passed or [None])
+
+
+# ==================================================================================== regrade
+
+
+@pytest.mark.e2e
+def test_regrade_reassesses_from_retained_measurements_and_lists_what_changed(tmp_path):
+    ws = tiny_workspace(tmp_path)
+    first = rsi_json(ws, "round", C, "--from", str(ws / "cands" / "vectorised"))
+    wrong = rsi_json(ws, "round", C, "--from", str(ws / "cands" / "wrong"))
+    assert first["verdict"] in ("PASS", "INCONCLUSIVE") and wrong["verdict"] == "FAIL"
+    events = ws.parent / "regrade-events.jsonl"
+    t0 = time.monotonic()
+    doc = rsi_json(ws, "campaign", "regrade", C, "--min-improvement", "50", "--events", str(events))
+    took = time.monotonic() - t0
+    ran = {
+        e["mnemonic"]
+        for e in read_events(events)
+        if e["kind"] == "action_finished" and e.get("cache") == "miss"
+    }
+    # no measurement (nor check, nor calibration) ran: only the assessment and what follows it
+    assert not ran & {"Measure", "Calibrate", "Check", "BaselineCheck"}, ran
+    assert "Assess" in ran
+    assert doc["measure_actions"] == 0 and "Measure" not in doc["executed"]
+    assert doc["assess"] == {"min_improvement": 50.0} and doc["logged"]
+    r1, r2 = doc["rounds"]
+    assert r1["state"] == r2["state"] == "regraded"
+    assert r1["before"]["verdict"] == first["verdict"] and r1["after"]["verdict"] != "PASS"
+    assert "min_improvement" in r1["changed"]
+    # NB: no threshold when the measurement says nothing (e.g. `host_busy` on a loaded host)
+    assert ("threshold" in r1["changed"]) == (r1["before"]["threshold"] is not None)
+    assert ("verdict" in r1["changed"]) == (first["verdict"] == "PASS")
+    assert r1["before"]["speedup"] == r1["after"]["speedup"]  # same pairs, same interval
+    assert r2["after"]["verdict"] == "FAIL" and "verdict" not in r2["changed"]
+    assert doc["best"]["state"] == "none" and doc["n_changed"] >= 1
+    # the round documents follow the regraded policy; the log keeps both policies
+    again = rsi_json(ws, "round", C, "--round", "1")
+    assert again["cache"] == "hit" and again["verdict"] == r1["after"]["verdict"]
+    assert [e["kind"] for e in CampaignLog(ws / "cache", C).read()].count("regrade") == 1
+    # back to the declared policy: PASS again, still nothing measured
+    back = rsi_json(ws, "campaign", "regrade", C, "--min-improvement", "0.05")
+    assert back["measure_actions"] == 0
+    assert back["rounds"][0]["after"] == r1["before"]  # the declared policy's very verdict
+    assert back["best"]["state"] == ("selected" if first["verdict"] == "PASS" else "none")
+    print(f"regrade of 2 rounds: {took:.2f}s")
+    bad = rsi_json(ws, "campaign", "regrade", C, "--confidence", "1.5", expect=2)
+    assert bad["error"]["code"] == "UsageError"
+
+
+# ========================================================================= evidence by content
+
+JUDGE_STEPS = {"Check", "Measure", "Assess", "Render", "BaselineCheck", "Calibrate"}
+
+
+@pytest.mark.e2e
+def test_the_same_content_under_the_same_binding_reuses_its_evidence_in_any_campaign(tmp_path):
+    second = CAMPAIGN.replace("[campaign]", "[campaign2]")
+    ws = tiny_workspace(tmp_path, CAMPAIGN + "\n" + second)
+    C2 = "//tasks/sm:campaign2"
+
+    def timed_round(campaign: str, *args: str) -> tuple[dict, set[str], float]:
+        events = ws.parent / f"events-{time.monotonic_ns()}.jsonl"
+        t0 = time.monotonic()
+        doc = rsi_json(ws, "round", campaign, *args, "--events", str(events))
+        took = time.monotonic() - t0
+        ran = {
+            e["mnemonic"]
+            for e in read_events(events)
+            if e["kind"] == "action_finished" and e.get("cache") == "miss"
+        }
+        return doc, ran, took
+
+    fresh, ran, t_fresh = timed_round(C, "--from", str(ws / "cands" / "vectorised"))
+    assert {"Check", "Measure", "Assess"} <= ran
+    assert fresh["reused"] is False and fresh["evidence_reuse"]["samples"]["reused"] is False
+    cached, ran, t_cached = timed_round(C, "--round", "1")
+    assert not ran and cached["cache"] == "hit"
+    # the very same content, from another folder, in another campaign: judged once
+    elsewhere = ws.parent / "elsewhere" / "vectorised"
+    shutil.copytree(ws / "cands" / "vectorised", elsewhere)
+    reused, ran, t_reused = timed_round(C2, "--from", str(elsewhere))
+    assert not ran & JUDGE_STEPS, ran  # only the round's own bookkeeping (its document)
+    assert reused["round"] == 1 and reused["reused"] is True
+    src = reused["evidence_reuse"]["samples"]["from"]
+    assert (src["campaign"], src["round"]) == (C, 1)
+    assert reused["evidence_reuse"]["check"]["from"]["campaign"] == C
+    for part in ("verdict", "samples", "check"):
+        assert reused["evidence"][part]["digest"] == fresh["evidence"][part]["digest"]
+    assert (reused["verdict"], reused["speedup"]) == (fresh["verdict"], fresh["speedup"])
+    assert reused["label"] == C2 + ".round-1" and reused["campaign"] == C2
+    print(f"round latency: fresh {t_fresh:.2f}s, cached {t_cached:.2f}s, reused {t_reused:.2f}s")
+
+
+@pytest.mark.e2e
+def test_a_changed_declared_assessment_policy_is_taken_by_regrade_without_measuring(tmp_path):
+    ws = tiny_workspace(tmp_path)
+    first = rsi_json(ws, "round", C, "--from", str(ws / "cands" / "vectorised"))
+    build = ws / "tasks" / "sm" / "BUILD.toml"
+    build.write_text(build.read_text().replace("min_improvement = 0.05", "min_improvement = 50.0"))
+    refused = rsi_json(ws, "round", C, "--round", "1", expect=2)
+    assert "assess.min_improvement" in refused["error"]["message"]
+    assert "rsi campaign regrade" in refused["error"]["hint"]
+    events = ws.parent / "declared-events.jsonl"
+    doc = rsi_json(ws, "campaign", "regrade", C, "--events", str(events))
+    ran = {
+        e["mnemonic"]
+        for e in read_events(events)
+        if e["kind"] == "action_finished" and e.get("cache") == "miss"
+    }
+    assert not ran & {"Measure", "Calibrate", "Check", "BaselineCheck"}, ran
+    assert doc["measure_actions"] == 0 and doc["declared_changes"] == ["assess.min_improvement"]
+    (r1,) = doc["rounds"]
+    assert r1["state"] == "regraded" and r1["before"]["verdict"] == first["verdict"]
+    assert r1["after"]["verdict"] != "PASS" and "min_improvement" in r1["changed"]
+    # the campaign now goes on under the new policy
+    again = rsi_json(ws, "round", C, "--round", "1")
+    assert again["cache"] == "hit" and again["verdict"] == r1["after"]["verdict"]
+    status = rsi_json(ws, "campaign", "status", C)
+    assert status["judge"]["state"] == "unchanged"
+
+
+# =========================================================================== in-process service
+
+
+@pytest.mark.e2e
+def test_the_campaign_service_runs_rounds_in_process_with_its_own_clock_and_builder(tmp_path):
+    from rsi.build import build
+    from rsi.workspace import Workspace
+    from rules.campaign_cli import CampaignClosed, Campaigns
+
+    ws = tiny_workspace(tmp_path)
+    now = [1_000_000.0]
+    built = []
+
+    def builder(*args, **kw):
+        built.append(list(args[1]))
+        return build(*args, **kw)
+
+    svc = Campaigns(Workspace.load(ws), clock=lambda: now[0], builder=builder)
+    assert svc.best(C)["state"] == "none"  # no round yet
+    doc = svc.round(C, src=ws / "cands" / "wrong", hypothesis="h")
+    assert doc["round"] == 1 and doc["verdict"] == "FAIL" and doc["added"] is True
+    assert doc["submitted_at"] == 1_000_000.0 and built == [[C + ".round-1"]]
+    assert doc["budget"]["started_at"] == 1_000_000.0
+    again = svc.round(C, number=1)
+    assert again["cache"] == "hit" and again["verdict"] == "FAIL"
+    status = svc.status(C)
+    assert [r["verdict"] for r in status["rounds"]] == ["FAIL"]
+    assert status["budget"]["seconds_left_for_rounds"] == 3600.0 - 600.0
+    now[0] += 3500.0  # past the round window (deadline 3600 s, 600 s kept for the final)
+    with pytest.raises(CampaignClosed) as info:
+        svc.round(C, src=ws / "cands" / "inplace")
+    assert info.value.code == "deadline_reached"

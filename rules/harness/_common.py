@@ -138,10 +138,13 @@ def load_spec(path: Path) -> dict:
     bpc = measure.get("bytes_per_call")
     if bpc is not None and (isinstance(bpc, bool) or not isinstance(bpc, int) or bpc <= 0):
         raise HarnessError("measure.bytes_per_call must be a positive integer when given")
-    if (measure["metric"], measure["direction"]) not in (("latency", "minimize"),
-                                                         ("throughput", "maximize")):
+    if (measure["metric"], measure["direction"]) not in (
+        ("latency", "minimize"),
+        ("throughput", "maximize"),
+    ):
         raise HarnessError(
-            "measure metric/direction must be latency/minimize or throughput/maximize")
+            "measure metric/direction must be latency/minimize or throughput/maximize"
+        )
     if measure["metric"] == "throughput" and not measure["units_per_call"]:
         raise HarnessError("measure metric 'throughput' needs measure.units_per_call")
     assess = spec.setdefault("assess", {})
@@ -210,7 +213,11 @@ def _geometry(value: Any) -> tuple[int, list[int], list[int], int, int]:
     """(data address, shape, byte strides, itemsize, byte offset of first element in extent)."""
     if isinstance(value, np.ndarray):
         addr, shape, strides, itemsize = (
-            value.ctypes.data, list(value.shape), list(value.strides), value.itemsize)
+            value.ctypes.data,
+            list(value.shape),
+            list(value.strides),
+            value.itemsize,
+        )
     else:
         itemsize = value.element_size()
         addr, shape = value.data_ptr(), list(value.shape)
@@ -241,8 +248,15 @@ def describe_input(value: Any) -> dict:
     else:
         raise HarnessError(f"workloads produced an unsupported input type {type(value).__name__}")
     _, shape, strides, itemsize, neg_lo = _geometry(value)
-    return {"kind": "array", "framework": framework, "dtype": dtype_name(value), "shape": shape,
-            "strides_bytes": strides, "offset_bytes": neg_lo, "itemsize": itemsize}
+    return {
+        "kind": "array",
+        "framework": framework,
+        "dtype": dtype_name(value),
+        "shape": shape,
+        "strides_bytes": strides,
+        "offset_bytes": neg_lo,
+        "itemsize": itemsize,
+    }
 
 
 def inputs_digest(inputs: dict[str, Any]) -> str:
@@ -282,6 +296,9 @@ def compare(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) 
         nz = np.abs(expected) > 0
         rel = err[nz] / np.abs(expected[nz])
         rel = rel[np.isfinite(rel)]
+        # NB: an error where the reference is 0 has no relative size (it is unbounded), so the
+        # maximum relative error is then unknown (null), never the 0.0 of the other elements
+        off_at_zero = int(np.count_nonzero((expected == 0) & ~exact))
     nonfinite = int(np.count_nonzero(~np.isfinite(actual) & np.isfinite(expected)))
     bad = int(ok.size - np.count_nonzero(ok))
     return {
@@ -289,7 +306,7 @@ def compare(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) 
         "mismatched": bad,
         "nonfinite": nonfinite,
         "max_abs_err": finite_or_none(finite_err.max()) if finite_err.size else None,
-        "max_rel_err": finite_or_none(rel.max()) if rel.size else None,
+        "max_rel_err": finite_or_none(rel.max()) if rel.size and not off_at_zero else None,
     }
 
 
@@ -362,8 +379,6 @@ def reap_zombies() -> None:
             return
 
 
-
-
 # ---------------------------------------------------------------------------------------------
 # Accelerators (CUDA through torch), bandwidth and the hardware fingerprint
 #
@@ -375,8 +390,15 @@ NO_CUDA = "no CUDA device: torch.cuda.is_available() is False"
 # current NVIDIA GPU (H100/H200: 50 MiB, B200: 126 MiB), so 2x it still evicts everything.
 DEFAULT_L2_BYTES = 256 * 2**20
 L2_FLUSH_FACTOR = 2
-NVIDIA_SMI_FIELDS = ("name", "uuid", "driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm",
-                     "clocks.max.mem")
+NVIDIA_SMI_FIELDS = (
+    "name",
+    "uuid",
+    "driver_version",
+    "clocks.sm",
+    "clocks.mem",
+    "clocks.max.sm",
+    "clocks.max.mem",
+)
 # CUdevice_attribute values (cuda.h): a fallback when torch does not expose a property
 _CU_ATTR = {"memory_clock_khz": 36, "memory_bus_width_bits": 37, "l2_cache_bytes": 38}
 
@@ -395,7 +417,8 @@ def require_device(spec: dict) -> None:
             f"{NO_CUDA} (torch {torch.__version__}, built for CUDA {torch.version.cuda}); the "
             f"binding needs device {spec['device']!r} and the harness refuses to judge on another "
             "device. Run it where a GPU is visible (docker executor, which requests GPUs for an "
-            "`accelerator` platform property, or a remote worker advertising accelerator=cuda)")
+            "`accelerator` platform property, or a remote worker advertising accelerator=cuda)"
+        )
 
 
 def _positive(value: Any) -> int | None:
@@ -443,19 +466,22 @@ def cuda_device_facts(torch) -> dict:
     """What the current CUDA device says about itself (call in a forked item, after CUDA init)."""
     index = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
-    names = (("memory_clock_khz", "memory_clock_rate"), ("memory_bus_width_bits",
-                                                          "memory_bus_width"),
-             ("l2_cache_bytes", "L2_cache_size"))
+    names = (
+        ("memory_clock_khz", "memory_clock_rate"),
+        ("memory_bus_width_bits", "memory_bus_width"),
+        ("l2_cache_bytes", "L2_cache_size"),
+    )
     from_torch = {key: _positive(getattr(props, attr, None)) for key, attr in names}
-    driver = (_driver_attributes(index) if None in from_torch.values()
-              else dict.fromkeys(_CU_ATTR))
-    facts: dict[str, Any] = {"index": index, "name": getattr(props, "name", None),
-                             "uuid": _gpu_uuid(getattr(props, "uuid", None)),
-                             "compute_capability": f"{props.major}.{props.minor}",
-                             "total_memory_bytes": _positive(getattr(props, "total_memory", None)),
-                             "multi_processor_count": _positive(
-                                 getattr(props, "multi_processor_count", None)),
-                             "sm_clock_khz": _positive(getattr(props, "clock_rate", None))}
+    driver = _driver_attributes(index) if None in from_torch.values() else dict.fromkeys(_CU_ATTR)
+    facts: dict[str, Any] = {
+        "index": index,
+        "name": getattr(props, "name", None),
+        "uuid": _gpu_uuid(getattr(props, "uuid", None)),
+        "compute_capability": f"{props.major}.{props.minor}",
+        "total_memory_bytes": _positive(getattr(props, "total_memory", None)),
+        "multi_processor_count": _positive(getattr(props, "multi_processor_count", None)),
+        "sm_clock_khz": _positive(getattr(props, "clock_rate", None)),
+    }
     for key, _ in names:
         value, source = from_torch[key], "torch"
         if value is None and driver[key] is not None:
@@ -489,8 +515,12 @@ def l2_flush_bytes(facts: dict | None) -> tuple[int, int, str]:
 
 def _smi_value(text: str) -> str | None:
     text = text.strip()
-    if not text or text.strip("[]").lower() in ("n/a", "not supported", "unknown error",
-                                                "insufficient permissions"):
+    if not text or text.strip("[]").lower() in (
+        "n/a",
+        "not supported",
+        "unknown error",
+        "insufficient permissions",
+    ):
         return None
     return text
 
@@ -500,14 +530,24 @@ def nvidia_smi(timeout_s: float = 15.0) -> list[dict] | None:
     import csv
 
     exe = shutil.which("nvidia-smi") or next(
-        (p for p in ("/usr/bin/nvidia-smi", "/usr/local/nvidia/bin/nvidia-smi")
-         if os.access(p, os.X_OK)), None)
+        (
+            p
+            for p in ("/usr/bin/nvidia-smi", "/usr/local/nvidia/bin/nvidia-smi")
+            if os.access(p, os.X_OK)
+        ),
+        None,
+    )
     if exe is None:
         return None
     try:
-        proc = subprocess.run([exe, "--query-gpu=" + ",".join(NVIDIA_SMI_FIELDS),
-                               "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                              timeout=timeout_s, check=False, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [exe, "--query-gpu=" + ",".join(NVIDIA_SMI_FIELDS), "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if proc.returncode != 0:
@@ -563,10 +603,21 @@ def cpu_model() -> str | None:
     return platform.processor() or None
 
 
-GPU_FINGERPRINT_KEYS = ("gpu_name", "gpu_uuid", "gpu_driver", "gpu_compute_capability",
-                        "gpu_memory_bytes", "gpu_sm_clock_mhz", "gpu_mem_clock_mhz",
-                        "gpu_max_sm_clock_mhz", "gpu_max_mem_clock_mhz", "gpu_l2_cache_bytes",
-                        "gpu_memory_bus_width_bits", "gpu_peak_gb_s", "gpu_peak_source")
+GPU_FINGERPRINT_KEYS = (
+    "gpu_name",
+    "gpu_uuid",
+    "gpu_driver",
+    "gpu_compute_capability",
+    "gpu_memory_bytes",
+    "gpu_sm_clock_mhz",
+    "gpu_mem_clock_mhz",
+    "gpu_max_sm_clock_mhz",
+    "gpu_max_mem_clock_mhz",
+    "gpu_l2_cache_bytes",
+    "gpu_memory_bus_width_bits",
+    "gpu_peak_gb_s",
+    "gpu_peak_source",
+)
 
 
 def fingerprint(spec: dict, facts: dict | None = None, smi: list[dict] | None = None) -> dict:
@@ -577,8 +628,11 @@ def fingerprint(spec: dict, facts: dict | None = None, smi: list[dict] | None = 
     """
     torch = sys.modules.get("torch")
     doc: dict[str, Any] = {
-        "device": spec["device"], "cpu_model": cpu_model(), "machine": platform.machine(),
-        "python": platform.python_version(), "numpy": np.__version__,
+        "device": spec["device"],
+        "cpu_model": cpu_model(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
         "torch": str(torch.__version__) if torch is not None else None,
         "cuda": getattr(getattr(torch, "version", None), "cuda", None),
         "toolchain": spec.get("toolchain"),
@@ -598,18 +652,20 @@ def fingerprint(spec: dict, facts: dict | None = None, smi: list[dict] | None = 
         gpu_memory_bytes=facts.get("total_memory_bytes"),
         gpu_sm_clock_mhz=row.get("clocks.sm"),
         gpu_mem_clock_mhz=row.get("clocks.mem"),
-        gpu_max_sm_clock_mhz=row.get("clocks.max.sm") or (round(sm_khz / 1000) if sm_khz
-                                                           else None),
-        gpu_max_mem_clock_mhz=row.get("clocks.max.mem") or (
-            round(facts["memory_clock_khz"] / 1000) if facts.get("memory_clock_khz") else None),
+        gpu_max_sm_clock_mhz=row.get("clocks.max.sm") or (round(sm_khz / 1000) if sm_khz else None),
+        gpu_max_mem_clock_mhz=row.get("clocks.max.mem")
+        or (round(facts["memory_clock_khz"] / 1000) if facts.get("memory_clock_khz") else None),
         gpu_l2_cache_bytes=facts.get("l2_cache_bytes"),
         gpu_memory_bus_width_bits=facts.get("memory_bus_width_bits"),
-        gpu_peak_gb_s=peak, gpu_peak_source=peak_source)
+        gpu_peak_gb_s=peak,
+        gpu_peak_source=peak_source,
+    )
     return doc
 
 
-def peak_bandwidth(facts: dict | None, smi_row: dict | None = None) -> tuple[float | None,
-                                                                              str | None]:
+def peak_bandwidth(
+    facts: dict | None, smi_row: dict | None = None
+) -> tuple[float | None, str | None]:
     """(peak DRAM GB/s, source): torch/driver memory clock x bus width, else nvidia-smi's
     maximum memory clock x the bus width; (None, None) when unknown."""
     facts, smi_row = facts or {}, smi_row or {}
@@ -622,12 +678,12 @@ def peak_bandwidth(facts: dict | None, smi_row: dict | None = None) -> tuple[flo
     return (peak, "nvidia-smi") if peak is not None else (None, None)
 
 
-def bandwidth(bytes_per_call: int | None, median_ns: float | None,
-              peak_gb_s: float | None) -> dict:
+def bandwidth(bytes_per_call: int | None, median_ns: float | None, peak_gb_s: float | None) -> dict:
     """Achieved bandwidth (bytes per call / median time; bytes per ns = GB/s) and its fraction of
     the peak. Unknown parts are null, never 0."""
-    achieved = (bytes_per_call / median_ns if bytes_per_call and median_ns and median_ns > 0
-                else None)
+    achieved = (
+        bytes_per_call / median_ns if bytes_per_call and median_ns and median_ns > 0 else None
+    )
     fraction = achieved / peak_gb_s if achieved is not None and peak_gb_s else None
     return {"median_ns": median_ns, "achieved_gb_s": achieved, "fraction": fraction}
 
@@ -657,5 +713,3 @@ def tensor_bytes(inputs: dict[str, Any], out_shape, out_dtype: str) -> int:
     for n in out_shape:
         n_out *= int(n)
     return total + n_out * dtype_itemsize(out_dtype)
-
-

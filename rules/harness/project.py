@@ -53,8 +53,11 @@ def derive_seed(*parts) -> int:
 
 def tree_digest(root: Path) -> tuple[str, list[str]]:
     """sha256 over the sorted (relative path, content) of every regular file (as _common.py)."""
-    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
-                   if p.is_file() and not p.is_symlink())
+    files = sorted(
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if p.is_file() and not p.is_symlink()
+    )
     h = hashlib.sha256(b"rsi-tree-v1\0")
     for rel in files:
         data = (root / rel).read_bytes()
@@ -99,8 +102,14 @@ def command_env(spec: dict, work: Path, seed: int, extra: dict | None = None) ->
     tmp.mkdir(exist_ok=True)
     # NB: `python3` in a project command is the toolchain's interpreter, not whatever /usr has
     path = os.path.dirname(sys.executable) + ":/usr/bin:/bin"
-    env = {"PATH": path, "HOME": str(home), "TMPDIR": str(tmp), "LANG": "C.UTF-8",
-           "PYTHONDONTWRITEBYTECODE": "1", "RSI_SEED": str(seed)}
+    env = {
+        "PATH": path,
+        "HOME": str(home),
+        "TMPDIR": str(tmp),
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "RSI_SEED": str(seed),
+    }
     env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
     env.update(extra or {})
     return env
@@ -112,8 +121,15 @@ def run_command(cmd: str, cwd: Path, env: dict, timeout_s: float) -> dict:
     t0 = time.perf_counter()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         try:
-            proc = subprocess.Popen(["/bin/sh", "-c", cmd], cwd=cwd, env=env, stdout=out,
-                                    stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", cmd],
+                cwd=cwd,
+                env=env,
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         except OSError as exc:
             raise HarnessError(f"cannot start /bin/sh: {exc}") from exc
         timed_out = False
@@ -133,8 +149,13 @@ def run_command(cmd: str, cwd: Path, env: dict, timeout_s: float) -> dict:
     out_path.unlink()
     err_path.unlink()
     tail = "\n".join(stderr.decode("utf-8", "replace").rstrip().splitlines()[-15:]) or None
-    return {"exit_code": proc.returncode, "timed_out": timed_out, "wall_s": round(wall, 6),
-            "stdout": stdout.decode("utf-8", "replace"), "stderr_tail": tail}
+    return {
+        "exit_code": proc.returncode,
+        "timed_out": timed_out,
+        "wall_s": round(wall, 6),
+        "stdout": stdout.decode("utf-8", "replace"),
+        "stderr_tail": tail,
+    }
 
 
 def parse_json_output(text: str):
@@ -207,17 +228,30 @@ def quality(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
     q = spec["quality"]
     env = command_env(spec, work, derive_seed(spec["seed"], "quality"))
     run = run_command(q["cmd"], tree, env, float(q["timeout_s"]))
-    case = {"name": "quality", "passed": False, "reason": None, "detail": None,
-            "max_abs_err": None, "max_rel_err": None, "output": None, "wall_s": run["wall_s"],
-            "log_tail": run["stderr_tail"], "exit_code": run["exit_code"]}
+    case = {
+        "name": "quality",
+        "passed": False,
+        "reason": None,
+        "detail": None,
+        "max_abs_err": None,
+        "max_rel_err": None,
+        "output": None,
+        "wall_s": run["wall_s"],
+        "log_tail": run["stderr_tail"],
+        "exit_code": run["exit_code"],
+    }
     parsed = None
     if run["timed_out"]:
-        case.update(reason="timeout", detail=f"no result within {q['timeout_s']} s; the process "
-                    "group was killed")
+        case.update(
+            reason="timeout",
+            detail=f"no result within {q['timeout_s']} s; the process group was killed",
+        )
     elif run["exit_code"] != 0:
         last = (run["stderr_tail"] or "").splitlines()[-1:] or [""]
-        case.update(reason="quality_command_failed",
-                    detail=f"`{q['cmd']}` exited with {run['exit_code']}: {last[0][:300]}")
+        case.update(
+            reason="quality_command_failed",
+            detail=f"`{q['cmd']}` exited with {run['exit_code']}: {last[0][:300]}",
+        )
     else:
         try:
             parsed = parse_json_output(run["stdout"])
@@ -225,12 +259,15 @@ def quality(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
         except ValueError as exc:
             case.update(reason="quality_output_invalid", detail=str(exc))
         except KeyError:
-            case.update(reason="quality_output_invalid",
-                        detail=f"the output has no field {q['field']!r}")
+            case.update(
+                reason="quality_output_invalid", detail=f"the output has no field {q['field']!r}"
+            )
         else:
             if not isinstance(value, bool):
-                case.update(reason="quality_output_invalid",
-                            detail=f"field {q['field']!r} is {value!r}, not true or false")
+                case.update(
+                    reason="quality_output_invalid",
+                    detail=f"field {q['field']!r} is {value!r}, not true or false",
+                )
             elif value:
                 case.update(passed=True, reason="ok")
             else:
@@ -242,8 +279,11 @@ def quality(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
         "schema": "rsi.check/1",
         "status": "candidate_failure" if failed else "ok",
         "failure_kind": case["reason"] if failed else None,
-        "reasons": ([{"code": case["reason"], "case": "quality", "detail": case["detail"]}]
-                    if failed else []),
+        "reasons": (
+            [{"code": case["reason"], "case": "quality", "detail": case["detail"]}]
+            if failed
+            else []
+        ),
         "impl": {"digest": digest, "files": files, "extra_files": [], "missing_files": []},
         "quality": {"cmd": q["cmd"], "field": q["field"]},
         "cases": [case],
@@ -281,14 +321,24 @@ def bench(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
             env = command_env(spec, work, seed, {"RSI_PAIR": str(i)})
             run = run_command(b["cmd"], run_dir, env, float(b["timeout_s"]))
             shutil.rmtree(run_dir, ignore_errors=True)
-            record = {"valid": False, "reasons": [], "samples_ns": [], "wall_s": run["wall_s"],
-                      "exit_code": run["exit_code"], "log_tail": run["stderr_tail"]}
+            # NB: `samples` are in the benchmark command's own unit (often seconds), never
+            # relabelled as nanoseconds: the assessment compares them only with each other
+            record = {
+                "valid": False,
+                "reasons": [],
+                "samples": [],
+                "wall_s": run["wall_s"],
+                "exit_code": run["exit_code"],
+                "log_tail": run["stderr_tail"],
+            }
             if run["timed_out"]:
-                record["reasons"].append({"code": "timeout", "detail": f"no result within "
-                                          f"{b['timeout_s']} s"})
+                record["reasons"].append(
+                    {"code": "timeout", "detail": f"no result within {b['timeout_s']} s"}
+                )
             elif run["exit_code"] != 0:
-                record["reasons"].append({"code": "bench_command_failed",
-                                          "detail": f"exit {run['exit_code']}"})
+                record["reasons"].append(
+                    {"code": "bench_command_failed", "detail": f"exit {run['exit_code']}"}
+                )
             else:
                 try:
                     samples = parse_samples(run["stdout"])
@@ -296,18 +346,27 @@ def bench(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
                     samples = []
                     record["reasons"].append({"code": "bad_samples", "detail": str(exc)})
                 if not samples and not record["reasons"]:
-                    record["reasons"].append({"code": "no_samples",
-                                              "detail": "the command printed no samples"})
+                    record["reasons"].append(
+                        {"code": "no_samples", "detail": "the command printed no samples"}
+                    )
                 elif any(not math.isfinite(s) or s <= 0 for s in samples):
-                    record["reasons"].append({"code": "bad_samples",
-                                              "detail": "samples must be finite and positive"})
+                    record["reasons"].append(
+                        {"code": "bad_samples", "detail": "samples must be finite and positive"}
+                    )
                 else:
-                    record["samples_ns"] = samples
+                    record["samples"] = samples
                     record["valid"] = not record["reasons"]
             arms[arm] = record
             invalid[arm].extend(dict(r, pair=i) for r in record["reasons"])
-        pairs.append({"index": i, "order": order, "seed": seed,
-                      "complete": all(a["valid"] for a in arms.values()), "arms": arms})
+        pairs.append(
+            {
+                "index": i,
+                "order": order,
+                "seed": seed,
+                "complete": all(a["valid"] for a in arms.values()),
+                "arms": arms,
+            }
+        )
     status = "ok"
     if invalid["candidate"]:
         status = "candidate_invalid"
@@ -323,6 +382,7 @@ def bench(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
         "measure": m,
         "threads": spec.get("threads"),
         "benchmark": {"cmd": b["cmd"]},
+        "sample_unit": "as printed by the benchmark command",
         "n_pairs": n_pairs,
         "n_complete_pairs": sum(p["complete"] for p in pairs),
         "pairs": pairs,
@@ -342,6 +402,27 @@ def _load_sibling(stem: str):
     return module
 
 
+def _as_task_samples(doc):
+    """The task assessment reads each arm's `samples_ns`; a project's samples are in its own
+    unit, which its `latency` summary (a median) and the paired ratios do not depend on."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("pairs"), list):
+        return doc
+    pairs = []
+    for p in doc["pairs"]:
+        if isinstance(p, dict) and isinstance(p.get("arms"), dict):
+            arms = {
+                k: (
+                    dict(v, samples_ns=v["samples"])
+                    if isinstance(v, dict) and "samples" in v and "samples_ns" not in v
+                    else v
+                )
+                for k, v in p["arms"].items()
+            }
+            p = dict(p, arms=arms)
+        pairs.append(p)
+    return dict(doc, pairs=pairs)
+
+
 def assess(spec_path: Path, paths: dict[str, Path]) -> dict:
     spec = load_spec(spec_path)
     blobs = {}
@@ -352,16 +433,24 @@ def assess(spec_path: Path, paths: dict[str, Path]) -> dict:
         except OSError as exc:
             raise HarnessError(f"cannot read {name} evidence: {exc}") from exc
     docs = {name: read_json(paths[name]) for name in paths}
+    for name in ("samples", "calibration"):
+        docs[name] = _as_task_samples(docs[name])
     a = _load_sibling("assess")
     # NB: the task harness's `latency` summary is the median of positive samples in any unit;
     # the direction alone decides which way is better, so it serves any project metric.
-    aspec = {"measure": {"metric": "latency", "direction": spec["measure"]["direction"],
-                         "units_per_call": None},
-             "assess": spec["assess"]}
+    aspec = {
+        "measure": {
+            "metric": "latency",
+            "direction": spec["measure"]["direction"],
+            "units_per_call": None,
+        },
+        "assess": spec["assess"],
+    }
     seed = a.S.seed_from(*blobs.values())
     try:
-        doc = a.assess(aspec, docs["samples"], docs["check"], docs["baseline_check"],
-                       docs["calibration"], seed)
+        doc = a.assess(
+            aspec, docs["samples"], docs["check"], docs["baseline_check"], docs["calibration"], seed
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise HarnessError(f"malformed evidence: {type(exc).__name__}: {exc}") from exc
     except a.C.HarnessError as exc:
@@ -391,15 +480,25 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix=f".rsi-project-{args.step}-", dir=Path.cwd()))
     try:
         if args.step == "assess":
-            doc = assess(args.spec, {"samples": args.samples, "check": args.check,
-                                     "baseline_check": args.baseline_check,
-                                     "calibration": args.calibration})
+            doc = assess(
+                args.spec,
+                {
+                    "samples": args.samples,
+                    "check": args.check,
+                    "baseline_check": args.baseline_check,
+                    "calibration": args.calibration,
+                },
+            )
         else:
             spec = load_spec(args.spec)
             fn = quality if args.step == "quality" else bench
             try:
-                doc = fn(spec, args.base.resolve(), args.overlay.resolve() if args.overlay
-                         else None, work)
+                doc = fn(
+                    spec,
+                    args.base.resolve(),
+                    args.overlay.resolve() if args.overlay else None,
+                    work,
+                )
             except (KeyError, TypeError) as exc:
                 raise HarnessError(f"malformed project spec: {type(exc).__name__}: {exc}") from exc
             except OSError as exc:

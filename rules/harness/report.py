@@ -63,6 +63,15 @@ def report(
                 "hypothesis": r["candidate"]["hypothesis"],
                 "failure_kind": r["correctness"]["failure_kind"],
                 "reasons": [x.get("code") for x in r.get("reasons") or []],
+                # NB: why a round did not pass, for people; and whether its speedup counts
+                # (only a PASS round's does: it is the only kind ever selected)
+                "why": [
+                    {"code": x.get("code"), "detail": x.get("detail")}
+                    for x in r.get("reasons") or []
+                ]
+                if r["verdict"] != "PASS"
+                else [],
+                "speedup_counts": r["verdict"] == "PASS",
                 "usage": r.get("usage"),
             }
         )
@@ -101,17 +110,28 @@ def markdown(doc: dict) -> str:
     def cell(text) -> str:
         return (text or "").replace("|", "/").replace("\n", " ")[:80]
 
-    table = []
+    table, why = [], []
     for r in doc["rounds"]:
         sp = r["speedup"] or {}
+        counts = r.get("speedup_counts", r["verdict"] == "PASS")
         interval = f"[{_fmt(sp.get('lo'))}, {_fmt(sp.get('hi'))}]" if sp else ""
+        point = _fmt(sp.get("point")) if sp else ""
+        if sp and not counts:
+            # NB: measured, but a round that did not pass never counts: never shown as a gain
+            point, interval = f"({point}, not counted)", f"({interval})"
         table.append(
             (
                 r["round"],
-                f"| {r['round']} | {r['verdict']} | {_fmt(sp.get('point'))} "
+                f"| {r['round']} | {r['verdict']} | {point} "
                 f"| {interval} | {r['failure_kind'] or ''} | {cell(r['hypothesis'])} |",
             )
         )
+        for reason in r.get("why") or []:
+            detail = reason.get("detail")
+            why.append(
+                f"- round {r['round']} ({r['verdict']}): {reason.get('code')}"
+                + (f": {cell(str(detail))}" if detail not in (None, "") else "")
+            )
     for a in gave_up:
         table.append(
             (
@@ -121,6 +141,15 @@ def markdown(doc: dict) -> str:
             )
         )
     lines += [row for _, row in sorted(table)]
+    uncounted = [r for r in doc["rounds"] if r["speedup"] and r["verdict"] != "PASS"]
+    if uncounted:
+        lines += [
+            "",
+            "Speedups in parentheses were measured but do not count: only PASS rounds "
+            "are eligible.",
+        ]
+    if why:
+        lines += ["", "## Why rounds did not pass", "", *why]
     best = doc["best"]
     lines += ["", "## Best", ""]
     if best:
