@@ -1,6 +1,7 @@
 """A busy host gives no verdict rather than a wrong one: the referee reads how long it and the
-worker waited for a CPU (schedstat) during the timed calls; contended pairs leave the interval
-and a mostly contended measurement is INCONCLUSIVE `host_busy`."""
+worker waited for a CPU (schedstat) around every timed call; a call that waited > 10 % of its
+wall is contended, a pair with an arm mostly contended leaves the interval, and a mostly
+contended measurement is INCONCLUSIVE `host_busy`."""
 
 from __future__ import annotations
 
@@ -33,9 +34,9 @@ MEASURE = {"metric": "latency", "direction": "minimize", "units_per_call": None}
 def test_contended_pairs_leave_the_interval_and_old_evidence_counts_as_quiet():
     doc = {
         "pairs": [
-            _pair(100, 50, 0.01, 0.0),
-            _pair(100, 10, 0.5, 0.0),
-            _pair(100, 10, 0.0, 0.11),
+            _pair(100, 50, 0.5, 0.1),  # half its calls contended: still its own median
+            _pair(100, 10, 0.6, 0.0),
+            _pair(100, 10, 0.0, 0.51),
             _pair(100, 80, None, None),
             {"complete": False, "arms": {}},
         ]
@@ -47,9 +48,9 @@ def test_contended_pairs_leave_the_interval_and_old_evidence_counts_as_quiet():
 
 @pytest.mark.fast
 def test_a_mostly_contended_measurement_is_host_busy():
-    doc = {"pairs": [_pair(100, 10, 0.3, 0.0)] * 3 + [_pair(100, 100, 0.0, 0.0)] * 2}
+    doc = {"pairs": [_pair(100, 10, 0.8, 0.0)] * 3 + [_pair(100, 100, 0.0, 0.0)] * 2}
     why = assess._busy(doc)
-    assert why and why.startswith("3 of 5 pairs waited for a CPU")
+    assert why and why.startswith("3 of 5 pairs had an arm with more than 50%")
 
 
 @pytest.mark.e2e

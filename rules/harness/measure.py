@@ -47,6 +47,10 @@ CPU_FACTOR, CPU_SLACK_NS = 1.1, 20_000_000
 EARLY_STOP_PAIRS, EARLY_STOP_FACTOR = 8, 1.5
 REF_CACHE_BYTES = 512 << 20
 DEFER_BYTES = 256 << 20
+# NB: a timed call during which the referee or the worker waited for a CPU (another process had
+# it) for more than this share of the call's wall time is contended; an arm's `contention` is
+# the share of its timed calls that were (assess.py leaves out pairs where it is over half)
+CALL_WAIT_MAX = 0.10
 
 
 class Oracle:
@@ -296,12 +300,18 @@ def run_arm(
         # between calls does not leave every call on a cold cache
         deferred = expected["nbytes"] * len(pair["timed_packed"]) <= DEFER_BYTES
         pending: list[tuple[int, object]] = []
-        delay0, timed_wall = R.run_delay_ns(worker.pid), 0
+        probe = R.DelayProbe(worker.pid)
+        delay_before, delay_total, n_contended = probe.read(), 0, 0
         for j, packed in enumerate(pair["timed_packed"]):
             box.set_layout(pair["timed_headers"][j])
             call = R.timed_call(worker, 1000 + j, packed, expected["nbytes"], timeout)
             calls_wall += call.elapsed_ns
-            timed_wall += call.elapsed_ns
+            # NB: outside the clock; the interval also holds the call's untimed hand-shake
+            delay_after = probe.read()
+            waited = delay_after - delay_before
+            delay_before = delay_after
+            delay_total += waited
+            n_contended += waited > CALL_WAIT_MAX * call.elapsed_ns
             if call.reply.get("op") == "done" and call.reply.get("i") != 1000 + j:
                 doc["reasons"].append(
                     {"code": "crash", "sample": j, "detail": "protocol: a reply for another call"}
@@ -350,9 +360,10 @@ def run_arm(
                 )
                 return doc
         # NB: read before the deferred outputs are judged: that work is the referee's, untimed
-        delay = R.run_delay_ns(worker.pid) - delay0
-        doc["run_delay_ns"] = delay
-        doc["contention"] = round(delay / timed_wall, 6) if timed_wall > 0 else None
+        doc["run_delay_ns"] = delay_total
+        doc["contention"] = (
+            round(n_contended / len(doc["samples_ns"]), 6) if doc["samples_ns"] else None
+        )
         for j, output in pending:
             if judge_output(doc, pair, oracle, expected, j, output, seen, atol, rtol):
                 return doc

@@ -138,15 +138,21 @@ def _run_delay_ns(path: str) -> int:
         return 0
 
 
-def run_delay_ns(worker_root: int) -> int:
-    """How long the referee's thread and every process of the worker's tree waited for a CPU
-    while runnable, so far (ns). Another process taking their CPU shows here; a worker only
-    spinning or sleeping does not. Read from outside: the worker cannot forge it."""
-    total = _run_delay_ns("/proc/thread-self/schedstat")
-    for pid in [worker_root, *descendants(worker_root)]:
-        for tid in _threads(pid):
-            total += _run_delay_ns(f"/proc/{pid}/task/{tid}/schedstat")
-    return total
+class DelayProbe:
+    """How long the referee's thread and every thread of the worker's tree (as it is when the
+    probe is made) waited for a CPU while runnable, so far (ns). Another process taking their
+    CPU shows here; a worker spinning or sleeping does not. Read from outside: the worker
+    cannot forge it. Cheap enough to read between two calls (a few small files)."""
+
+    def __init__(self, worker_root: int) -> None:
+        self.paths = ["/proc/thread-self/schedstat"] + [
+            f"/proc/{pid}/task/{tid}/schedstat"
+            for pid in [worker_root, *descendants(worker_root)]
+            for tid in _threads(pid)
+        ]
+
+    def read(self) -> int:
+        return sum(_run_delay_ns(path) for path in self.paths)
 
 
 def _threads(pid: int) -> list[str]:
