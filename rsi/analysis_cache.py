@@ -222,9 +222,11 @@ def cache_key(
     return digest_value({"schema": SCHEMA, "code": code, **request}).hash
 
 
-def _read(store, key: str) -> tuple | None:
+def read_sealed(store, path: Path) -> Any | None:
+    """The object pickled at `path` under its own digest (write_sealed); None when the file is
+    missing, altered or unreadable in any way: the callers' memos are speed-ups only."""
     try:
-        raw = (store.root / "analysis" / key).read_bytes()
+        raw = path.read_bytes()
     except OSError:
         return None
     head, _, payload = raw.partition(b"\n")
@@ -232,8 +234,30 @@ def _read(store, key: str) -> tuple | None:
         return None
     try:
         with quiet_gc():
-            labels, graph, tracker = pickle.loads(payload)
-    except Exception:  # NB: any unpickling failure just means "analyse again"
+            return pickle.loads(payload)
+    except Exception:  # NB: any unpickling failure just means "no memo"
+        return None
+
+
+def write_sealed(store, path: Path, obj: Any) -> None:
+    """Pickle `obj` to `path`, preceded by the payload's digest; nothing on any failure (an
+    unpicklable object, a full disk): the memo is a speed-up only."""
+    try:
+        payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # NB: a rule holding something unpicklable just goes uncached
+        return
+    head = digest_bytes(payload, store.function).hash.encode()
+    try:
+        atomic_write_bytes(path, head + b"\n" + payload, fsync=False)
+    except OSError:
+        pass
+
+
+def _read(store, key: str) -> tuple | None:
+    found = read_sealed(store, store.root / "analysis" / key)
+    try:
+        labels, graph, tracker = found
+    except (TypeError, ValueError):
         return None
     tracker.memo = store.meta_memo
     return labels, graph, tracker
@@ -262,12 +286,4 @@ def load(store, key: str, walker) -> Any | None:
 
 
 def save(store, key: str, labels, graph, tracker: Tracker) -> None:
-    try:
-        payload = pickle.dumps((labels, graph, tracker), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # NB: a rule holding something unpicklable just goes uncached
-        return
-    head = digest_bytes(payload, store.function).hash.encode()
-    try:
-        atomic_write_bytes(store.root / "analysis" / key, head + b"\n" + payload, fsync=False)
-    except OSError:
-        pass  # NB: a speed-up only
+    write_sealed(store, store.root / "analysis" / key, (labels, graph, tracker))

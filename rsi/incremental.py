@@ -16,7 +16,6 @@ it and verifies what it serves.
 from __future__ import annotations
 
 import os
-import pickle
 import stat
 import time
 from collections.abc import Iterator, Mapping
@@ -25,8 +24,8 @@ from typing import Any
 
 from rsi import __version__
 from rsi.analysis_cache import quiet_gc  # noqa: F401 - NB: build.py uses it from here
-from rsi.digest import Digest, FileDigestMemo, digest_bytes, digest_file, digest_value
-from rsi.fsutil import atomic_write_bytes
+from rsi.analysis_cache import read_sealed, write_sealed
+from rsi.digest import Digest, FileDigestMemo, digest_file, digest_value
 
 SCHEMA = "rsi.incremental/2"
 RACY_NS = FileDigestMemo.RACY_NS
@@ -79,35 +78,14 @@ def _state_path(store: Any, request: str):
 
 
 def _load(store: Any, request: str) -> dict | None:
-    try:
-        raw = _state_path(store, request).read_bytes()
-    except OSError:
-        return None
-    head, _, payload = raw.partition(b"\n")
-    if head.decode(errors="replace") != digest_bytes(payload, store.function).hash:
-        return None
-    try:
-        with quiet_gc():
-            state = pickle.loads(payload)
-    except Exception:  # NB: any unpickling failure means "no state": the slow path
-        return None
+    state = read_sealed(store, _state_path(store, request))
     if not isinstance(state, dict) or state.get("schema") != SCHEMA:
         return None
     return state
 
 
 def save(store: Any, state: dict) -> None:
-    try:
-        payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # NB: a speed-up only
-        return
-    head = digest_bytes(payload, store.function).hash.encode()
-    try:
-        atomic_write_bytes(
-            _state_path(store, state["request"]), head + b"\n" + payload, fsync=False
-        )
-    except OSError:
-        pass
+    write_sealed(store, _state_path(store, state["request"]), state)
 
 
 def forget(store: Any, request: str | None) -> None:
