@@ -129,6 +129,7 @@ def verdict_wall(harness: Path, task: str, candidate: Path, spec: Path, work: Pa
         "check_s": t_check,
         "measure_s": t_measure,
         "verdict": verdict["verdict"],
+        "reasons": [r["code"] for r in verdict.get("reasons", [])],
         "speedup": (verdict.get("speedup") or {}).get("point"),
         "ipc_overhead_ns": (samples.get("referee") or {}).get("ipc_overhead_ns"),
     }
