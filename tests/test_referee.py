@@ -149,6 +149,15 @@ def test_slow_but_correct_fails_as_slower(judge):
     assert "slower" in [r["code"] for r in verdict["reasons"]]
 
 
+def test_a_helper_that_slows_the_next_call_slows_only_its_own_arm(judge):
+    """The arms' calls interleave; the other arm's sandbox is stopped while one arm's calls
+    run, so a helper woken after each call to burn the CPU slows only the candidate itself."""
+    verdict, cand_check, samples = judge(REFEREE / "slows_other_arm")
+    assert cand_check["status"] == "ok"
+    assert samples["status"] == "ok", samples["invalid"]
+    assert verdict["verdict"] != "PASS", verdict["speedup"]
+
+
 def test_a_real_gain_still_passes(judge):
     verdict, _, _ = judge(TASKS / "softmax" / "candidates" / "fast")
     assert verdict["verdict"] == "PASS", verdict["reasons"]

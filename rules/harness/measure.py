@@ -4,9 +4,10 @@ This process is the referee. It draws a secret seed from the OS, generates every
 (warm-up and timed draws differ; both arms of a pair get the identical sequence), hands each
 input to the arm's worker only when that call starts, reads its own clock around handing the
 input over and taking the output back, and checks every timed output against the oracle
-outside the timed region. Pair i runs AB when i is even and BA when odd; each arm has a worker
-of its own (its own sandbox), kept for the whole measurement. Raw per-call nanoseconds are the
-evidence. Exits 2 only for a harness fault before any candidate code ran.
+outside the timed region. Pair i runs AB when i is even and BA when odd, in two sandboxes the
+arms swap every pair; on a CPU the two arms' timed calls alternate (A B B A ...) with the idle
+arm's sandbox stopped (run_pair). Raw per-call nanoseconds are the evidence. Exits 2 only for
+a harness fault before any candidate code ran.
 """
 
 from __future__ import annotations
@@ -42,7 +43,10 @@ SCHEMA = "rsi.measure/1"
 ARMS = ("baseline", "candidate")
 IPC_PROBES = 7
 # NB: CPU time is read from the worker's process tree at clock-tick resolution for reaped
-# children; the slack covers that, start-up and the worker's own bookkeeping between calls
+# children; the slack covers that, start-up and the worker's own bookkeeping between calls.
+# The worker may use `threads` CPUs from the moment it is asked to arm for a call until the
+# call ends (an armed worker spins waiting for the input; a referee kept off its CPU by other
+# work makes that wait long: counting only the timed part failed an A/A run as cpu_overuse)
 CPU_FACTOR, CPU_SLACK_NS = 1.1, 20_000_000
 EARLY_STOP_PAIRS, EARLY_STOP_FACTOR = 8, 1.5
 REF_CACHE_BYTES = 512 << 20
@@ -264,146 +268,200 @@ def judge_output(
     return False
 
 
-def run_arm(
-    arm: Role, box: Sandbox, pair: dict, spec: dict, oracle: Oracle, expected: dict, deadline: float
-) -> dict:
-    doc = new_arm(arm.name)
-    doc["sandbox"] = box.index
-    failed = arm.dead or box.begin(arm)
-    if failed:
-        doc["reasons"].append(dict(failed, sample=None))
-        return doc
-    timeout = float(spec["call_timeout_s"])
-    worker = box.worker
-    atol, rtol = C.tolerance_for(spec, expected["dtype"])
-    started = time.monotonic()
-    cpu0 = worker.cpu_ns()
-    calls_wall = 0
-    cuda = spec["device"] != "cpu"
-    seen: dict[str, str] = {}
-    try:
-        for k, packed in enumerate(pair["warm_packed"]):
-            box.set_layout(pair["warm_headers"][k])
-            call = R.timed_call(worker, k, packed, expected["nbytes"], timeout)
-            calls_wall += call.elapsed_ns
-            doc["warmup_ns"].append(
-                call.event_ns if cuda and call.event_ns is not None else call.elapsed_ns
-            )
-            problem = claim_problem(call.reply, expected)
-            if problem:
-                doc["reasons"].append(
-                    {"code": problem[0], "sample": None, "detail": f"warmup {k}: {problem[1]}"}
-                )
-                arm.dead = {"code": problem[0], "detail": "an earlier call failed"}
-                return doc
-        # NB: the timed calls run back to back, as a caller would make them; their outputs
-        # are judged after the last one (within a memory budget), so the oracle's work
-        # between calls does not leave every call on a cold cache
-        deferred = expected["nbytes"] * len(pair["timed_packed"]) <= DEFER_BYTES
-        pending: list[tuple[int, object]] = []
-        probe = R.DelayProbe(worker.pid)
-        delay_before, delay_total, n_contended = probe.read(), 0, 0
-        for j, packed in enumerate(pair["timed_packed"]):
-            box.set_layout(pair["timed_headers"][j])
-            call = R.timed_call(worker, 1000 + j, packed, expected["nbytes"], timeout)
-            calls_wall += call.elapsed_ns
-            # NB: outside the clock; the interval also holds the call's untimed hand-shake
-            delay_after = probe.read()
-            waited = delay_after - delay_before
-            delay_before = delay_after
-            delay_total += waited
-            n_contended += waited > CALL_WAIT_MAX * call.elapsed_ns
-            if call.reply.get("op") == "done" and call.reply.get("i") != 1000 + j:
-                doc["reasons"].append(
-                    {"code": "crash", "sample": j, "detail": "protocol: a reply for another call"}
-                )
-                return doc
-            sample = call.elapsed_ns
-            if cuda:
-                if call.event_ns is None or not 0 < call.event_ns <= call.elapsed_ns:
-                    doc["reasons"].append(
-                        {
-                            "code": "forged_timing",
-                            "sample": j,
-                            "detail": f"device time {call.event_ns} ns is not within the "
-                            f"referee's {call.elapsed_ns} ns",
-                        }
-                    )
-                    return doc
-                sample = call.event_ns
-                doc.setdefault("wall_ns", []).append(call.elapsed_ns)
-            doc["samples_ns"].append(sample)
-            doc["input_digests"].append(pair["digests"][j])
-            problem = claim_problem(call.reply, expected)
-            if problem is None and call.output is None:
-                problem = (
-                    "wrong_shape",
-                    f"{call.reply['out'].get('nbytes')} output bytes, "
-                    f"expected {expected['nbytes']}",
-                )
-            if problem is None and not call.inputs_intact:
-                problem = ("input_modified", "an input changed during the call")
-            if problem:
-                doc["reasons"].append({"code": problem[0], "sample": j, "detail": problem[1]})
-                return doc
-            pending.append((j, call.output))
-            if not deferred:
-                if judge_output(doc, pair, oracle, expected, j, call.output, seen, atol, rtol):
-                    return doc
-                pending.clear()
-            if time.monotonic() > deadline:
-                doc["reasons"].append(
-                    {
-                        "code": "timeout",
-                        "sample": j,
-                        "detail": "the measurement ran past its deadline",
-                    }
-                )
-                return doc
-        # NB: read before the deferred outputs are judged: that work is the referee's, untimed
-        doc["run_delay_ns"] = delay_total
-        doc["contention"] = (
-            round(n_contended / len(doc["samples_ns"]), 6) if doc["samples_ns"] else None
-        )
-        for j, output in pending:
-            if judge_output(doc, pair, oracle, expected, j, output, seen, atol, rtol):
-                return doc
-    except R.WorkerFault as exc:
+class ArmRun:
+    """One arm of one pair, run step by step so that the two arms' calls can interleave:
+    `begin` (fork a pristine worker, import), `warm(k)`, `timed(j)`, `finish` (judge deferred
+    outputs, CPU check, end the worker). Each step returns False once the arm has failed (the
+    reason is in `doc`); a failed arm takes no further step."""
+
+    def __init__(
+        self,
+        role: Role,
+        box: Sandbox,
+        pair: dict,
+        spec: dict,
+        oracle: Oracle,
+        expected: dict,
+        deadline: float,
+    ) -> None:
+        self.role, self.box, self.pair, self.spec = role, box, pair, spec
+        self.oracle, self.expected, self.deadline = oracle, expected, deadline
+        self.doc = new_arm(role.name)
+        self.doc["sandbox"] = box.index
+        self.timeout = float(spec["call_timeout_s"])
+        self.atol, self.rtol = C.tolerance_for(spec, expected["dtype"])
+        self.cuda = spec["device"] != "cpu"
+        self.seen: dict[str, str] = {}
+        self.pending: list[tuple[int, object]] = []
+        # NB: the outputs are judged after the last timed call (within a memory budget), so
+        # the oracle's work between calls does not leave every call on a cold cache
+        self.deferred = expected["nbytes"] * 2 * len(pair["timed_packed"]) <= DEFER_BYTES
+        self.calls_wall = 0
+        self.busy_wall = 0
+        self.ok = False
+        self.started = self.cpu0 = self.probe = None
+        self.delay_before = self.delay_total = self.n_contended = 0
+        self.freezer: R.Freezer | None = None
+
+    def _fail(self, code: str, sample, detail: str, dead: bool = False) -> bool:
+        self.doc["reasons"].append({"code": code, "sample": sample, "detail": detail})
+        if dead:
+            self.role.dead = {"code": code, "detail": detail}
+        self.ok = False
+        self._close_wall()
+        return False
+
+    def _close_wall(self) -> None:
+        if self.started is not None and self.doc["wall_s"] is None:
+            self.doc["wall_s"] = round(time.monotonic() - self.started, 6)
+
+    def _fault(self, exc: R.WorkerFault) -> bool:
         code = {"timeout": "timeout"}.get(exc.code, "crash")
         detail = (
-            f"a call took longer than call_timeout_s = {timeout} s; the worker was killed"
+            f"a call took longer than call_timeout_s = {self.timeout} s; the worker was killed"
             if code == "timeout"
             else exc.detail
         )
-        doc["reasons"].append({"code": code, "sample": len(doc["samples_ns"]), "detail": detail})
-        arm.dead = {"code": code, "detail": detail}
-        return doc
-    finally:
-        doc["wall_s"] = round(time.monotonic() - started, 6)
-    cpu = worker.cpu_ns() - cpu0
-    try:
-        worker.end_child(timeout)
-    except R.WorkerFault as exc:
-        doc["reasons"].append(
-            {"code": "crash", "sample": None, "detail": f"after its last call: {exc.detail}"}
+        return self._fail(code, len(self.doc["samples_ns"]), detail, dead=True)
+
+    def begin(self) -> bool:
+        failed = self.role.dead or self.box.begin(self.role)
+        if failed:
+            self.doc["reasons"].append(dict(failed, sample=None))
+            return False
+        self.started = time.monotonic()
+        self.cpu0 = self.box.worker.cpu_ns()
+        self.freezer = R.Freezer(self.box.worker.pid)
+        self.ok = True
+        return True
+
+    def warm(self, k: int) -> bool:
+        try:
+            self.box.set_layout(self.pair["warm_headers"][k])
+            call = R.timed_call(
+                self.box.worker,
+                k,
+                self.pair["warm_packed"][k],
+                self.expected["nbytes"],
+                self.timeout,
+            )
+        except R.WorkerFault as exc:
+            return self._fault(exc)
+        self.calls_wall += call.elapsed_ns
+        self.busy_wall += call.elapsed_ns + call.armed_ns
+        self.doc["warmup_ns"].append(
+            call.event_ns if self.cuda and call.event_ns is not None else call.elapsed_ns
         )
-        arm.dead = {"code": "crash", "detail": exc.detail}
-        return doc
-    doc["cpu_ns"], doc["calls_wall_ns"] = cpu, calls_wall
-    allowed = int(spec["threads"]) * calls_wall * CPU_FACTOR + CPU_SLACK_NS
-    if not cuda and cpu > allowed:
-        doc["reasons"].append(
-            {
-                "code": "cpu_overuse",
-                "sample": None,
-                "detail": f"the worker used {cpu / 1e6:.1f} ms of CPU in "
-                f"{calls_wall / 1e6:.1f} ms of calls; threads = "
-                f"{spec['threads']} allows {allowed / 1e6:.1f} ms",
-            }
+        problem = claim_problem(call.reply, self.expected)
+        if problem:
+            self.role.dead = {"code": problem[0], "detail": "an earlier call failed"}
+            return self._fail(problem[0], None, f"warmup {k}: {problem[1]}")
+        return True
+
+    def timed(self, j: int) -> bool:
+        doc, pair, worker = self.doc, self.pair, self.box.worker
+        if self.probe is None:
+            self.probe = R.DelayProbe(worker.pid)
+            self.delay_before = self.probe.read()
+        try:
+            self.box.set_layout(pair["timed_headers"][j])
+            call = R.timed_call(
+                worker, 1000 + j, pair["timed_packed"][j], self.expected["nbytes"], self.timeout
+            )
+        except R.WorkerFault as exc:
+            return self._fault(exc)
+        self.calls_wall += call.elapsed_ns
+        self.busy_wall += call.elapsed_ns + call.armed_ns
+        # NB: outside the clock; the interval also holds the call's untimed hand-shake
+        delay_after = self.probe.read()
+        waited = delay_after - self.delay_before
+        self.delay_before = delay_after
+        self.delay_total += waited
+        self.n_contended += waited > CALL_WAIT_MAX * call.elapsed_ns
+        if call.reply.get("op") == "done" and call.reply.get("i") != 1000 + j:
+            return self._fail("crash", j, "protocol: a reply for another call")
+        sample = call.elapsed_ns
+        if self.cuda:
+            if call.event_ns is None or not 0 < call.event_ns <= call.elapsed_ns:
+                return self._fail(
+                    "forged_timing",
+                    j,
+                    f"device time {call.event_ns} ns is not within the referee's "
+                    f"{call.elapsed_ns} ns",
+                )
+            sample = call.event_ns
+            doc.setdefault("wall_ns", []).append(call.elapsed_ns)
+        doc["samples_ns"].append(sample)
+        doc["input_digests"].append(pair["digests"][j])
+        problem = claim_problem(call.reply, self.expected)
+        if problem is None and call.output is None:
+            problem = (
+                "wrong_shape",
+                f"{call.reply['out'].get('nbytes')} output bytes, "
+                f"expected {self.expected['nbytes']}",
+            )
+        if problem is None and not call.inputs_intact:
+            problem = ("input_modified", "an input changed during the call")
+        if problem:
+            return self._fail(problem[0], j, problem[1])
+        self.pending.append((j, call.output))
+        if not self.deferred:
+            if self._judge(j, call.output):
+                return False
+            self.pending.clear()
+        if time.monotonic() > self.deadline:
+            return self._fail("timeout", j, "the measurement ran past its deadline")
+        return True
+
+    def _judge(self, j: int, output) -> bool:
+        failed = judge_output(
+            self.doc,
+            self.pair,
+            self.oracle,
+            self.expected,
+            j,
+            output,
+            self.seen,
+            self.atol,
+            self.rtol,
         )
-        return doc
-    doc["valid"] = True
-    return doc
+        if failed:
+            self.ok = False
+            self._close_wall()
+        return failed
+
+    def finish(self) -> bool:
+        """After the last timed call of both arms: contention, deferred judging (the referee's
+        work, untimed), the CPU check, and the worker's end."""
+        doc = self.doc
+        doc["run_delay_ns"] = self.delay_total
+        doc["contention"] = (
+            round(self.n_contended / len(doc["samples_ns"]), 6) if doc["samples_ns"] else None
+        )
+        for j, output in self.pending:
+            if self._judge(j, output):
+                return False
+        self.pending.clear()
+        self._close_wall()
+        worker = self.box.worker
+        cpu = worker.cpu_ns() - self.cpu0
+        try:
+            worker.end_child(self.timeout)
+        except R.WorkerFault as exc:
+            return self._fail("crash", None, f"after its last call: {exc.detail}", dead=True)
+        doc["cpu_ns"], doc["calls_wall_ns"] = cpu, self.calls_wall
+        doc["armed_wall_ns"] = self.busy_wall
+        allowed = int(self.spec["threads"]) * self.busy_wall * CPU_FACTOR + CPU_SLACK_NS
+        if not self.cuda and cpu > allowed:
+            return self._fail(
+                "cpu_overuse",
+                None,
+                f"the worker used {cpu / 1e6:.1f} ms of CPU in {self.calls_wall / 1e6:.1f} ms "
+                f"of calls ({self.busy_wall / 1e6:.1f} ms armed or calling); threads = "
+                f"{self.spec['threads']} allows {allowed / 1e6:.1f} ms",
+            )
+        doc["valid"] = True
+        return True
 
 
 def _timing(spec: dict, flush: dict | None) -> dict:
@@ -559,6 +617,9 @@ def run_measure(
             "isolation": {name: boxes[k].worker.mode for k, name in enumerate(ARMS)},
             "sandboxes": "two; pair i runs the baseline in sandbox i % 2 and the candidate in "
             "the other",
+            "calls": "interleaved: A B B A ... within a pair, the idle arm's sandbox stopped"
+            if spec["device"] == "cpu"
+            else "sequential: one arm's calls, then the other's",
             "secret_seed": str(secret),
             "seed_source": "--seed (replay)" if spec.get("_seed_given") else "os.urandom",
             "ipc_overhead_ns": {
@@ -591,6 +652,69 @@ def run_measure(
         "wall_s": round(time.monotonic() - started, 3),
         "phases_s": {"timer": round(time.monotonic() - started, 3), "judge": 0.0},
     }
+
+
+def run_pair(
+    runs: dict[str, ArmRun], order: list[str], n_warm: int, n_samples: int, interleave: bool
+) -> list[str]:
+    """Run one pair; the names of the arms that failed (at most one: the pair stops there).
+
+    Interleaved (CPU): both workers are forked and imported, their warm-ups alternate, then
+    their timed calls alternate in the order A B B A A B B A ... (A = order[0]), so both arms'
+    calls of a pair sit microseconds apart and a host whose speed drifts over seconds (another
+    tenant's load on a shared cache) moves both alike. While one arm's timed calls run the
+    other arm's sandbox is stopped (SIGSTOP, referee.Freezer): it can take neither CPU, nor
+    cache, nor memory bandwidth from them. Sequential (GPU: an idle arm's device work could
+    not be stopped this way): one arm whole, then the other.
+    """
+    arms = [runs[name] for name in order]
+    if not interleave:
+        for arm in arms:
+            if not (
+                arm.begin()
+                and all(arm.warm(k) for k in range(n_warm))
+                and all(arm.timed(j) for j in range(n_samples))
+                and arm.finish()
+            ):
+                return [arm.role.name]
+        return []
+    for arm in arms:
+        if not arm.begin():
+            return [arm.role.name]
+    for k in range(n_warm):
+        for arm in arms:
+            if not arm.warm(k):
+                return [arm.role.name]
+    frozen: ArmRun | None = None
+    try:
+        for j in range(n_samples):
+            for arm in arms if j % 2 == 0 else arms[::-1]:
+                other = arms[1] if arm is arms[0] else arms[0]
+                if frozen is not other:
+                    if frozen is not None:
+                        frozen.freezer.thaw()
+                        frozen = None
+                    try:
+                        other.freezer.freeze()
+                    except R.FreezeError as exc:
+                        other.freezer.thaw()
+                        other._fail(
+                            "interference",
+                            None,
+                            f"while the other arm's calls ran: {exc}",
+                            dead=True,
+                        )
+                        return [other.role.name]
+                    frozen = other
+                if not arm.timed(j):
+                    return [arm.role.name]
+    finally:
+        if frozen is not None:
+            frozen.freezer.thaw()
+    for arm in arms:
+        if not arm.finish():
+            return [arm.role.name]
+    return []
 
 
 def _run_pairs(
@@ -653,13 +777,26 @@ def _run_pairs(
             "warm_packed": [p for _, p in warm],
             "digests": [C.inputs_digest(inp) for inp in timed_inputs],
         }
+        runs = {
+            name: ArmRun(
+                roles[name],
+                boxes[i % 2] if name == "baseline" else boxes[(i + 1) % 2],
+                pair,
+                spec,
+                oracle,
+                expected,
+                deadline,
+            )
+            for name in ARMS
+        }
+        failed = run_pair(runs, order, n_warm, n_samples, interleave=spec["device"] == "cpu")
         for name in order:
-            box = boxes[i % 2] if name == "baseline" else boxes[(i + 1) % 2]
-            record["arms"][name] = run_arm(roles[name], box, pair, spec, oracle, expected, deadline)
+            # NB: an arm stopped half-way because the other failed is not evidence: not_run
+            if name in failed or runs[name].doc["valid"]:
+                record["arms"][name] = runs[name].doc
+        for name in record["arms"]:
             real = [r for r in record["arms"][name]["reasons"] if r["code"] != "not_run"]
             invalid[name].extend(dict(r, pair=i) for r in real)
-            if real:
-                break
         for name in ARMS:
             if name not in record["arms"]:
                 record["arms"][name] = new_arm(name)
