@@ -95,3 +95,17 @@ def test_a_process_that_cannot_be_stopped_is_reported(tree, monkeypatch):
             freezer.freeze()
     finally:
         freezer.thaw()
+
+
+def test_without_children_files_the_process_table_finds_the_same_tree(tree, monkeypatch):
+    """A kernel without /proc/<pid>/task/<tid>/children must not leave children running."""
+    with_files = sorted(R._children_of(tree))
+    monkeypatch.setattr(R, "_CHILDREN_FILES", False)
+    assert sorted(R._children_of(tree)) == with_files
+    assert len(with_files) == 2
+    freezer = R.Freezer(tree)
+    freezer.freeze()
+    try:
+        assert sorted(freezer.stopped) == sorted(_tree(tree))
+    finally:
+        freezer.thaw()

@@ -155,8 +155,23 @@ class DelayProbe:
         return sum(_run_delay_ns(path) for path in self.paths)
 
 
+def _has_children_files() -> bool:
+    try:
+        return os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+    except OSError:
+        return False
+
+
+_CHILDREN_FILES = _has_children_files()
+
+
 def _children_of(pid: int) -> list[int]:
-    """Children of every thread of `pid` (/proc/<pid>/task/<tid>/children), [] if gone."""
+    """Children of every thread of `pid` (/proc/<pid>/task/<tid>/children), [] if gone.
+
+    NB: a kernel without CONFIG_PROC_CHILDREN has no such file; then the whole process table
+    is read (slower, the same answer), never a silent [] that would leave children running."""
+    if not _CHILDREN_FILES:
+        return [child for child, (ppid, _) in _proc_table().items() if ppid == pid]
     found = []
     for tid in _threads(pid):
         try:
