@@ -49,6 +49,19 @@ def _busy(verdict: dict) -> bool:
     return any(r["code"] == "host_busy" for r in verdict["reasons"])
 
 
+def _overlap(speedups: list) -> dict:
+    """How many pairs of the given intervals overlap, of how many; and whether all share a
+    point (max lo <= min hi)."""
+    iv = [(s["lo"], s["hi"]) for s in speedups if s]
+    pairs = [(a, b) for k, a in enumerate(iv) for b in iv[k + 1 :]]
+    return {
+        "n_intervals": len(iv),
+        "overlapping_pairs": sum(a[0] <= b[1] and b[0] <= a[1] for a, b in pairs),
+        "pairs": len(pairs),
+        "common_point": bool(iv) and max(lo for lo, _ in iv) <= min(hi for _, hi in iv),
+    }
+
+
 def bench_task(task: str, reps: int, gain_reps: int, work: Path) -> dict:
     tdir = TASKS / task
     base, gain = tdir / "baseline", tdir / "candidates" / "gain20"
@@ -150,6 +163,9 @@ def bench_task(task: str, reps: int, gain_reps: int, work: Path) -> dict:
         "aa_speedups": [v["speedup"] for v in aa_verdicts],
         "gain20_detected": sum(v["verdict"] == "PASS" for v in gain_verdicts),
         "gain20_speedups": [v["speedup"] for v in gain_verdicts],
+        # NB: item 9's second half: repeated runs of one real gain give overlapping intervals
+        # (they all do when the highest lower end lies below the lowest upper end)
+        "gain20_intervals_overlap": _overlap([v["speedup"] for v in gain_verdicts]),
         "gain20_verdicts": [
             {"verdict": v["verdict"], "reasons": [r["code"] for r in v["reasons"]]}
             for v in gain_verdicts
@@ -180,7 +196,9 @@ def main() -> int:
             f"{task:8s} A/A interval holds 1.0 {r['aa_interval_contains_1']:2d}/{r['reps']}  "
             f"IPC {r['ipc_overhead_us_median']:.0f} us/call  "
             f"A/A false PASS {r['aa_false_pass']:2d}/{r['reps']}  gain20 detected "
-            f"{r['gain20_detected']:2d}/{r['gain_reps']}  host_busy A/A {r['aa_host_busy']} "
+            f"{r['gain20_detected']:2d}/{r['gain_reps']}  gain intervals overlapping "
+            f"{r['gain20_intervals_overlap']['overlapping_pairs']}/"
+            f"{r['gain20_intervals_overlap']['pairs']}  host_busy A/A {r['aa_host_busy']} "
             f"gain {r['gain20_host_busy']}  noise floor median "
             f"{r['noise_floor_median'] or 0:.3f} max {r['noise_floor_max'] or 0:.3f}  full verdict "
             f"{r['full_verdict_wall_s']:.1f} s  measure {r['measure_wall_s_median']:.1f} s",
