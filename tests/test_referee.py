@@ -196,6 +196,21 @@ def test_extra_threads_on_a_one_thread_binding_fail(tmp_path):
     assert not doc["invalid"]["baseline"]
 
 
+def test_two_threads_on_short_calls_fail_as_cpu_overuse(tmp_path):
+    """Two threads on calls of a few hundred microseconds: a few ms of extra CPU per arm,
+    which only the per-call reading of the worker's CPU clock sees."""
+    doc = measure(
+        tmp_path,
+        REFEREE / "two_threads",
+        spec(measure=dict(MEASURE, pairs=2, samples=10, warmups=2)),
+    )
+    assert doc["status"] == "candidate_invalid", doc["pairs"][0]["arms"]["candidate"]
+    reason = doc["invalid"]["candidate"][0]
+    assert reason["code"] == "cpu_overuse"
+    assert "during its calls" in reason["detail"]
+    assert not doc["invalid"]["baseline"]
+
+
 @pytest.mark.parametrize("name", ["fake_status", "kills_parent"])
 def test_a_worker_that_exits_or_kills_its_parent_is_a_candidate_crash(tmp_path, name):
     cand_check = check(tmp_path, REFEREE / name)

@@ -48,6 +48,11 @@ IPC_PROBES = 7
 # call ends (an armed worker spins waiting for the input; a referee kept off its CPU by other
 # work makes that wait long: counting only the timed part failed an A/A run as cpu_overuse)
 CPU_FACTOR, CPU_SLACK_NS = 1.1, 20_000_000
+# NB: and, to the ns, the worker process's CPU clock read just outside each call against the
+# wall time between the two reads: all its threads together can use at most `threads` times
+# that (the allowance only covers the two clocks' rounding). A fixed per-arm allowance let a
+# candidate split its short calls over two threads unseen (tests/fixtures/referee/two_threads)
+CALL_CPU_FACTOR, CALL_CPU_SLACK_NS = 1.02, 20_000
 EARLY_STOP_PAIRS, EARLY_STOP_FACTOR = 8, 1.5
 REF_CACHE_BYTES = 512 << 20
 DEFER_BYTES = 256 << 20
@@ -298,6 +303,7 @@ class ArmRun:
         self.deferred = expected["nbytes"] * 2 * len(pair["timed_packed"]) <= DEFER_BYTES
         self.calls_wall = 0
         self.busy_wall = 0
+        self.call_cpu = self.call_window = self.n_cpu_calls = 0
         self.ok = False
         self.started = self.cpu0 = self.probe = None
         self.delay_before = self.delay_total = self.n_contended = 0
@@ -324,6 +330,14 @@ class ArmRun:
         )
         return self._fail(code, len(self.doc["samples_ns"]), detail, dead=True)
 
+    def _account(self, call) -> None:
+        self.calls_wall += call.elapsed_ns
+        self.busy_wall += call.elapsed_ns + call.armed_ns
+        if call.cpu_ns is not None:
+            self.call_cpu += call.cpu_ns
+            self.call_window += call.cpu_window_ns
+            self.n_cpu_calls += 1
+
     def begin(self) -> bool:
         failed = self.role.dead or self.box.begin(self.role)
         if failed:
@@ -347,8 +361,7 @@ class ArmRun:
             )
         except R.WorkerFault as exc:
             return self._fault(exc)
-        self.calls_wall += call.elapsed_ns
-        self.busy_wall += call.elapsed_ns + call.armed_ns
+        self._account(call)
         self.doc["warmup_ns"].append(
             call.event_ns if self.cuda and call.event_ns is not None else call.elapsed_ns
         )
@@ -370,8 +383,7 @@ class ArmRun:
             )
         except R.WorkerFault as exc:
             return self._fault(exc)
-        self.calls_wall += call.elapsed_ns
-        self.busy_wall += call.elapsed_ns + call.armed_ns
+        self._account(call)
         # NB: outside the clock; the interval also holds the call's untimed hand-shake
         delay_after = self.probe.read()
         waited = delay_after - self.delay_before
@@ -451,7 +463,20 @@ class ArmRun:
             return self._fail("crash", None, f"after its last call: {exc.detail}", dead=True)
         doc["cpu_ns"], doc["calls_wall_ns"] = cpu, self.calls_wall
         doc["armed_wall_ns"] = self.busy_wall
-        allowed = int(self.spec["threads"]) * self.busy_wall * CPU_FACTOR + CPU_SLACK_NS
+        doc["call_cpu_ns"], doc["call_cpu_window_ns"] = self.call_cpu, self.call_window
+        threads = int(self.spec["threads"])
+        in_calls = threads * self.call_window * CALL_CPU_FACTOR + (
+            self.n_cpu_calls * CALL_CPU_SLACK_NS
+        )
+        if not self.cuda and self.call_cpu > in_calls:
+            return self._fail(
+                "cpu_overuse",
+                None,
+                f"during its calls the worker used {self.call_cpu / 1e6:.2f} ms of CPU in "
+                f"{self.call_window / 1e6:.2f} ms: threads = {threads} allows "
+                f"{in_calls / 1e6:.2f} ms",
+            )
+        allowed = threads * self.busy_wall * CPU_FACTOR + CPU_SLACK_NS
         if not self.cuda and cpu > allowed:
             return self._fail(
                 "cpu_overuse",

@@ -155,6 +155,23 @@ class DelayProbe:
         return sum(_run_delay_ns(path) for path in self.paths)
 
 
+def _outside_pid(root: int, inner: object) -> int | None:
+    """The pid (in our namespace) of the process below `root` whose innermost pid is `inner`."""
+    if not isinstance(inner, int):
+        return None
+    for pid in descendants(root):
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"NSpid:"):
+                        if int(line.split()[-1]) == inner:
+                            return pid
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
 def _has_children_files() -> bool:
     try:
         return os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
@@ -509,6 +526,11 @@ class WorkerProcess:
         if reply.get("op") != "ready":
             raise WorkerStartError(f"worker fork answered {str(reply)[:200]}")
         self.child_alive = True
+        # NB: its pid as seen from here (it reports the one in its own pid namespace), found
+        # before any candidate code runs: the referee reads its CPU clock around every call
+        self.child_pid = _outside_pid(self.pid, reply.get("pid"))
+        if self.child_pid is None:
+            raise WorkerStartError(f"the forked worker (pid {reply.get('pid')}) is not in /proc")
 
     def end_child(self, timeout_s: float) -> None:
         """Ask the worker to exit, wait for the zygote to say so, and check from outside that
@@ -735,11 +757,21 @@ class Call:
     `result`: ("ok", raw output bytes, meta), ("raised", error), ("problem", code, detail).
     """
 
-    __slots__ = ("elapsed_ns", "armed_ns", "reply", "output", "inputs_intact", "event_ns")
+    __slots__ = (
+        "elapsed_ns",
+        "armed_ns",
+        "cpu_ns",
+        "cpu_window_ns",
+        "reply",
+        "output",
+        "inputs_intact",
+        "event_ns",
+    )
 
     def __init__(self):
         self.elapsed_ns = None
         self.armed_ns = 0
+        self.cpu_ns = self.cpu_window_ns = None
         self.reply = None
         self.output = None
         self.inputs_intact = None
@@ -770,6 +802,11 @@ def timed_call(
         raise WorkerFault("crash", f"protocol: arm answered {str(armed)[:200]}")
     in_buf, out_buf, ctl = worker.in_buf, worker.out_buf, worker.ctl
     unpack, clock, pause = _SEQ.unpack_from, time.perf_counter_ns, os.sched_yield
+    # NB: the worker process's CPU clock (every thread of it, to the ns) read just outside the
+    # timed region: what it used during the call, against the wall time between the reads
+    cpu_pid = getattr(worker, "child_pid", None) if worker.child_alive else None
+    w0 = clock()
+    c0 = _cpu_clock_ns(cpu_pid) if cpu_pid else None
     t0 = clock()
     # NB: the armed worker spins from its reply until t0; on a busy host that can be long (the
     # referee waits for a CPU), and it is CPU time the worker may use: see measure.ArmRun
@@ -794,6 +831,10 @@ def timed_call(
     output = out_buf[:out_nbytes] if out_nbytes else b""
     t1 = clock()
     call.elapsed_ns = t1 - t0
+    if c0 is not None:
+        c1 = _cpu_clock_ns(cpu_pid)
+        if c1 is not None:
+            call.cpu_ns, call.cpu_window_ns = c1 - c0, clock() - w0
     reply = worker.recv(max(1.0, timeout_s - (t1 - t0) / 1e9))
     if unpack(ctl, DONE_AT)[0] != index:
         raise WorkerFault("crash", f"protocol: reply {str(reply)[:200]} before call {index} ended")
