@@ -152,10 +152,9 @@ def test_slow_but_correct_fails_as_slower(judge):
 def test_a_helper_that_slows_the_next_call_slows_only_its_own_arm(judge):
     """The arms' calls interleave; the other arm's sandbox is stopped while one arm's calls
     run, so a helper woken after each call to burn the CPU slows only the candidate itself."""
-    verdict, cand_check, samples = judge(REFEREE / "slows_other_arm")
+    verdict, cand_check, _ = judge(REFEREE / "slows_other_arm")
     assert cand_check["status"] == "ok"
-    assert samples["status"] == "ok", samples["invalid"]
-    assert verdict["verdict"] != "PASS", verdict["speedup"]
+    assert verdict["verdict"] != "PASS", (verdict["speedup"], verdict["reasons"])
 
 
 def test_a_real_gain_still_passes(judge):

@@ -48,10 +48,10 @@ IPC_PROBES = 7
 # call ends (an armed worker spins waiting for the input; a referee kept off its CPU by other
 # work makes that wait long: counting only the timed part failed an A/A run as cpu_overuse)
 CPU_FACTOR, CPU_SLACK_NS = 1.1, 20_000_000
-# NB: and, to the ns, the worker process's CPU clock read just outside each call against the
-# wall time between the two reads: all its threads together can use at most `threads` times
-# that (the allowance only covers the two clocks' rounding). A fixed per-arm allowance let a
-# candidate split its short calls over two threads unseen (tests/fixtures/referee/two_threads)
+# NB: and, to the ns, the CPU clocks of the worker's processes read just outside each call
+# against the wall time between the two reads: all their threads together can use at most
+# `threads` times that (the allowance only covers the two clocks' rounding). A fixed per-arm
+# allowance let a candidate split its short calls over two threads unseen (two_threads)
 CALL_CPU_FACTOR, CALL_CPU_SLACK_NS = 1.02, 20_000
 EARLY_STOP_PAIRS, EARLY_STOP_FACTOR = 8, 1.5
 REF_CACHE_BYTES = 512 << 20

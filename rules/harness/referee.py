@@ -172,6 +172,22 @@ def _outside_pid(root: int, inner: object) -> int | None:
     return None
 
 
+def subtree_cpu(root: int) -> dict[int, int]:
+    """{pid: CPU clock ns} of `root` and every process below it now (threads included, to the
+    ns; a process that appears later counts from 0). Cheap: the children files of its tree."""
+    found, stack = {}, [root]
+    while stack:
+        pid = stack.pop()
+        if pid in found:
+            continue
+        ns = _cpu_clock_ns(pid)
+        if ns is None:
+            continue
+        found[pid] = ns
+        stack.extend(_children_of(pid))
+    return found
+
+
 def _has_children_files() -> bool:
     try:
         return os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
@@ -806,7 +822,7 @@ def timed_call(
     # timed region: what it used during the call, against the wall time between the reads
     cpu_pid = getattr(worker, "child_pid", None) if worker.child_alive else None
     w0 = clock()
-    c0 = _cpu_clock_ns(cpu_pid) if cpu_pid else None
+    c0 = subtree_cpu(cpu_pid) if cpu_pid else None
     t0 = clock()
     # NB: the armed worker spins from its reply until t0; on a busy host that can be long (the
     # referee waits for a CPU), and it is CPU time the worker may use: see measure.ArmRun
@@ -831,10 +847,11 @@ def timed_call(
     output = out_buf[:out_nbytes] if out_nbytes else b""
     t1 = clock()
     call.elapsed_ns = t1 - t0
-    if c0 is not None:
-        c1 = _cpu_clock_ns(cpu_pid)
-        if c1 is not None:
-            call.cpu_ns, call.cpu_window_ns = c1 - c0, clock() - w0
+    if c0:
+        c1 = subtree_cpu(cpu_pid)
+        if c1:
+            call.cpu_ns = sum(ns - c0.get(pid, 0) for pid, ns in c1.items())
+            call.cpu_window_ns = clock() - w0
     reply = worker.recv(max(1.0, timeout_s - (t1 - t0) / 1e9))
     if unpack(ctl, DONE_AT)[0] != index:
         raise WorkerFault("crash", f"protocol: reply {str(reply)[:200]} before call {index} ended")
