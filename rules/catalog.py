@@ -9,7 +9,9 @@ Its `digest` is the SHA-256 of the rest, canonical JSON.
 `rsi catalog ls` lists the tasks; `rsi catalog check` verifies every committed declaration
 against the lock, analyses each task package and runs each host binding's baseline check (a
 baseline that fails its own oracle is a catalog error), exiting 1 with the task and field named;
-`rsi catalog update` shows what changed and writes the lock only with `--yes`. A folder under
+`rsi catalog update` shows what changed and writes the lock only with `--yes`, regenerating
+the block of each TASK.md that says what is editable, what is measured and the tolerance
+policy (check fails when that block and the declaration disagree). A folder under
 `tasks/` that declares no task is reported and left alone.
 """
 
@@ -171,6 +173,121 @@ def descriptor(ws, entry: TaskEntry) -> dict:
     return dict(doc, digest=hashlib.sha256(_canonical(doc)).hexdigest())
 
 
+BLOCK_BEGIN = "<!-- rsi catalog: generated from BUILD.toml by `rsi catalog update`; do not edit -->"
+BLOCK_END = "<!-- rsi catalog: end -->"
+
+
+def _dim(d: Any) -> str:
+    if isinstance(d, list) and len(d) == 2:
+        return f"{d[0]}-{d[1]}"
+    if isinstance(d, list) and len(d) == 3:
+        return f"{d[0]}-{d[1]} (step {d[2]})"
+    return json.dumps(d)
+
+
+def _shape(shape: Any) -> str:
+    return "x".join(str(d) for d in shape) if isinstance(shape, list) else str(shape)
+
+
+def render_block(entry: TaskEntry) -> str:
+    """The part of a task's TASK.md that is generated from its declaration: what is editable,
+    what is measured, and the tolerance policy (so the page and the declaration never drift)."""
+    a = entry.task.attrs
+    lines = [
+        BLOCK_BEGIN,
+        "## Contract, measurement and tolerances",
+        "",
+        f"- Framework `{a['framework']}`, device `{a['device']}`; entry "
+        f"`{a['entry'].get('module')}.{a['entry'].get('function')}`"
+        + (f": `{a['signature']}`" if a.get("signature") else ""),
+        "- Editable (a candidate is exactly these files): "
+        + ", ".join(f"`{e}`" for e in a["editable"]),
+        f"- Correctness: {len(a['cases'])} public cases"
+        + (
+            f" and {a['hidden_cases'].get('count', 0)} hidden ones per check, drawn with the "
+            "run's secret seed from "
+            + "; ".join(
+                f"{r.get('dtype')} {r.get('kind')} shapes "
+                + " x ".join(_dim(d) for d in r.get("shape", []))
+                for r in a["hidden_cases"].get("ranges", [])
+            )
+            if a["hidden_cases"]
+            else ""
+        )
+        + "; every timed output is checked too.",
+        "",
+        "| dtype | atol | rtol |",
+        "|---|---|---|",
+    ]
+    for dtype, tol in sorted(a["tolerances"].items()):
+        lines.append(f"| {dtype} | {tol.get('atol')} | {tol.get('rtol')} |")
+    lines += [
+        "",
+        "| binding | device | threads | workload | pairs x samples | metric | PASS needs |",
+    ]
+    lines.append("|---|---|---|---|---|---|---|")
+    for b in entry.bindings:
+        ba = b.attrs
+        m, asp = ba["measure"], ba["assess"]
+        w = m.get("workload", {})
+        lines.append(
+            f"| `{b.label.name}` | {ba.get('device') or a['device']} | {ba['threads']} | "
+            f"{w.get('dtype')} {_shape(w.get('shape'))} {w.get('kind', '')} | "
+            f"{m.get('pairs')} x {m.get('samples')} | {m.get('metric', 'latency')} "
+            f"({m.get('direction', 'minimize')}) | "
+            f">= {1 + float(asp.get('min_improvement', 0)):.2f}x at "
+            f"{float(asp.get('confidence', 0.95)) * 100:g} % |"
+        )
+    lines.append(BLOCK_END)
+    return "\n".join(lines) + "\n"
+
+
+def task_md(ws, entry: TaskEntry) -> Path | None:
+    docs = [d for d in entry.task.attrs["docs"] if Path(d).name == "TASK.md"]
+    return Path(ws.root) / entry.package / docs[0] if docs else None
+
+
+def block_drift(ws, entry: TaskEntry) -> str | None:
+    """Why the TASK.md block differs from the declaration, or None when it matches."""
+    path = task_md(ws, entry)
+    if path is None:
+        return "the task lists no TASK.md in `docs`"
+    if not path.is_file():
+        return f"{path.name} does not exist"
+    text = path.read_text()
+    if BLOCK_BEGIN not in text or BLOCK_END not in text:
+        return f"{path.name} has no generated block"
+    start = text.index(BLOCK_BEGIN)
+    end = text.index(BLOCK_END, start) + len(BLOCK_END) + 1
+    if text[start:end].rstrip("\n") != render_block(entry).rstrip("\n"):
+        return f"{path.name}'s generated block no longer matches the declaration"
+    return None
+
+
+def write_block(ws, entry: TaskEntry) -> bool:
+    """Put the generated block into TASK.md (appended, or replacing the old one); True if the
+    file changed."""
+    path = task_md(ws, entry)
+    if path is None or not path.is_file():
+        return False
+    text = path.read_text()
+    block = render_block(entry)
+    if BLOCK_BEGIN in text and BLOCK_END in text:
+        start = text.index(BLOCK_BEGIN)
+        end = text.index(BLOCK_END, start) + len(BLOCK_END)
+        if end < len(text) and text[end] == "\n":
+            end += 1
+        new = text[:start] + block + text[end:]
+    else:
+        new = text.rstrip("\n") + "\n\n" + block
+    if new == text:
+        return False
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(new)
+    tmp.replace(path)
+    return True
+
+
 def differences(old: Any, new: Any, path: str = "") -> list[dict]:
     """Where two descriptors differ, as field paths (`cases[3].shape`, `files.oracle.py`)."""
     if isinstance(old, dict) and isinstance(new, dict):
@@ -270,9 +387,10 @@ class Catalog:
         return {"schema": LS_SCHEMA, "tasks": rows, "missing": gone, "unexpected": unexpected}
 
     def plan_update(self) -> dict:
-        _, descs, unexpected = self.current()
+        tasks, descs, unexpected = self.current()
         lock = read_lock(self.ws)["tasks"]
         changes = {}
+        pages = {t.name: why for t in tasks if (why := block_drift(self.ws, t))}
         for name in sorted(set(lock) | set(descs)):
             if name not in lock:
                 changes[name] = {"change": "added", "fields": []}
@@ -283,9 +401,15 @@ class Catalog:
                     "change": "changed",
                     "fields": differences(lock[name], descs[name]),
                 }
+        for name, why in pages.items():
+            changes.setdefault(name, {"change": "changed", "fields": []})["task_md"] = why
         return {"changes": changes, "descriptors": descs, "unexpected": unexpected}
 
     def update(self, plan: dict) -> Path:
+        """Regenerate each TASK.md block, then pin the descriptors (which hash TASK.md)."""
+        tasks, _ = discover(self.ws)
+        if any([write_block(self.ws, t) for t in tasks]):  # NB: a list: write every one
+            plan = dict(plan, descriptors={t.name: descriptor(self.ws, t) for t in tasks})
         return write_lock(self.ws, plan["descriptors"])
 
     def check(self, *, run: bool = True, all_bindings: bool = False, events=None) -> dict:
@@ -331,6 +455,19 @@ class Catalog:
                         f"{_short(d['old'])} -> {_short(d['new'])}",
                         "hint": "a task that candidates were judged against must not change "
                         "silently: `rsi catalog update` shows the change; `--yes` accepts it",
+                    }
+                )
+        for t in tasks:
+            why = block_drift(self.ws, t)
+            if why:
+                path = task_md(self.ws, t)
+                problems.append(
+                    {
+                        "task": t.name,
+                        "file": f"{t.package}/{path.name if path else 'TASK.md'}",
+                        "field": "docs",
+                        "error": why,
+                        "hint": "`rsi catalog update --yes` regenerates it from BUILD.toml",
                     }
                 )
         analysed, baselines = [], []
@@ -563,6 +700,8 @@ def update_cmd(ctx: click.Context, yes: bool, as_json: bool) -> None:
         click.echo("the lock matches every declared task; nothing to do")
     for name, ch in plan["changes"].items():
         click.echo(f"{name}: {ch['change']}")
+        if ch.get("task_md"):
+            click.echo(f"  TASK.md: {ch['task_md']} (regenerated with --yes)")
         for d in ch["fields"]:
             click.echo(f"  {d['field']}: {_short(d['old'])} -> {_short(d['new'])}")
     for u in plan["unexpected"]:

@@ -143,3 +143,30 @@ def test_check_runs_the_baseline_check_and_a_baseline_failing_its_oracle_is_an_e
     problems = json.loads(bad.stdout)["problems"]
     assert [(p["task"], p["field"]) for p in problems] == [("softmax", "cpu: baseline")]
     assert "the baseline fails its own check (wrong_output)" in problems[0]["error"]
+
+
+@pytest.mark.fast
+def test_task_md_says_what_the_declaration_says_and_drift_is_caught(catalog_ws, run_rsi):
+    page = catalog_ws / "tasks" / "softmax" / "TASK.md"
+    text = page.read_text()
+    assert "| `cpu` | cpu | 1 | float32 64x1024 normal | 6 x 10 | latency (minimize) |" in text
+    assert "- Editable (a candidate is exactly these files): `kernel.py`" in text
+    assert "| float32 | 1e-06 | 1e-05 |" in text
+
+    build_file = catalog_ws / "tasks" / "softmax" / "BUILD.toml"
+    build_file.write_text(build_file.read_text().replace("samples = 10", "samples = 12", 1))
+    run = run_rsi(catalog_ws, "catalog", "check", "--no-run", "--json")
+    problems = json.loads(run.stdout)["problems"]
+    assert {
+        "task": "softmax",
+        "file": "tasks/softmax/TASK.md",
+        "field": "docs",
+        "error": "TASK.md's generated block no longer matches the declaration",
+        "hint": "`rsi catalog update --yes` regenerates it from BUILD.toml",
+    } in problems
+    assert page.read_text() == text, "check never writes"
+
+    assert run_rsi(catalog_ws, "catalog", "update", "--yes").returncode == 0
+    assert "| 6 x 12 |" in page.read_text()
+    assert page.read_text().startswith(text.split("<!-- rsi catalog")[0]), "prose kept"
+    assert run_rsi(catalog_ws, "catalog", "check", "--no-run").returncode == 0
