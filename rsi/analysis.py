@@ -168,8 +168,17 @@ def analyze(
                 ids.append(kept)
         bg.target_actions[label] = ids
         bg.providers[label] = provider
+    from rsi.executors.hoststep import PROVIDES_TOOLCHAIN
+
     action_graph = nx.DiGraph()
     action_graph.add_nodes_from(bg.actions)
+    # NB: an action runs after the step that builds its toolchain (the platform value names
+    # the recipe; the step's `provides-toolchain` is that value): an edge without an input
+    provided = {
+        value: spec.id
+        for spec in bg.actions.values()
+        if (value := dict(spec.platform).get(PROVIDES_TOOLCHAIN))
+    }
     for spec in bg.actions.values():
         for art in spec.inputs:
             if art.producer:
@@ -177,6 +186,9 @@ def analyze(
                 if producer not in bg.actions:
                     raise DeclarationError(f"{spec.label}: input {art.path} has unknown producer")
                 action_graph.add_edge(producer, spec.id)
+        step = provided.get(dict(spec.platform).get("toolchain", ""))
+        if step is not None and step != spec.id:
+            action_graph.add_edge(step, spec.id)
     if not nx.is_directed_acyclic_graph(action_graph):
         cycle = " -> ".join(a for a, _ in nx.find_cycle(action_graph))
         raise DeclarationError(f"action cycle: {cycle}")

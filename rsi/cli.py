@@ -395,6 +395,7 @@ def toolchain_ls(ctx: click.Context, as_json: bool) -> None:
                 "label": str(label),
                 "recipe_digest": digest,
                 "built": info is not None,
+                "platform": f"{label.name}@recipe:{digest}",
                 "toolchain": info["platform"] if info else None,
                 "image_id": info["image_id"] if info else None,
                 "packages": len(info["lock"]) if info else None,

@@ -27,6 +27,8 @@ from rsi.digest import Digest, FileNode, SymlinkNode
 from rsi.errors import CorruptEntry, ExecutionError, RsiError, StoreError
 from rsi.events import EventLog
 from rsi.executors.base import TRASH, Executor
+from rsi.executors.hoststep import HOST_STEPS, host_step_kind
+from rsi.executors.hoststep import present as host_step_present
 from rsi.host import Capabilities, Holder, HostLock, describe_holders, unmet_requirement
 from rsi.rule import ActionSpec
 from rsi.store import LocalStore
@@ -246,7 +248,7 @@ class Scheduler:
             except RsiError:
                 continue
             cached = self.store.get_action_result(action.key())
-            if cached is None or not cached.ok:
+            if cached is None or not cached.ok or not self._still_there(action):
                 continue
             outcomes[action_id] = Outcome(action_id, "hit", action.key(), cached)
             for nxt in graph.succs.get(action_id, ()):
@@ -335,6 +337,9 @@ class Scheduler:
                     status = "hit"
                     if served is None or not served.ok:
                         served, status = self._remote_get(action, build_event), "remote_hit"
+                    gone = served is not None and not self._still_there(action)
+                    if gone:
+                        served = None
                     if served is not None:
                         if status == "remote_hit":
                             # NB: keep it locally too, so the next build needs no round trip
@@ -367,6 +372,8 @@ class Scheduler:
                         stopped = stopped or (required and not self.keep_going)
                         continue
                     why = self.why(spec, action)
+                    if gone:
+                        why = ["what this host step built is no longer in the store"]
                     to_execute.append((spec, action, why, 0))
                 # dispatch within resource classes
                 while to_execute and not stopped and not exclusive_running:
@@ -570,6 +577,11 @@ class Scheduler:
             self.remote = None
             return None
 
+    def _still_there(self, action: Action) -> bool:
+        """A host step's cached result stands only while what it built (a toolchain's tree,
+        beside the CAS) is in the store; every other result is self-contained."""
+        return host_step_kind(action) is None or host_step_present(action, self.store)
+
     def _unmet(self, action: Action) -> tuple[str, str] | None:
         if self._capabilities is None:
             return None
@@ -603,12 +615,14 @@ class Scheduler:
         )
 
     def _execute(self, spec: ActionSpec, action: Action, parent: int | None = None) -> ActionResult:
-        if self.remote is not None or not getattr(self.executor, "copies_sources", False):
+        # NB: a host step (a toolchain build: network, root) runs here whatever the executor
+        runner = HOST_STEPS if host_step_kind(action) else self.executor
+        if self.remote is not None or not getattr(runner, "copies_sources", False):
             # NB: a local executor copies sources from the workspace itself (verified against
             # their digests); only a remote cache or executor needs them in the store first
             self._upload_sources(spec, action)
-        if getattr(self.executor, "name", "") == "remote":
-            result = self.executor.run(action, self.store, self.cancel)
+        if getattr(runner, "name", "") == "remote":
+            result = runner.run(action, self.store, self.cancel)
         else:
             # NB: `exclusive` must hold across every rsi process on this host (two agents, two
             # CI jobs), not only inside this scheduler: timing actions take the host lock alone
@@ -617,7 +631,7 @@ class Scheduler:
                 action.exclusive, spec.label, cancel=self.cancel, on_wait=waiter
             ):
                 waiter.acquired()
-                result = self.executor.run(action, self.store, self.cancel)
+                result = runner.run(action, self.store, self.cancel)
         if result.ok:
             # NB: the action-cache entry (temp, fsync, rename) is written by one committer
             # thread, off the critical path; dependents use the in-memory result meanwhile.

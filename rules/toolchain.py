@@ -1,18 +1,25 @@
-"""The `toolchain` rule: a pinned root filesystem, built (or reused by recipe digest) when the
-target is analysed, like a Bazel repository rule. Dependents get its identity `name@<digest>`,
-which goes into the `toolchain` platform property and so into every action key run on it."""
+"""The `toolchain` rule: a pinned root filesystem. Analysis only reads the recipe: it declares
+one build step (a host action, `rsi.toolchain.step`) that builds the rootfs, or finds it built,
+when a build needs it, and writes `<name>.toolchain.json` and `<name>.lock`. Dependents get the
+recipe's identity `name@recipe:<recipe digest>`, which goes into the `toolchain` platform
+property and so into every action key run on it; those actions run after the step."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
 
 from rsi.attrs import attr
-from rsi.errors import DeclarationError, RsiError
+from rsi.errors import DeclarationError
+from rsi.executors.hoststep import HOST_STEP, PROVIDES_TOOLCHAIN
 from rsi.rule import Provider, Rule, RuleContext
+
+BUILD_TIMEOUT_S = 3600.0  # NB: torch-cpu takes ~60 s warm; a cold download cache much longer
 
 
 def _toolchain(ctx: RuleContext) -> Provider:
-    from rsi.toolchain import build, load_recipe
+    from rsi.toolchain import load_recipe
+    from rsi.toolchain.build import recipe_value, toolchains_root
+    from rsi.toolchain.step import DECLARED_LOCK_DIR, STEP, step_argv
 
     a = ctx.attrs
     doc = {k: v for k, v in a.items() if k not in ("doc", "tags") and v not in (None, [], ())}
@@ -23,27 +30,41 @@ def _toolchain(ctx: RuleContext) -> Provider:
         # NB: the recipe names no file or target of its own here: this target's, and the
         # attribute (`wheels`, not `wheels[0]`) at fault
         raise ctx.error(exc.detail, (exc.field or "").split("[")[0] or None, exc.hint) from None
-    try:
-        recipe = type(recipe)(**{**recipe.__dict__, "declared_in": ctx.package_dir / "BUILD.toml"})
-        info = build(recipe, ctx.settings["store"])
-    except RsiError as exc:
-        raise ctx.error(f"toolchain build failed: {exc.message}", hint=exc.hint) from None
-    # NB: tracked, so a deleted or rebuilt toolchain invalidates the cached analysis
-    ctx.read_file(info.path / "info.json")
-    doc = {
-        "toolchain": info.platform_value,
-        "image_id": info.image_id,
-        "recipe_digest": info.recipe_digest,
-        "rootfs": str(info.rootfs),
-    }
-    out = ctx.write(f"{ctx.label.name}.toolchain.json", json.dumps(doc, indent=1, sort_keys=True))
-    return Provider(files=(out,), info={"toolchain": info.platform_value, **doc})
+    value = recipe_value(recipe.name, recipe.digest().hash)
+    if ctx.tracker is not None and ctx.settings.get("store"):
+        # NB: read-only: whether (and to what) the tree is built keeps a cached analysis and
+        # the incremental state honest when the tree is built, rebuilt or deleted
+        ctx.tracker.file(
+            toolchains_root(ctx.settings["store"]) / value.split(":")[-1] / "info.json"
+        )
+    inputs = []
+    lock_name = f"{recipe.name}.lock"
+    if ctx.tracker is not None:
+        ctx.tracker.stat(ctx.package_dir / lock_name)  # NB: a lock added later re-analyses
+    if (ctx.package_dir / lock_name).is_file():
+        # NB: the checked-in lock, so the step names the packages that moved against it; at
+        # its own exec path, since the step's fresh lock is an output `<name>.lock`
+        lock = ctx.source(lock_name, "lock")
+        inputs.append(
+            dataclasses.replace(lock, path=ctx.exec_path(f"{DECLARED_LOCK_DIR}/{lock_name}"))
+        )
+    files = ctx.action(
+        argv=step_argv(recipe),
+        inputs=inputs,
+        outputs=[f"{recipe.name}.toolchain.json", lock_name],
+        mnemonic="ToolchainBuild",
+        platform={HOST_STEP: STEP, PROVIDES_TOOLCHAIN: value},
+        timeout_s=BUILD_TIMEOUT_S,
+    )
+    info = {"toolchain": value, "recipe_digest": recipe.digest().hash, "name": recipe.name}
+    return Provider(files=files, info=info)
 
 
 TOOLCHAIN = Rule(
     name="toolchain",
     doc="A pinned root filesystem from Debian packages plus hashed wheels, built as a "
-    "byte-identical tar (docs/toolchains.md). Its identity is the tar's digest.",
+    "byte-identical tar by a host step when a build needs it (docs/toolchains.md). Actions "
+    "name it by recipe digest; the built tar's digest is recorded in their results.",
     attrs={
         "description": attr("string", "what it is for", default=""),
         "suite": attr("string", "Debian suite, e.g. bookworm", nonempty=True),

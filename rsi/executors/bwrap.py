@@ -150,7 +150,7 @@ class BwrapExecutor:
         if not toolchain or "@" not in toolchain:
             raise ExecutionError(
                 f"{action.label or 'action'}: the bwrap executor needs a `toolchain` platform "
-                "property <name>@<rootfs digest>",
+                "property <name>@recipe:<recipe digest> or <name>@<rootfs digest>",
                 hint="declare the action's toolchain, or run it with the local executor",
             )
         if platform_map(action).get("accelerator"):

@@ -223,7 +223,7 @@ class DockerExecutor:
         if not toolchain or "@" not in toolchain:
             raise ExecutionError(
                 f"{action.label or 'action'}: the docker executor needs a `toolchain` platform "
-                "property <name>@<rootfs digest>",
+                "property <name>@recipe:<recipe digest> or <name>@<rootfs digest>",
                 hint="declare the action's toolchain, or run it with the local executor",
             )
         info = self._toolchain(store, toolchain)
@@ -284,6 +284,7 @@ class DockerExecutor:
                     "sandbox": "docker",
                     "docker_server": self._server,
                     "image": image,
+                    "rootfs": str(info.rootfs),
                     "oom_killed": oom,
                     "limits": limits.facts("files on disk, /tmp a tmpfs", "docker", exceeded),
                 },

@@ -2,7 +2,8 @@
 their byte-identical tar, runnable by the docker and bwrap executors.
 
 Plain API for rules and tests: `build(recipe, store_dir) -> ToolchainInfo`, `find_toolchain`,
-`rootfs_dir`, `diff_locks`. This package never runs an action.
+`rootfs_dir`, `diff_locks`. `step` is the toolchain rule's build action (a host step run by the
+scheduler); nothing else here runs an action.
 """
 
 from rsi.toolchain.build import (

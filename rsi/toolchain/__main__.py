@@ -1,6 +1,8 @@
-"""`python -m rsi.toolchain build|show|load-image`: build toolchains outside a graph (CI, people).
+"""`python -m rsi.toolchain build|show`: build toolchains outside a graph (CI, people).
 
-Until the engine's loader drives toolchain targets, this is how CI prepares them.
+In a workspace a build builds them itself (`rsi build //toolchains:NAME`, a host step: see
+`rsi.toolchain.step`); this is how CI prepares the test store and how a checked-in lock beside a
+declaration is refreshed (`build` writes it there; the build step never writes the workspace).
 """
 
 from __future__ import annotations

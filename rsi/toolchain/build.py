@@ -15,9 +15,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -45,8 +47,22 @@ IN_IMAGE_RECIPE = "etc/rsi/toolchain.json"
 EXEC_MOUNT = "rsi/exec"
 
 
+RECIPE_MARK = "recipe:"  # NB: `<name>@recipe:<recipe hex>`, the platform value rules give
+
+
 class ToolchainError(RsiError):
-    """A toolchain could not be built or found."""
+    """A toolchain could not be built or found; `field` names the recipe field at fault."""
+
+    def __init__(self, message: str, *, hint: str | None = None, field: str | None = None):
+        super().__init__(message, hint=hint)
+        self.field = field
+
+
+def recipe_value(name: str, recipe_digest: str) -> str:
+    """The `toolchain` platform value naming a recipe: `<name>@recipe:<recipe hex>`. Rules
+    give this one (analysis knows the recipe, never the tree it builds to); executors map it
+    to the tree built from that recipe in their store."""
+    return f"{name}@{RECIPE_MARK}{recipe_digest}"
 
 
 @dataclass(frozen=True)
@@ -71,6 +87,11 @@ class ToolchainInfo:
     def platform_value(self) -> str:
         """The `toolchain` platform property of actions that run in it: `<name>@<rootfs hex>`."""
         return f"{self.name}@{self.rootfs.hash}"
+
+    @property
+    def recipe_value(self) -> str:
+        """The platform value naming its recipe, `<name>@recipe:<recipe hex>` (what rules give)."""
+        return recipe_value(self.name, self.recipe_digest)
 
     @property
     def rootfs_tar(self) -> Path:
@@ -166,8 +187,21 @@ def _load_info(directory: Path) -> ToolchainInfo | None:
 
 
 def find_toolchain(store_dir: str | os.PathLike, platform_value: str) -> ToolchainInfo:
-    """The built toolchain named by a `toolchain` platform value `<name>@<rootfs hex>`."""
+    """The built toolchain named by a `toolchain` platform value: `<name>@recipe:<recipe hex>`
+    (the tree this store built from that recipe) or `<name>@<rootfs hex>` (that exact tree)."""
     name, _, rootfs_hash = platform_value.partition("@")
+    if rootfs_hash.startswith(RECIPE_MARK):
+        recipe_digest = rootfs_hash[len(RECIPE_MARK) :]
+        info = None
+        if re.fullmatch(r"[0-9a-f]{16,128}", recipe_digest):
+            info = _load_info(toolchains_root(store_dir) / recipe_digest)
+        if info is None or info.name != name:
+            raise ExecutionError(
+                f"toolchain {platform_value} is not built in the store at {store_dir}",
+                hint=f"build //toolchains:{name} first (`rsi build //toolchains:{name}`; a "
+                "build of a target that runs in it builds it first)",
+            )
+        return info
     index = toolchains_root(store_dir) / "by-rootfs" / f"{rootfs_hash}.json"
     try:
         recipe_digest = json.loads(index.read_text())["recipe_digest"]
@@ -191,8 +225,11 @@ def _find_cached(store_root: str, platform_value: str) -> ToolchainInfo:
 
 
 def lookup_toolchain(store_dir: str | os.PathLike, platform_value: str) -> ToolchainInfo:
-    """`find_toolchain`, remembered per process: the value names a rootfs digest, so the answer
-    for one store never changes (executors ask once per action)."""
+    """`find_toolchain`, remembered per process for a rootfs digest (the answer for one store
+    never changes; executors ask once per action). A recipe value is looked up each time: its
+    tree may be built, or rebuilt, while this process runs."""
+    if "@" + RECIPE_MARK in platform_value:
+        return find_toolchain(store_dir, platform_value)
     return _find_cached(str(Path(store_dir).resolve()), platform_value)
 
 
@@ -229,13 +266,15 @@ def build(
     previous_lock: Mapping[str, str] | None = None,
     write_lock: bool = True,
     progress: Callable[[str], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> ToolchainInfo:
     """Build (or reuse) a toolchain and return its info.
 
     `spec` is a Recipe, a recipe dict, `path/BUILD.toml:name`, or a path with `name`. A toolchain
     whose recipe digest is already in the store is reused unless `force`. `changes` on the result
     says which packages moved against `previous_lock`, else the lock beside the declaration, else
-    the last build of the same name in this store.
+    the last build of the same name in this store. `cancel` (set by a build's Ctrl-C or
+    SIGTERM) kills the step that runs (mmdebstrap, pip) with its process group.
     """
     from rsi.store import claim_store
 
@@ -249,7 +288,9 @@ def build(
         info = None if force else _load_info(directory)
         cached = info is not None
         if info is None:
-            info = _build_into(recipe, directory, Path(cache_dir or default_cache_dir()), say)
+            info = _build_into(
+                recipe, directory, Path(cache_dir or default_cache_dir()), say, cancel
+            )
     previous = previous_lock
     if previous is None and recipe.lock_path is not None:
         previous = read_lock_file(recipe.lock_path)
@@ -280,22 +321,27 @@ def _load_last(root: Path, name: str) -> ToolchainInfo | None:
 
 
 def _build_into(
-    recipe: Recipe, directory: Path, cache: Path, say: Callable[[str], None]
+    recipe: Recipe,
+    directory: Path,
+    cache: Path,
+    say: Callable[[str], None],
+    cancel: threading.Event | None = None,
 ) -> ToolchainInfo:
     t0 = time.monotonic()
+    # NB: the pins first: a wrong one fails in seconds, naming the wheel, before any Debian work
+    wheels = _fetch_wheels(recipe, cache / "wheels", say, cancel)
     if shutil.which("mmdebstrap") is None:
         raise ToolchainError(
             "mmdebstrap is not installed",
             hint="apt-get install mmdebstrap (scripts/ci-docker.sh does it)",
         )
-    wheels = _fetch_wheels(recipe, cache / "wheels", say)
     directory.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".build-{recipe.name}-"))
     try:
         tree = work / "root"
-        _debootstrap(recipe, tree, cache / "debs", say)
+        _debootstrap(recipe, tree, cache / "debs", say, cancel)
         if wheels:
-            _install_wheels(recipe, tree, wheels, say)
+            _install_wheels(recipe, tree, wheels, say, cancel)
         _normalise(recipe, tree)
         lock = read_tree_lock(tree)
         lock_file = tree / IN_IMAGE_LOCK
@@ -333,7 +379,13 @@ def _build_into(
         say(f"built {info.platform_value} in {info.build_s}s ({rootfs.size / 1e6:.0f} MB)")
         return info
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        mounted = _mounts_under(work)
+        if mounted:
+            # NB: a killed mmdebstrap may leave /dev, /proc or /sys bound in the tree: removing
+            # the tree would reach the host's files through them. Left for a person to unmount.
+            say(f"left {work}: still mounted there: {', '.join(mounted[:4])}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------ build steps
@@ -371,6 +423,7 @@ def host_mirror(suite: str) -> str:
     raise ToolchainError(
         f"no Debian mirror for suite {suite!r} in /etc/apt/sources.list(.d)",
         hint="configure apt, or set RSI_DEBIAN_MIRROR to the mirror's URL",
+        field="suite",
     )
 
 
@@ -382,7 +435,9 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fetch_wheels(recipe: Recipe, cache: Path, say: Callable[[str], None]) -> list[Path]:
+def _fetch_wheels(
+    recipe: Recipe, cache: Path, say: Callable[[str], None], cancel: threading.Event | None = None
+) -> list[Path]:
     cache.mkdir(parents=True, exist_ok=True)
     found = []
     for wheel in recipe.wheels:
@@ -390,7 +445,7 @@ def _fetch_wheels(recipe: Recipe, cache: Path, say: Callable[[str], None]) -> li
         if not path.exists() or _sha256_file(path) != wheel.sha256:
             say(f"downloading {wheel.name}=={wheel.version}")
             with tempfile.TemporaryDirectory(dir=cache) as tmp:
-                proc = subprocess.run(
+                proc = _call(
                     [
                         sys.executable,
                         "-m",
@@ -403,9 +458,7 @@ def _fetch_wheels(recipe: Recipe, cache: Path, say: Callable[[str], None]) -> li
                         tmp,
                         f"{wheel.name}=={wheel.version}",
                     ],
-                    check=False,
-                    capture_output=True,
-                    text=True,
+                    cancel,
                 )
                 got = Path(tmp) / wheel.file
                 if proc.returncode != 0 or not got.exists():
@@ -413,6 +466,7 @@ def _fetch_wheels(recipe: Recipe, cache: Path, say: Callable[[str], None]) -> li
                         f"{recipe.name}: cannot download {wheel.file}: "
                         f"{(proc.stderr or proc.stdout).strip()[-400:]}",
                         hint=f"put the wheel into {cache} by hand, or fix the pin",
+                        field="wheels",
                     )
                 os.replace(got, path)
             digest = _sha256_file(path)
@@ -422,19 +476,81 @@ def _fetch_wheels(recipe: Recipe, cache: Path, say: Callable[[str], None]) -> li
                     f"{recipe.name}: {wheel.file} has sha256 {digest}, the recipe pins "
                     f"{wheel.sha256}",
                     hint="upstream replaced the file or the pin is wrong; check and update it",
+                    field="wheels",
                 )
         found.append(path)
     return found
 
 
-def _run(cmd: list[str], what: str, **kw: Any) -> None:
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, **kw)
+def _mounts_under(path: Path) -> list[str]:
+    """Mount points at or below `path` (from /proc/self/mountinfo)."""
+    prefix = os.fspath(path).rstrip("/") + "/"
+    found = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                point = line.split()[4].encode().decode("unicode_escape")
+                if point + "/" == prefix or point.startswith(prefix):
+                    found.append(point)
+    except (OSError, IndexError, UnicodeDecodeError):
+        return [os.fspath(path)]  # NB: cannot tell: assume the worst, keep it
+    return found
+
+
+def _call(
+    cmd: list[str], cancel: threading.Event | None = None, **kw: Any
+) -> subprocess.CompletedProcess:
+    """Run `cmd` to its end, output captured, in its own process group: killed with every
+    process it started when `cancel` is set (or this thread is interrupted)."""
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **kw,
+    )
+    try:
+        while True:
+            try:
+                out, err = proc.communicate(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if cancel is not None and cancel.is_set():
+                    raise ToolchainError(f"{os.path.basename(cmd[0])} cancelled") from None
+    finally:
+        if proc.returncode is None:
+            # NB: SIGTERM first: mmdebstrap unmounts what it bound into the tree on its way out
+            for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, None)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+                try:
+                    proc.communicate(timeout=grace)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _run(
+    cmd: list[str], what: str, cancel: threading.Event | None = None, *, field: str, **kw: Any
+) -> None:
+    proc = _call(cmd, cancel, **kw)
     if proc.returncode != 0:
         tail = (proc.stderr + proc.stdout).strip()[-2000:]
-        raise ToolchainError(f"{what} failed (exit {proc.returncode}):\n{tail}")
+        raise ToolchainError(f"{what} failed (exit {proc.returncode}):\n{tail}", field=field)
 
 
-def _debootstrap(recipe: Recipe, tree: Path, debs: Path, say: Callable[[str], None]) -> None:
+def _debootstrap(
+    recipe: Recipe,
+    tree: Path,
+    debs: Path,
+    say: Callable[[str], None],
+    cancel: threading.Event | None = None,
+) -> None:
     debs.mkdir(parents=True, exist_ok=True)
     mirror = host_mirror(recipe.suite)
     say(f"mmdebstrap {recipe.suite} ({len(recipe.packages)} packages)")
@@ -459,11 +575,15 @@ def _debootstrap(recipe: Recipe, tree: Path, debs: Path, say: Callable[[str], No
         "LANG": "C.UTF-8",
         "SOURCE_DATE_EPOCH": str(recipe.source_date_epoch),
     }
-    _run(cmd, "mmdebstrap", env=env)
+    _run(cmd, "mmdebstrap", cancel, field="packages", env=env)
 
 
 def _install_wheels(
-    recipe: Recipe, tree: Path, wheels: list[Path], say: Callable[[str], None]
+    recipe: Recipe,
+    tree: Path,
+    wheels: list[Path],
+    say: Callable[[str], None],
+    cancel: threading.Event | None = None,
 ) -> None:
     say(f"pip install {len(wheels)} pinned wheel(s) with --require-hashes")
     stage = tree / "tmp" / "rsi-wheels"
@@ -499,7 +619,7 @@ def _install_wheels(
         "-r",
         "/tmp/rsi-wheels/requirements.txt",
     ]
-    _run(cmd, "pip install into the rootfs")
+    _run(cmd, "pip install into the rootfs", cancel, field="wheels")
     shutil.rmtree(stage)
 
 
