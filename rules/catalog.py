@@ -198,7 +198,7 @@ def render_block(entry: TaskEntry) -> str:
         "## Contract, measurement and tolerances",
         "",
         f"- Framework `{a['framework']}`, device `{a['device']}`; entry "
-        f"`{a['entry'].get('module')}.{a['entry'].get('function')}`"
+        f"`{a['entry'].get('module')}.{a['entry'].get('function') or a['entry'].get('class')}`"
         + (f": `{a['signature']}`" if a.get("signature") else ""),
         "- Editable (a candidate is exactly these files): "
         + ", ".join(f"`{e}`" for e in a["editable"]),

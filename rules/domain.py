@@ -115,6 +115,13 @@ def _task(ctx: RuleContext) -> Provider:
         )
     if f"{a['entry'].get('module')}.py" not in editable:
         raise ctx.error("entry.module must name one of the editable files", "entry")
+    if bool(a["entry"].get("function")) == bool(a["entry"].get("class")):
+        raise ctx.error(
+            "entry names either a function or a class (KernelBench's ModelNew contract)",
+            "entry",
+            hint='{module = "kernel", function = "softmax"} or {module = "kernel", class = '
+            '"ModelNew"}',
+        )
     for doc in a["docs"]:
         ctx.source(doc, "docs")  # NB: checked to exist, never an action input
     spec = {
@@ -159,7 +166,12 @@ TASK = Rule(
         ),
         "framework": attr("string", "numpy or torch", choices=("numpy", "torch")),
         "device": attr("string", "cpu or cuda", default="cpu", choices=("cpu", "cuda")),
-        "entry": attr("string_dict", "call contract: {module = ..., function = ...}"),
+        "entry": attr(
+            "string_dict",
+            "call contract: {module = ..., function = ...}, or {module = ..., class = ...} "
+            "(KernelBench's ModelNew: built once from workloads.init_inputs(), called with the "
+            "inputs in order)",
+        ),
         "signature": attr("string", "the entry function's signature, for people", default=""),
         "editable": attr("string_list", "file names a candidate may replace", nonempty=True),
         "tolerances": attr("table", "per-dtype {atol, rtol}"),

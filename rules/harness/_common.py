@@ -102,8 +102,14 @@ def load_spec(path: Path) -> dict:
     if spec["framework"] not in FRAMEWORKS:
         raise HarnessError(f"spec framework must be one of {FRAMEWORKS}, not {spec['framework']!r}")
     entry = spec["entry"]
-    if not (isinstance(entry, dict) and entry.get("module") and entry.get("function")):
-        raise HarnessError("spec entry must be {'module': ..., 'function': ...}")
+    if not (
+        isinstance(entry, dict)
+        and entry.get("module")
+        and bool(entry.get("function")) != bool(entry.get("class"))
+    ):
+        raise HarnessError(
+            "spec entry must be {'module': ..., 'function': ...} or {'module': ..., 'class': ...}"
+        )
     if f"{entry['module']}.py" not in spec["editable"]:
         raise HarnessError(f"spec entry module {entry['module']}.py is not among editable files")
     names = [c.get("name") for c in spec["cases"]]
@@ -164,6 +170,23 @@ def tolerance_for(spec: dict, dtype: str) -> tuple[float, float]:
 
 # ---------------------------------------------------------------------------------------------
 # Loading code by path
+
+
+def worker_entry(spec: dict, workloads: types.ModuleType) -> dict:
+    """The entry as the worker gets it: a class contract also carries the task's init inputs
+    (`workloads.init_inputs()`, JSON values) and the seed its weights are drawn with."""
+    entry = dict(spec["entry"])
+    if entry.get("class"):
+        make = getattr(workloads, "init_inputs", None)
+        try:
+            init = list(make()) if callable(make) else []
+            json.dumps(init)
+        except Exception as exc:  # noqa: BLE001  a broken workload is the harness's fault
+            raise HarnessError(f"workloads.init_inputs failed: {exc!r}") from exc
+        # NB: the weights' seed is the task's (workloads.INIT_SEED, which its oracle uses too),
+        # never the run's secret: baseline, candidate and oracle must get the same parameters
+        entry.update(init=init, init_seed=int(getattr(workloads, "INIT_SEED", 0)))
+    return entry
 
 
 def load_module_from_path(path: Path, name_hint: str) -> types.ModuleType:

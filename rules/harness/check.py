@@ -220,7 +220,7 @@ def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path, secret
             device=spec["device"],
             threads=spec["threads"],
             impl_dir=impl_dir,
-            entry=spec["entry"],
+            entry=C.worker_entry(spec, workloads),
             in_size=max(len(p["packed"]) for p in preps) + R.ALIGN,
             out_size=max(p["nbytes"] for p in preps),
             work_dir=work_dir,

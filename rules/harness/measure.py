@@ -160,6 +160,7 @@ class Sandbox:
         work_dir: Path,
         header: dict,
         packed: bytes,
+        entry: dict,
     ) -> None:
         self.index, self.spec = index, spec
         self.log = work_dir / f"sandbox{index}.log"
@@ -171,7 +172,7 @@ class Sandbox:
                 threads=spec["threads"],
                 impl_dir=impls["baseline"],
                 also_visible=(impls["candidate"],),
-                entry=spec["entry"],
+                entry=entry,
                 in_size=sizes[0],
                 out_size=sizes[1],
                 work_dir=work_dir,
@@ -584,7 +585,18 @@ def run_measure(
     boxes: list[Sandbox] = []
     try:
         for index in range(2):
-            boxes.append(Sandbox(index, impls, spec, sizes, work_dir, header0, packed0))
+            boxes.append(
+                Sandbox(
+                    index,
+                    impls,
+                    spec,
+                    sizes,
+                    work_dir,
+                    header0,
+                    packed0,
+                    C.worker_entry(spec, workloads),
+                )
+            )
         out_pairs, invalid = _run_pairs(
             spec,
             m,

@@ -91,10 +91,43 @@ def load_entry(impl_dir: str, entry: dict):
     module = importlib.util.module_from_spec(spec)
     sys.modules[full_name] = module
     spec.loader.exec_module(module)
+    if entry.get("class"):
+        return _construct(module, entry)
     fn = getattr(module, entry["function"], None)
     if not callable(fn):
         raise LookupError(f"{entry['module']}.py defines no callable {entry['function']!r}")
     return fn
+
+
+def _construct(module, entry: dict):
+    """A class contract (KernelBench's `ModelNew`): built once, at import, from the task's
+    init inputs with the torch RNG seeded by the (public) init seed, so baseline, candidate and
+    oracle start from the same weights; each call is `instance(*inputs)`, in input order."""
+    cls = getattr(module, entry["class"], None)
+    if not isinstance(cls, type):
+        raise LookupError(f"{entry['module']}.py defines no class {entry['class']!r}")
+    init = entry.get("init") or []
+    try:
+        import torch
+    except ImportError:
+        return _positional(cls(*init))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(entry.get("init_seed", 0)))
+        instance = cls(*init)
+    if isinstance(instance, torch.nn.Module):
+        instance.eval()
+        instance.requires_grad_(False)
+    return _positional(instance)
+
+
+def _positional(instance):
+    if not callable(instance):
+        raise LookupError(f"{type(instance).__name__} instances are not callable")
+
+    def call(**inputs):
+        return instance(*inputs.values())
+
+    return call
 
 
 class Worker:

@@ -1,0 +1,105 @@
+"""`rsi import kernelbench` (rules/kernelbench.py) on problem files of our own in KernelBench's
+format (tests/fixtures/kernelbench): imported tasks pass `rsi catalog check` (their baseline is
+the problem's Model, checked against Model in float64 on the problem's sizes, edge kinds and
+hidden sizes), a ModelNew candidate gets a verdict, a wrong one FAILs, and what cannot be
+imported is refused with its reason and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "kernelbench"
+
+
+def _import(ws: Path, run_rsi, *names: str):
+    return run_rsi(
+        ws, "import", "kernelbench", "--json", *(str(FIXTURES / n) for n in names), timeout=300
+    )
+
+
+@pytest.mark.fast
+def test_cuda_and_complex_problems_are_refused_with_the_reason_and_write_nothing(
+    tmp_path, make_workspace, run_rsi, torch
+):
+    ws = make_workspace(tmp_path)
+    run = _import(ws, run_rsi, "4_Needs_cuda.py", "5_Complex_input.py")
+    assert run.returncode == 2, str(run)
+    doc = json.loads(run.stdout)
+    assert doc["written"] == []
+    reasons = [r["reason"] for r in doc["refused"]]
+    assert "it needs CUDA" in reasons[0]
+    assert "input x has dtype complex64" in reasons[1]
+    assert not (ws / "tasks").exists()
+
+
+@pytest.mark.fast
+def test_a_problem_becomes_a_task_with_its_free_sizes_and_the_modelnew_contract(
+    tmp_path, make_workspace, run_rsi, torch
+):
+    ws = make_workspace(tmp_path)
+    run = _import(ws, run_rsi, "1_Linear_bias_GELU.py", "2_Sum_over_a_dimension.py")
+    assert run.returncode == 0, str(run)
+    written = {w["task"]: w for w in json.loads(run.stdout)["written"]}
+    # NB: in_features feeds get_init_inputs (the weights' shape): not free; batch_size is
+    assert written["//tasks/kb_linear_bias_gelu:task"]["free_sizes"] == ["batch_size"]
+    assert written["//tasks/kb_sum_over_a_dimension:task"]["free_sizes"] == [
+        "batch_size",
+        "dim1",
+        "dim2",
+    ]
+    pkg = ws / "tasks" / "kb_linear_bias_gelu"
+    assert (pkg / "problem.py").read_bytes() == (FIXTURES / "1_Linear_bias_GELU.py").read_bytes()
+    assert "class ModelNew(nn.Module)" in (pkg / "baseline" / "kernel.py").read_text()
+    build = (pkg / "BUILD.toml").read_text()
+    assert 'entry = {module = "kernel", class = "ModelNew"}' in build
+    assert "hidden_cases = {count = 4" in build
+    again = _import(ws, run_rsi, "1_Linear_bias_GELU.py")
+    assert again.returncode == 2 and "exists (--force" in again.stdout
+
+
+@pytest.mark.e2e
+def test_imported_tasks_pass_catalog_check_and_judge_modelnew_candidates(
+    tmp_path, make_workspace, run_rsi, build, torch, bwrap
+):
+    ws = make_workspace(tmp_path)
+    problems = ("1_Linear_bias_GELU.py", "2_Sum_over_a_dimension.py", "3_Scaled_residual.py")
+    assert _import(ws, run_rsi, *problems).returncode == 0
+    assert run_rsi(ws, "catalog", "update", "--yes").returncode == 0
+    check = run_rsi(ws, "catalog", "check", "--json", timeout=900)
+    assert check.returncode == 0, str(check)
+    statuses = {r["binding"]: r["status"] for r in json.loads(check.stdout)["baseline_checks"]}
+    assert statuses == {
+        "//tasks/kb_linear_bias_gelu:cpu": "ok",
+        "//tasks/kb_scaled_residual:cpu": "ok",
+        "//tasks/kb_sum_over_a_dimension:cpu": "ok",
+    }
+
+    pkg = ws / "tasks" / "kb_linear_bias_gelu"
+    for name in ("linear_gelu_addmm", "linear_relu_wrong"):
+        (pkg / "candidates" / name).mkdir(parents=True)
+        shutil.copy(FIXTURES / "candidates" / f"{name}.py", pkg / "candidates" / name / "kernel.py")
+    with open(pkg / "BUILD.toml", "a") as f:
+        for name in ("linear_gelu_addmm", "linear_relu_wrong"):
+            f.write(
+                f'\n[{name}]\nrule = "candidate"\ntask = ":task"\nsrc = "candidates/{name}"\n'
+                f'\n[verdict_{name}]\nrule = "verdict"\nbinding = ":cpu"\ncandidate = ":{name}"\n'
+            )
+    build(
+        ws,
+        "//tasks/kb_linear_bias_gelu:verdict_linear_gelu_addmm",
+        "//tasks/kb_linear_bias_gelu:verdict_linear_relu_wrong",
+        "--keep-going",
+        timeout=900,
+    )
+    out = ws / "out" / "tasks" / "kb_linear_bias_gelu"
+    good = json.loads((out / "verdict_linear_gelu_addmm" / "verdict.json").read_text())
+    wrong = json.loads((out / "verdict_linear_relu_wrong" / "verdict.json").read_text())
+    # NB: a correct candidate: PASS, or INCONCLUSIVE when the gain is small or the host busy
+    assert good["verdict"] in ("PASS", "INCONCLUSIVE"), good["reasons"]
+    assert good["candidate_failure_kind"] is None
+    assert wrong["verdict"] == "FAIL"
+    assert wrong["candidate_failure_kind"] == "wrong_output"
