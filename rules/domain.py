@@ -18,27 +18,11 @@ from pathlib import Path
 from rsi.attrs import attr
 from rsi.executors.local import host_python_identity
 from rsi.rule import Artifact, Provider, Rule, RuleContext
+from rules import steps
+from rules.providers import BindingInfo, CandidateInfo, TaskInfo, VerdictInfo
 
-HARNESS_DIR = Path(__file__).resolve().parent / "harness"
-HARNESS_EXEC = "_rsi/harness"
-PY = ["python3", "-I", "-B"]
-ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-
-
-# NB: each step gets only the scripts it runs, so editing the renderer reruns no measurement
-HARNESS_SCRIPTS = {
-    "check": ("check.py", "referee.py", "worker.py", "_common.py"),
-    "measure": ("measure.py", "referee.py", "worker.py", "_common.py"),
-    "assess": ("assess.py", "stats.py", "_common.py"),
-    "render": ("render.py",),
-}
-
-
-def harness_files(step: str) -> tuple[Artifact, ...]:
-    return tuple(
-        Artifact(f"{HARNESS_EXEC}/{name}", source=str(HARNESS_DIR / name))
-        for name in HARNESS_SCRIPTS[step]
-    )
+# NB: the harness steps are defined once, in rules/steps.py; these names stay importable here
+HARNESS_SCRIPTS = {s: steps.SCRIPTS[s] for s in ("check", "measure", "assess", "render")}
 
 
 # NB: what provides a task's framework where actions run on the interpreter rsi runs on: the
@@ -140,14 +124,14 @@ def _task(ctx: RuleContext) -> Provider:
     baseline_dir = ctx.exec_path(a["baseline"].rstrip("/"))
     return Provider(
         files=runtime + baseline,
-        info={
-            "spec": spec,
-            "task_dir": task_dir,
-            "baseline_dir": baseline_dir,
-            "runtime": runtime,
-            "baseline": baseline,
-            "editable": editable,
-        },
+        info=TaskInfo(
+            spec=spec,
+            task_dir=task_dir,
+            baseline_dir=baseline_dir,
+            runtime=runtime,
+            baseline=baseline,
+            editable=tuple(editable),
+        ),
     )
 
 
@@ -235,8 +219,8 @@ def _hidden(ctx: RuleContext, hidden: dict) -> dict:
 
 def _binding(ctx: RuleContext) -> Provider:
     a = ctx.attrs
-    task = ctx.dep(a["task"])
-    spec = dict(task.info["spec"])
+    task = TaskInfo.of(ctx.dep(a["task"]))
+    spec = dict(task.spec)
     platform = toolchain_platform(ctx, a["toolchain"])
     if a["toolchain"] is None:
         check_framework(ctx, a["task"], spec["framework"], "toolchain")
@@ -272,66 +256,45 @@ def _binding(ctx: RuleContext) -> Provider:
         f"{n}/measure_spec.json",
         json.dumps({k: v for k, v in full.items() if k != "assess"}, sort_keys=True, indent=1),
     )
-    task_dir, baseline_dir = task.info["task_dir"], task.info["baseline_dir"]
-    runtime = task.info["runtime"]
-    baseline_check = ctx.action(
-        argv=[
-            *PY,
-            f"{HARNESS_EXEC}/check.py",
-            "--task",
-            task_dir,
-            "--impl",
-            baseline_dir,
-            "--spec",
-            check_spec_file.path,
-            "--out",
-            ctx.exec_path(f"{n}/baseline_check.json"),
-        ],
-        inputs=[*harness_files("check"), *runtime, *task.info["baseline"], check_spec_file],
-        outputs=[f"{n}/baseline_check.json"],
+    task_dir, baseline_dir, runtime = task.task_dir, task.baseline_dir, task.runtime
+    baseline_check = steps.CHECK.run(
+        ctx,
+        out=f"{n}/baseline_check.json",
+        inputs=[*runtime, *task.baseline, check_spec_file],
         mnemonic="BaselineCheck",
-        env=ENV,
         platform=platform,
         timeout_s=a["timeout_s"],
-    )[0]
-    calibration = ctx.action(
-        argv=[
-            *PY,
-            f"{HARNESS_EXEC}/measure.py",
-            "--task",
-            task_dir,
-            "--baseline",
-            baseline_dir,
-            "--candidate",
-            baseline_dir,
-            "--spec",
-            measure_spec_file.path,
-            "--out",
-            ctx.exec_path(f"{n}/calibration.json"),
-        ],
-        inputs=[*harness_files("measure"), *runtime, *task.info["baseline"], measure_spec_file],
-        outputs=[f"{n}/calibration.json"],
+        task=task_dir,
+        impl=baseline_dir,
+        spec=check_spec_file.path,
+    )
+    calibration = steps.MEASURE.run(
+        ctx,
+        out=f"{n}/calibration.json",
+        inputs=[*runtime, *task.baseline, measure_spec_file],
         mnemonic="Calibrate",
-        env=ENV,
         platform=platform,
         timeout_s=a["timeout_s"],
-        tags=["exclusive"],
-    )[0]
+        task=task_dir,
+        baseline=baseline_dir,
+        candidate=baseline_dir,
+        spec=measure_spec_file.path,
+    )
     return Provider(
         files=(baseline_check, calibration),
-        info={
-            **task.info,
-            "spec_file": spec_file,
-            "full_spec": full,
-            "measure_spec_file": measure_spec_file,
-            "check_spec_file": check_spec_file,
-            "platform": platform,
-            "host_platform": host_platform,
-            "device": device,
-            "baseline_check": baseline_check,
-            "calibration": calibration,
-            "timeout_s": a["timeout_s"],
-        },
+        info=BindingInfo(
+            task=task,
+            spec_file=spec_file,
+            full_spec=full,
+            measure_spec_file=measure_spec_file,
+            check_spec_file=check_spec_file,
+            platform=platform,
+            host_platform=host_platform,
+            device=device,
+            baseline_check=baseline_check,
+            calibration=calibration,
+            timeout_s=a["timeout_s"],
+        ),
     )
 
 
@@ -396,11 +359,11 @@ BINDING = Rule(
 
 def _candidate(ctx: RuleContext) -> Provider:
     a = ctx.attrs
-    task = ctx.dep(a["task"])
+    task = TaskInfo.of(ctx.dep(a["task"]))
     files = ctx.source_tree(a["src"], "src")
     if not files:
         raise ctx.error(f"candidate folder {a['src']!r} is empty", "src")
-    editable = set(task.info["editable"])
+    editable = set(task.editable)
     for f in files:
         name = f.path[len(ctx.exec_path(a["src"].rstrip("/"))) + 1 :]
         if f.symlink is not None:
@@ -412,7 +375,9 @@ def _candidate(ctx: RuleContext) -> Provider:
             )
     return Provider(
         files=files,
-        info={"dir": ctx.exec_path(a["src"].rstrip("/")), "files": files, "task": str(a["task"])},
+        info=CandidateInfo(
+            dir=ctx.exec_path(a["src"].rstrip("/")), files=files, task=str(a["task"])
+        ),
     )
 
 
@@ -436,62 +401,36 @@ CANDIDATE = Rule(
 def check_action(
     ctx: RuleContext, binding: Provider, cand_files, cand_dir: str, prefix: str
 ) -> Artifact:
-    info = binding.info
-    return ctx.action(
-        argv=[
-            *PY,
-            f"{HARNESS_EXEC}/check.py",
-            "--task",
-            info["task_dir"],
-            "--impl",
-            cand_dir,
-            "--spec",
-            info["check_spec_file"].path,
-            "--out",
-            ctx.exec_path(f"{prefix}check.json"),
-        ],
-        inputs=[*harness_files("check"), *info["runtime"], *cand_files, info["check_spec_file"]],
-        outputs=[f"{prefix}check.json"],
+    info = BindingInfo.of(binding)
+    return steps.CHECK.run(
+        ctx,
+        out=f"{prefix}check.json",
+        inputs=[*info.runtime, *cand_files, info.check_spec_file],
         mnemonic="Check",
-        env=ENV,
-        platform=info["platform"],
-        timeout_s=info["timeout_s"],
-    )[0]
+        platform=info.platform,
+        timeout_s=info.timeout_s,
+        task=info.task_dir,
+        impl=cand_dir,
+        spec=info.check_spec_file.path,
+    )
 
 
 def measure_action(
     ctx: RuleContext, binding: Provider, cand_files, cand_dir: str, prefix: str
 ) -> Artifact:
-    info = binding.info
-    return ctx.action(
-        argv=[
-            *PY,
-            f"{HARNESS_EXEC}/measure.py",
-            "--task",
-            info["task_dir"],
-            "--baseline",
-            info["baseline_dir"],
-            "--candidate",
-            cand_dir,
-            "--spec",
-            info["measure_spec_file"].path,
-            "--out",
-            ctx.exec_path(f"{prefix}samples.json"),
-        ],
-        inputs=[
-            *harness_files("measure"),
-            *info["runtime"],
-            *info["baseline"],
-            *cand_files,
-            info["measure_spec_file"],
-        ],
-        outputs=[f"{prefix}samples.json"],
+    info = BindingInfo.of(binding)
+    return steps.MEASURE.run(
+        ctx,
+        out=f"{prefix}samples.json",
+        inputs=[*info.runtime, *info.baseline, *cand_files, info.measure_spec_file],
         mnemonic="Measure",
-        env=ENV,
-        platform=info["platform"],
-        timeout_s=info["timeout_s"],
-        tags=["exclusive"],
-    )[0]
+        platform=info.platform,
+        timeout_s=info.timeout_s,
+        task=info.task_dir,
+        baseline=info.baseline_dir,
+        candidate=cand_dir,
+        spec=info.measure_spec_file.path,
+    )
 
 
 def evidence_prefix(binding_label, candidate_label) -> str:
@@ -515,47 +454,33 @@ def verdict_actions(
     verdict and its table. `assess_spec` replaces the binding's spec for the assessment only
     (a campaign's regraded policy); check and measure never read it.
     """
-    info = binding.info
+    info = BindingInfo.of(binding)
     evidence = prefix if evidence is None else evidence
-    spec_file = info["spec_file"] if assess_spec is None else assess_spec
+    spec_file = info.spec_file if assess_spec is None else assess_spec
     out = {
         "check": check_action(ctx, binding, cand_files, cand_dir, evidence),
         "samples": measure_action(ctx, binding, cand_files, cand_dir, evidence),
     }
-    out["verdict"] = ctx.action(
-        argv=[
-            *PY,
-            f"{HARNESS_EXEC}/assess.py",
-            "--spec",
-            spec_file.path,
-            "--samples",
-            out["samples"].path,
-            "--check",
-            out["check"].path,
-            "--baseline-check",
-            info["baseline_check"].path,
-            "--calibration",
-            info["calibration"].path,
-            "--out",
-            ctx.exec_path(f"{prefix}verdict.json"),
-        ],
+    out["verdict"] = steps.ASSESS.run(
+        ctx,
+        out=f"{prefix}verdict.json",
         inputs=[
-            *harness_files("assess"),
             spec_file,
             out["samples"],
             out["check"],
-            info["baseline_check"],
-            info["calibration"],
+            info.baseline_check,
+            info.calibration,
         ],
-        outputs=[f"{prefix}verdict.json"],
         mnemonic="Assess",
-        env=ENV,
-        platform=info.get("host_platform", info["platform"]),
+        platform=info.host_platform,
         timeout_s=120,
-    )[0]
-    out["table"] = render_action(
-        ctx, out["verdict"], out["check"], prefix, info.get("host_platform", info["platform"])
+        spec=spec_file.path,
+        samples=out["samples"].path,
+        check=out["check"].path,
+        baseline_check=info.baseline_check.path,
+        calibration=info.calibration.path,
     )
+    out["table"] = render_action(ctx, out["verdict"], out["check"], prefix, info.host_platform)
     return out
 
 
@@ -563,41 +488,33 @@ def render_action(
     ctx: RuleContext, verdict: Artifact, check: Artifact, prefix: str, platform
 ) -> Artifact:
     """The verdict table people read (`verdict.txt`) from a verdict and its check."""
-    return ctx.action(
-        argv=[
-            *PY,
-            f"{HARNESS_EXEC}/render.py",
-            "--verdict",
-            verdict.path,
-            "--check",
-            check.path,
-            "--out",
-            ctx.exec_path(f"{prefix}verdict.txt"),
-        ],
-        inputs=[*harness_files("render"), verdict, check],
-        outputs=[f"{prefix}verdict.txt"],
+    return steps.RENDER.run(
+        ctx,
+        out=f"{prefix}verdict.txt",
+        inputs=[verdict, check],
         mnemonic="Render",
-        env=ENV,
         platform=platform,
         timeout_s=60,
-    )[0]
+        verdict=verdict.path,
+        check=check.path,
+    )
 
 
 def _verdict(ctx: RuleContext) -> Provider:
     a = ctx.attrs
     binding = ctx.dep(a["binding"])
-    cand = ctx.dep(a["candidate"])
+    cand = CandidateInfo.of(ctx.dep(a["candidate"]))
     out = verdict_actions(
         ctx,
         binding,
-        cand.info["files"],
-        cand.info["dir"],
+        cand.files,
+        cand.dir,
         prefix=f"{ctx.label.name}/",
         evidence=evidence_prefix(a["binding"], a["candidate"]),
     )
     return Provider(
         files=(out["verdict"], out["table"], out["check"], out["samples"]),
-        info={"show": out["table"].path, "verdict": out["verdict"].path},
+        info=VerdictInfo(show=out["table"].path, verdict=out["verdict"].path),
     )
 
 
@@ -617,12 +534,12 @@ VERDICT = Rule(
 
 def _pair(ctx: RuleContext, make) -> Provider:
     a = ctx.attrs
-    cand = ctx.dep(a["candidate"])
+    cand = CandidateInfo.of(ctx.dep(a["candidate"]))
     out = make(
         ctx,
         ctx.dep(a["binding"]),
-        cand.info["files"],
-        cand.info["dir"],
+        cand.files,
+        cand.dir,
         evidence_prefix(a["binding"], a["candidate"]),
     )
     return Provider(files=(out,))
@@ -666,7 +583,7 @@ MEASURE = _pair_rule(
 
 def _calibration(ctx: RuleContext) -> Provider:
     binding = ctx.dep(ctx.attrs["binding"])
-    return Provider(files=(binding.info["calibration"],))
+    return Provider(files=(BindingInfo.of(binding).calibration,))
 
 
 CALIBRATION = Rule(

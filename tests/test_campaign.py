@@ -370,7 +370,7 @@ def test_the_judge_is_fixed_at_the_start_and_a_change_refuses_rounds_and_the_fin
 
 @pytest.mark.fast
 def test_judge_changes_name_the_part_and_the_file():
-    from rules.campaign_cli import judge_changes
+    from rules.campaign.judging import judge_changes
 
     was = {
         "binding": "//p:b",
@@ -534,7 +534,7 @@ def test_campaign_bookkeeping_actions_never_ask_for_an_accelerator(tmp_path):
 
 @pytest.mark.fast
 def test_usage_keeps_unknown_values_null_and_a_real_zero(tmp_path):
-    from rules.campaign_cli import parse_usage
+    from rules.campaign.usage import parse_usage
 
     path = tmp_path / "u.json"
     path.write_text(json.dumps({"tokens": {"input": 100, "cached": 0}, "device_s": 0.0}))
@@ -1194,7 +1194,7 @@ def test_a_changed_declared_assessment_policy_is_taken_by_regrade_without_measur
 def test_the_campaign_service_runs_rounds_in_process_with_its_own_clock_and_builder(tmp_path):
     from rsi.build import build
     from rsi.workspace import Workspace
-    from rules.campaign_cli import CampaignClosed, Campaigns
+    from rules.campaign import CampaignClosed, Campaigns
 
     ws = tiny_workspace(tmp_path)
     now = [1_000_000.0]
@@ -1219,3 +1219,97 @@ def test_the_campaign_service_runs_rounds_in_process_with_its_own_clock_and_buil
     with pytest.raises(CampaignClosed) as info:
         svc.round(C, src=ws / "cands" / "inplace")
     assert info.value.code == "deadline_reached"
+
+
+@pytest.mark.fast
+def test_the_campaign_service_reports_what_is_missing_and_never_measures_for_a_report(
+    tmp_path,
+):
+    from rsi.workspace import Workspace
+    from rules.campaign import CampaignClosed, Campaigns
+
+    ws = tiny_workspace(tmp_path)
+    now = [5_000.0]
+    built = []
+    svc = Campaigns(
+        Workspace.load(ws), clock=lambda: now[0], builder=lambda *a, **kw: built.append(a)
+    )
+    with pytest.raises(UsageError):
+        svc.report(C)  # no round yet
+    with pytest.raises(CampaignClosed) as info:
+        svc.stop(C)
+    assert info.value.code == "no_rounds"
+    added = svc.add(C, ws / "cands" / "vectorised", hypothesis="h", usage={"calls": 2})
+    assert added["round"] == 1 and added["added"] is True
+    assert added["budget"]["started_at"] == 5_000.0
+    doc = svc.report(C)
+    assert doc["state"] == "unavailable" and doc["report"] is None and built == []
+    assert any(m.startswith("Measure ") for m in doc["missing"])
+    assert any(m.startswith("Check ") for m in doc["missing"])
+    with pytest.raises(CampaignClosed) as info:
+        svc.final(C)
+    assert info.value.code == "campaign_open" and "rsi campaign stop" in info.value.hint
+    now[0] += 10.0
+    stop = svc.stop(C)
+    assert stop["stopped_now"] is True and stop["budget"]["ended_by"] == "agent"
+    assert stop["budget"]["final_allowed"] is True
+    entries = svc.open(C).log.read()
+    assert [e["kind"] for e in entries] == ["start", "candidate", "stop"]
+    assert entries[-1]["time"] == 5_010.0
+    assert svc.stop(C)["stopped_now"] is False  # asking again appends nothing
+    assert len(svc.open(C).log.read()) == 3
+    now[0] += 3600.0  # past the deadline: a final never built is refused
+    with pytest.raises(CampaignClosed) as info:
+        svc.final(C)
+    assert info.value.code == "deadline_passed" and built == []
+
+
+@pytest.mark.e2e
+def test_the_campaign_service_stops_builds_the_final_and_reports_in_process(tmp_path):
+    from rsi.build import build
+    from rsi.workspace import Workspace
+    from rules.campaign import CampaignClosed, Campaigns
+
+    ws = tiny_workspace(tmp_path)
+    now = [2_000_000.0]
+    built = []
+
+    def builder(*args, **kw):
+        built.append(list(args[1]))
+        return build(*args, **kw)
+
+    svc = Campaigns(Workspace.load(ws), clock=lambda: now[0], builder=builder)
+    first = svc.round(C, src=ws / "cands" / "vectorised")
+    assert first["state"] == "done" and built == [[C + ".round-1"]]
+    # while the campaign is open the report is bookkeeping only: the final is pending
+    report = svc.report(C)
+    assert report["state"] == "done" and report["cache"] == "miss" and report["missing"] == []
+    assert built[-1] == [C + ".report"]
+    assert report["report"]["schema"] == "rsi.campaign.report/1"
+    assert len(report["report"]["rounds"]) == 1
+    assert report["evidence"]["report.md"]["path"]
+    assert svc.report(C)["cache"] == "hit" and len(built) == 2  # served from the cache
+    now[0] += 60.0
+    assert svc.stop(C)["stopped_now"] is True
+    final = svc.final(C)
+    assert final["state"] == "done" and built[-1] == [C + ".final", C + ".report"]
+    # NB: the round's verdict under this test's small policy may fall short of a PASS on a
+    # noisy host; then the final has no candidate to confirm, and says so
+    passed = first["verdict"] == "PASS"
+    assert final["final"]["state"] == ("done" if passed else "no_candidate")
+    if passed:
+        assert final["final"]["selected"]["round"] == 1
+    assert final["budget"]["ended_by"] == "agent" and final["evidence"]["final.json"]["digest"]
+    attempts = json.loads((svc.open(C).log.dir / "attempts.json").read_text())
+    assert attempts["last"]["final"]["outcome"] == "done"
+    assert attempts["last"]["final"]["time"] == 2_000_060.0  # the service's clock
+    again = svc.report(C)
+    assert again["state"] == "done" and again["cache"] == "hit"
+    assert again["report"]["final"]["state"] == final["final"]["state"]
+    # after the deadline a final already built stays readable, and nothing is built
+    now[0] += 7200.0
+    late = svc.final(C)
+    assert late["state"] == "done" and late["cache"] == "hit" and len(built) == 3
+    with pytest.raises(CampaignClosed) as info:
+        svc.round(C, src=ws / "cands" / "inplace")
+    assert info.value.code == "campaign_stopped"

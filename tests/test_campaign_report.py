@@ -106,7 +106,7 @@ def test_the_verdict_table_never_prints_pairs_none():
 @pytest.mark.fast
 def test_best_with_no_round_is_none_as_documented():
     from rsi.label import Label
-    from rules.campaign_cli import best_summary
+    from rules.campaign.documents import best_summary
 
     best = best_summary(None, None, {}, Label.parse("//p:c.best"))
     assert best["state"] == "none" and best["n_rounds"] == 0

@@ -1,0 +1,249 @@
+"""The judge of a campaign: digests of everything that decides its verdicts (binding specs,
+task runtime and baseline, harness scripts), recorded at the start; a later change refuses
+rounds and the final (or, for an assessment policy alone, asks for a regrade)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rsi.errors import DeclarationError, RsiError
+from rules.campaign.model import Campaign, State, project_spec
+from rules.providers import BindingInfo
+from rules.steps import HARNESS_DIR, SCRIPTS
+
+# NB: the scripts that decide a verdict, the selection and the final: a campaign records their
+# digests at its start and refuses to go on when one changes (rendering and reporting scripts
+# are presentation and may change freely)
+JUDGE_STEPS = ("check", "measure", "assess")
+JUDGE_CAMPAIGN_SCRIPTS = {
+    "task": ("select.py", "final.py"),
+    "project": ("project.py", "assess.py", "stats.py", "_common.py", "select.py", "final.py"),
+}
+
+
+JUDGE_SCHEMA = "rsi.campaign.judge/1"
+
+
+class JudgeChanged(DeclarationError):
+    """What judges the campaign's rounds (binding specs, task runtime and baseline, harness
+    scripts) differs from what was recorded at its start: rounds and the final are refused."""
+
+    code = "judge_changed"
+
+
+def project_drift(camp: Campaign, state: State) -> list[str]:
+    recorded = ((state.start or {}).get("project") or {}).get("spec")
+    if camp.kind != "project" or not recorded:
+        return []
+    try:
+        live = project_spec(camp.binding.attrs, lambda m, f, h=None: DeclarationError(m))
+    except DeclarationError as exc:
+        return [
+            f"{camp.binding.label} is now invalid ({exc.message}); the campaign keeps the "
+            "judge it started with"
+        ]
+    changed = sorted(k for k in set(live) | set(recorded) if live.get(k) != recorded.get(k))
+    return (
+        [
+            f"{camp.binding.label} changed since the start ({', '.join(changed)}); the campaign "
+            "keeps the judge it started with"
+        ]
+        if changed
+        else []
+    )
+
+
+def check_policy_unchanged(camp: Campaign, state: State) -> None:
+    if state.start is None:
+        return
+    was, now = state.start.get("policy"), camp.policy.to_json()
+    changed = sorted(k for k in set(was or {}) | set(now) if (was or {}).get(k) != now.get(k))
+    if state.start.get("binding") not in (None, str(camp.target.attrs["binding"])):
+        changed.insert(0, "binding")
+    if changed:
+        raise DeclarationError(
+            f"the campaign's declaration changed since it started ({', '.join(changed)}); a "
+            "campaign's binding and budget are fixed at its start",
+            file=camp.target.file,
+            target=str(camp.label),
+            field=changed[0],
+            hint=f"restore the declaration as it was ({json.dumps(was, sort_keys=True)}), or "
+            "declare a new campaign under another name",
+        )
+
+
+def _artifact_digest(store, art) -> str:
+    if art.digest is not None:
+        return str(art.digest)
+    if art.symlink is not None:
+        return f"symlink:{art.symlink}"
+    return str(store.file_memo.digest(art.source))
+
+
+def current_judge(camp: Campaign, store) -> dict:
+    """Digests of everything that decides a round's verdict, the selection and the final, as
+    the workspace holds them now: for a catalog task the binding's spec blobs (spec.json,
+    check_spec.json: task contract, cases, tolerances, toolchain, measurement policy), the
+    task's runtime and baseline files; for both kinds the harness scripts that judge. (An
+    external project's commands, policy and tree are frozen at the start in full.)"""
+    harness: set[str] = set(JUDGE_CAMPAIGN_SCRIPTS[camp.kind])
+    doc: dict[str, Any] = {"schema": JUDGE_SCHEMA, "binding": str(camp.binding.label)}
+    if camp.kind == "task":
+        from rsi.build import load_graph
+
+        for step in JUDGE_STEPS:
+            harness.update(SCRIPTS[step])
+        with store.lock(exclusive=False):
+            _, graph = load_graph(camp.ws, [str(camp.binding.label)], store)
+        info = BindingInfo.of(graph.providers[camp.binding.label])
+        doc["spec"] = {
+            "spec.json": _artifact_digest(store, info.spec_file),
+            "check_spec.json": _artifact_digest(store, info.check_spec_file),
+        }
+        doc["runtime"] = {a.path: _artifact_digest(store, a) for a in info.runtime}
+        doc["baseline"] = {a.path: _artifact_digest(store, a) for a in info.baseline}
+    doc["harness"] = {
+        name: str(store.file_memo.digest(HARNESS_DIR / name)) for name in sorted(harness)
+    }
+    return doc
+
+
+def _flat(doc: Any, prefix: str = "", depth: int = 2) -> dict[str, Any]:
+    if not isinstance(doc, dict) or depth == 0:
+        return {prefix: doc}
+    out: dict[str, Any] = {}
+    for k, v in doc.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k), depth - 1))
+    return out
+
+
+def _spec_fields(store, was: str, now: str) -> list[str]:
+    """The spec fields that differ between two spec blobs (best effort: [] when unreadable)."""
+    from rsi.digest import Digest
+
+    try:
+        old, new = (_flat(json.loads(store.read_bytes(Digest.parse(d)))) for d in (was, now))
+    except (RsiError, ValueError, TypeError):
+        return []
+    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
+
+def judge_changes(recorded: dict, current: dict, store=None) -> list[str]:
+    """One line per difference, naming the part and the file (and a spec's changed fields)."""
+    changes = []
+    if recorded.get("binding") not in (None, current.get("binding")):
+        changes.append(f"binding {recorded['binding']} is now {current.get('binding')}")
+    names = {
+        "spec": "spec",
+        "runtime": "task runtime file",
+        "baseline": "baseline file",
+        "harness": "harness script",
+    }
+    for part, noun in names.items():
+        was, now = recorded.get(part) or {}, current.get(part) or {}
+        for key in sorted(set(was) | set(now)):
+            if was.get(key) == now.get(key):
+                continue
+            shown = str(HARNESS_DIR / key) if part == "harness" else key
+            if key not in was:
+                changes.append(f"{noun} {shown} was added")
+            elif key not in now:
+                changes.append(f"{noun} {shown} was removed")
+            else:
+                fields = (
+                    _spec_fields(store, was[key], now[key])
+                    if (part == "spec" and store is not None)
+                    else []
+                )
+                changes.append(
+                    f"{noun} {shown} changed" + (f" ({', '.join(fields)})" if fields else "")
+                )
+    return changes
+
+
+def recorded_judge(state: State) -> dict | None:
+    """The judge the campaign is fixed to: the start's, or the last regrade's that took a
+    changed assessment policy from the declaration."""
+    for entry in reversed(state.regrades):
+        if entry.get("judge"):
+            return entry["judge"]
+    return (state.start or {}).get("judge")
+
+
+def assess_only_change(recorded: dict, current: dict, store) -> list[str] | None:
+    """The assessment-policy fields (`assess.…`) that differ between two judges when nothing
+    else does (None: something else changed too, or nothing did)."""
+    if not recorded or not current:
+        return None
+    if {k: v for k, v in recorded.items() if k != "spec"} != {
+        k: v for k, v in current.items() if k != "spec"
+    }:
+        return None
+    was, now = recorded.get("spec") or {}, current.get("spec") or {}
+    if set(was) != set(now) or any(was[k] != now[k] for k in was if k != "spec.json"):
+        return None
+    if was.get("spec.json") == now.get("spec.json"):
+        return None
+    fields = _spec_fields(store, was["spec.json"], now["spec.json"])
+    if not fields or not all(f.startswith("assess.") for f in fields):
+        return None
+    return fields
+
+
+def judge_status(camp: Campaign, state: State, store) -> dict:
+    """`unchanged`, `changed` (with `changes`), `unrecorded` (a log from before judges were
+    recorded) or `unknown` (the binding cannot be analysed now: `error`)."""
+    recorded = recorded_judge(state)
+    if not recorded:
+        return {
+            "state": "unrecorded" if state.start or state.candidates else "not_started",
+            "changes": [],
+        }
+    try:
+        changes = judge_changes(recorded, current_judge(camp, store), store)
+    except RsiError as exc:
+        return {"state": "unknown", "changes": [], "error": exc.message}
+    return {"state": "changed" if changes else "unchanged", "changes": changes}
+
+
+def check_judge_unchanged(camp: Campaign, state: State, store) -> None:
+    """Refuse to judge anything under a judge other than the one recorded at the start."""
+    if not recorded_judge(state):
+        return
+    judge = judge_status(camp, state, store)
+    if judge["state"] == "unknown":
+        raise JudgeChanged(
+            f"the judge of {camp.label} cannot be checked against the one recorded at its "
+            f"start: {judge['error']}",
+            file=camp.target.file,
+            target=str(camp.label),
+            field="binding",
+            hint="fix the binding's declaration as it was at the start",
+        )
+    if judge["state"] == "changed":
+        fields = assess_only_change(recorded_judge(state), current_judge(camp, store), store)
+        if fields:
+            raise JudgeChanged(
+                f"the assessment policy of {camp.label}'s binding changed since it was fixed "
+                f"({', '.join(fields)}); rounds and the final are refused until the campaign "
+                "takes it",
+                file=camp.target.file,
+                target=str(camp.label),
+                field="binding",
+                hint=f"rsi campaign regrade {camp.label} re-assesses every round under it from "
+                "the retained measurements (nothing is measured again), or restore it",
+            )
+    if judge["state"] == "changed":
+        raise JudgeChanged(
+            f"the judge of {camp.label} changed since the campaign started: "
+            f"{'; '.join(judge['changes'])}. A campaign's judge (its binding's specs, the task's "
+            "runtime and baseline, the harness scripts) is fixed at its start; rounds and the "
+            "final are refused so that no round is silently re-judged under another judge",
+            file=camp.target.file,
+            target=str(camp.label),
+            field="binding",
+            hint="restore what changed (e.g. `git checkout -- FILE`) to go on with this "
+            "campaign, or declare a new campaign (another name) to judge under the new "
+            "binding",
+        )

@@ -1,0 +1,160 @@
+"""The harness steps, defined once: what each runs (its script and the harness files it reads)
+and its command line. Domain verdicts, campaign rounds, a project's rounds and the final's
+plan all build their commands here, so a step's command line is written in one place.
+
+A step's argv is `[*python, _rsi/harness/SCRIPT, *subcommand, --flag value, ...]`; the values
+are exec paths (an action) or placeholders such as `{out}/check.json` (the final's plan, whose
+runner substitutes them). `Step.run` turns one into an action: the step's harness files come
+first among its inputs, so its key covers exactly the code it runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from rsi.rule import Artifact, RuleContext
+
+HARNESS_DIR = Path(__file__).resolve().parent / "harness"
+HARNESS_EXEC = "_rsi/harness"
+PY = ("python3", "-I", "-B")
+# NB: the interpreter placeholder of the final's plan (final.py runs it with the toolchain's)
+PLAN_PY = ("{python}", "-I", "-B")
+ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+# NB: each step gets only the scripts it runs, so editing the renderer reruns no measurement
+SCRIPTS: dict[str, tuple[str, ...]] = {
+    "check": ("check.py", "referee.py", "worker.py", "_common.py"),
+    "measure": ("measure.py", "referee.py", "worker.py", "_common.py"),
+    "assess": ("assess.py", "stats.py", "_common.py"),
+    "render": ("render.py",),
+    "project": ("project.py",),
+    "project_assess": ("project.py", "assess.py", "stats.py", "_common.py"),
+    "round": ("round.py",),
+    "select": ("select.py",),
+    "snapshot": ("snapshot.py",),
+    "report": ("report.py",),
+    "final": ("final.py",),
+}
+
+
+def harness_files(scripts: str) -> tuple[Artifact, ...]:
+    """The harness files of `scripts` (a key of SCRIPTS), as action inputs."""
+    return tuple(
+        Artifact(f"{HARNESS_EXEC}/{name}", source=str(HARNESS_DIR / name))
+        for name in SCRIPTS[scripts]
+    )
+
+
+@dataclass(frozen=True)
+class Step:
+    """One harness step: `script` (with `sub`, its subcommand) run with `flags` in order (a
+    flag `baseline_check` is `--baseline-check`); one in `optional` is left out when its value
+    is None. `scripts` names the harness files
+    it reads (SCRIPTS); `exclusive` steps time something and run alone."""
+
+    name: str
+    script: str
+    flags: tuple[str, ...]
+    scripts: str
+    sub: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    exclusive: bool = False
+
+    def argv(self, py: Iterable[str] = PY, **values: str | None) -> list[str]:
+        unknown = set(values) - set(self.flags)
+        if unknown:
+            raise TypeError(f"step {self.name}: unknown flag(s) {sorted(unknown)}")
+        argv = [*py, f"{HARNESS_EXEC}/{self.script}", *self.sub]
+        for flag in self.flags:
+            value = values.get(flag)
+            if value is None:
+                if flag in self.optional:
+                    continue
+                raise TypeError(f"step {self.name}: --{flag} needs a value")
+            argv += [f"--{flag.replace('_', '-')}", value]
+        return argv
+
+    def files(self) -> tuple[Artifact, ...]:
+        return harness_files(self.scripts)
+
+    def run(
+        self,
+        ctx: RuleContext,
+        *,
+        out: str,
+        inputs: Iterable[Artifact],
+        mnemonic: str,
+        platform: Mapping[str, str],
+        timeout_s: float,
+        **values: str | None,
+    ) -> Artifact:
+        """The step as one action writing `out` (package-relative); returns its output."""
+        return ctx.action(
+            argv=self.argv(**values, out=ctx.exec_path(out)),
+            inputs=[*self.files(), *inputs],
+            outputs=[out],
+            mnemonic=mnemonic,
+            env=ENV,
+            platform=platform,
+            timeout_s=timeout_s,
+            **({"tags": ["exclusive"]} if self.exclusive else {}),
+        )[0]
+
+
+# NB: a catalog task's steps
+CHECK = Step("check", "check.py", ("task", "impl", "spec", "out"), "check")
+MEASURE = Step(
+    "measure",
+    "measure.py",
+    ("task", "baseline", "candidate", "spec", "out"),
+    "measure",
+    exclusive=True,
+)
+ASSESS = Step(
+    "assess",
+    "assess.py",
+    ("spec", "samples", "check", "baseline_check", "calibration", "out"),
+    "assess",
+)
+RENDER = Step("render", "render.py", ("verdict", "check", "out"), "render")
+
+# NB: an external project's steps: its own commands, run by project.py over the frozen tree
+# (`overlay`: the candidate's files over it; none: the baseline itself)
+QUALITY = Step(
+    "quality",
+    "project.py",
+    ("spec", "base", "overlay", "out"),
+    "project",
+    sub=("quality",),
+    optional=("overlay",),
+)
+BENCH = Step(
+    "bench",
+    "project.py",
+    ("spec", "base", "overlay", "out"),
+    "project",
+    sub=("bench",),
+    optional=("overlay",),
+    exclusive=True,
+)
+PROJECT_ASSESS = Step(
+    "project_assess",
+    "project.py",
+    ASSESS.flags,
+    "project_assess",
+    sub=("assess",),
+)
+
+# NB: a campaign round's document, from its verdict and check
+ROUND_DOC = Step("round", "round.py", ("meta", "verdict", "check", "out"), "round")
+
+STEPS = {
+    s.name: s for s in (CHECK, MEASURE, ASSESS, RENDER, QUALITY, BENCH, PROJECT_ASSESS, ROUND_DOC)
+}
+
+
+def plan_step(name: str, step: Step, **values: Any) -> dict:
+    """A step of the final's plan: its argv with the plan's placeholders."""
+    return {"name": name, "argv": step.argv(PLAN_PY, **values)}
