@@ -112,8 +112,8 @@ def _cases(doc: dict) -> tuple[list[dict], dict]:
 WORKLOADS = '''"""Workloads of the KernelBench problem in problem.py (`rsi import kernelbench`).
 
 make_inputs(case, seed): the problem's get_inputs() with torch's RNG seeded by `seed` (the
-referee's secret), the free sizes {varied} set from case["shape"]; kinds: normal, large (x100),
-tiny (x1e-3), transposed (the same values as non-contiguous views)."""
+referee's secret) and the free sizes (VARIED, in order) set from case["shape"]; kinds: normal,
+large (x100), tiny (x1e-3), transposed (the same values as non-contiguous views)."""
 
 from __future__ import annotations
 
@@ -180,6 +180,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+NAMES = {names}
 INIT = {init}
 INIT_SEED = {seed}
 _MODEL = None
@@ -202,7 +203,7 @@ def _model():
 def reference(**inputs) -> np.ndarray:
     args = [
         v.detach().to(torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-        for v in inputs.values()
+        for v in (inputs[name] for name in NAMES)
     ]
     with torch.no_grad():
         out = _model()(*args)
@@ -286,18 +287,22 @@ def render(path: Path, name: str, doc: dict) -> dict[str, str]:
             init=json.dumps(doc["init"]),
             seed=INIT_SEED,
         ),
-        "oracle.py": ORACLE.format(init=json.dumps(doc["init"]), seed=INIT_SEED),
+        "oracle.py": ORACLE.format(
+            names=json.dumps(names), init=json.dumps(doc["init"]), seed=INIT_SEED
+        ),
         "BUILD.toml": "\n".join(build),
         "TASK.md": task_md,
     }
 
 
-def import_problems(root: Path, files: list[Path], into: str = "tasks", force: bool = False):
+def import_problems(
+    root: Path, files: list[Path], into: str = "tasks", force: bool = False, name: str = ""
+):
     """Import each file; returns (written, refused) lists. A refused file writes nothing."""
     written, refused = [], []
     for path in files:
-        name = task_name(path)
-        dest = root / into / name
+        task = name or task_name(path)
+        dest = root / into / task
         try:
             if not path.is_file():
                 raise ImportRefused(f"{path}: no such file")
@@ -306,7 +311,7 @@ def import_problems(root: Path, files: list[Path], into: str = "tasks", force: b
                     f"{path}: {dest.relative_to(root)} exists (--force replaces its files)"
                 )
             doc = probe(path)
-            files_out = render(path, name, doc)
+            files_out = render(path, task, doc)
         except ImportRefused as exc:
             refused.append({"file": str(path), "reason": exc.message})
             continue
@@ -317,7 +322,7 @@ def import_problems(root: Path, files: list[Path], into: str = "tasks", force: b
         written.append(
             {
                 "file": str(path),
-                "task": f"//{into}/{name}:task",
+                "task": f"//{into}/{task}:task",
                 "folder": str(dest.relative_to(root)),
                 "free_sizes": doc["varied"],
                 "inputs": doc["inputs"],
@@ -339,9 +344,14 @@ def import_group() -> None:
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--into", default="tasks", show_default=True, help="package folder for the tasks")
 @click.option("--force", is_flag=True, help="replace the files of a task folder that exists")
+@click.option(
+    "--name", default="", help="the task folder's name (one file only; default kb_<stem>)"
+)
 @click.option("--json", "as_json", is_flag=True, help="what was written and refused, as JSON")
 @click.pass_context
-def kernelbench_cmd(ctx: click.Context, files, into: str, force: bool, as_json: bool) -> None:
+def kernelbench_cmd(
+    ctx: click.Context, files, into: str, force: bool, name: str, as_json: bool
+) -> None:
     """Import KernelBench-format problem files (Model, get_inputs, get_init_inputs) as tasks
     under tasks/kb_<name>/ with the problem's Model as baseline and (in float64) oracle.
 
@@ -354,7 +364,11 @@ def kernelbench_cmd(ctx: click.Context, files, into: str, force: bool, as_json: 
     obj = ctx.find_root().obj or {}
     root = obj.get("workspace")
     ws = Workspace.load(Path(root).resolve()) if root else Workspace.discover()
-    written, refused = import_problems(ws.root, [p.resolve() for p in files], into, force)
+    if name and len(files) != 1:
+        raise click.UsageError("--name names one task: give one file with it")
+    if name and not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        raise click.UsageError(f"--name {name!r}: lower-case letters, digits and _ only")
+    written, refused = import_problems(ws.root, [p.resolve() for p in files], into, force, name)
     if as_json:
         click.echo(json.dumps({"written": written, "refused": refused}, indent=1))
     else:

@@ -110,22 +110,26 @@ def _construct(module, entry: dict):
     try:
         import torch
     except ImportError:
-        return _positional(cls(*init))
+        return _positional(cls(*init), entry.get("args") or [])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(entry.get("init_seed", 0)))
         instance = cls(*init)
     if isinstance(instance, torch.nn.Module):
         instance.eval()
         instance.requires_grad_(False)
-    return _positional(instance)
+        if entry.get("device", "cpu") != "cpu":
+            instance.to(entry["device"])  # NB: built on the CPU, as the oracle builds its own
+    return _positional(instance, entry.get("args") or [])
 
 
-def _positional(instance):
+def _positional(instance, args: list[str]):
+    """`instance(*inputs)` in the order `args` names them (inputs arrive as a mapping whose
+    order is the packing's, not the model's: q, k, v must not become k, q, v)."""
     if not callable(instance):
         raise LookupError(f"{type(instance).__name__} instances are not callable")
 
     def call(**inputs):
-        return instance(*inputs.values())
+        return instance(*(inputs[name] for name in args))
 
     return call
 
