@@ -23,14 +23,16 @@ PY = ("python3", "-I", "-B")
 PLAN_PY = ("{python}", "-I", "-B")
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
-# NB: each step gets only the scripts it runs, so editing the renderer reruns no measurement
+# NB: each step gets only the files it runs (tests/test_steps.py derives them from the scripts'
+# own sibling loads), so editing the renderer reruns no measurement and the GPU query in
+# _common.py no assessment
 SCRIPTS: dict[str, tuple[str, ...]] = {
-    "check": ("check.py", "referee.py", "worker.py", "_common.py"),
-    "measure": ("measure.py", "referee.py", "worker.py", "_common.py"),
-    "assess": ("assess.py", "stats.py", "_common.py"),
+    "check": ("check.py", "referee.py", "worker.py", "_common.py", "_core.py"),
+    "measure": ("measure.py", "referee.py", "worker.py", "_common.py", "_core.py"),
+    "assess": ("assess.py", "stats.py", "_core.py"),
     "render": ("render.py",),
     "project": ("project.py",),
-    "project_assess": ("project.py", "assess.py", "stats.py", "_common.py"),
+    "project_assess": ("project.py", "assess.py", "stats.py", "_core.py"),
     "round": ("round.py",),
     "select": ("select.py",),
     "snapshot": ("snapshot.py",),

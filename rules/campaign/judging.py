@@ -18,7 +18,7 @@ from rules.steps import HARNESS_DIR, SCRIPTS
 JUDGE_STEPS = ("check", "measure", "assess")
 JUDGE_CAMPAIGN_SCRIPTS = {
     "task": ("select.py", "final.py"),
-    "project": ("project.py", "assess.py", "stats.py", "_common.py", "select.py", "final.py"),
+    "project": ("project.py", "assess.py", "stats.py", "_core.py", "select.py", "final.py"),
 }
 
 

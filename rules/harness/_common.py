@@ -1,4 +1,7 @@
-"""Helpers shared by the harness scripts and their children: spec loading, input transport, digests.
+"""Helpers of the referee scripts (check, measure): input transport, digests, processes, devices.
+
+The spec, its errors and JSON files live in `_core.py` (re-exported here), which assessments load
+without this file.
 
 Standalone on purpose: stdlib + numpy, torch only when a task uses it. Never imports `rsi` or
 `rules`, and loads task or candidate code only by explicit file path.
@@ -24,44 +27,27 @@ from typing import Any
 
 import numpy as np
 
-SPEC_SCHEMA = "rsi.harness.spec/1"
-FRAMEWORKS = ("numpy", "torch")
-DEVICES = ("cpu", "cuda")
 PR_SET_CHILD_SUBREAPER = 36
-INFRA_EXIT = 2
 
 
-class HarnessError(Exception):
-    """An infrastructure or harness fault: the candidate could not be judged."""
+def _sibling(stem: str) -> types.ModuleType:
+    """A sibling harness module by file path, once per process (one HarnessError class)."""
+    name = f"_rsi_harness_{stem}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).resolve().parent / f"{stem}.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
-# ---------------------------------------------------------------------------------------------
-# JSON and files
-
-
-def write_json(path: Path, doc: Any) -> None:
-    text = json.dumps(doc, indent=1, sort_keys=True, allow_nan=False)
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(text + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise HarnessError(f"cannot read JSON from {path}: {exc}") from exc
-
-
-def finite_or_none(value: float | None) -> float | None:
-    if value is None:
-        return None
-    value = float(value)
-    return value if np.isfinite(value) else None
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+_core = _sibling("_core")
+SPEC_SCHEMA, FRAMEWORKS, DEVICES = _core.SPEC_SCHEMA, _core.FRAMEWORKS, _core.DEVICES
+INFRA_EXIT, HarnessError = _core.INFRA_EXIT, _core.HarnessError
+write_json, read_json, finite_or_none = _core.write_json, _core.read_json, _core.finite_or_none
+sha256_bytes, load_spec, tolerance_for = _core.sha256_bytes, _core.load_spec, _core.tolerance_for
 
 
 def tree_digest(root: Path) -> tuple[str, list[str]]:
@@ -88,87 +74,6 @@ def derive_seed(*parts: Any) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Spec
-
-
-def load_spec(path: Path) -> dict:
-    spec = read_json(path)
-    if not isinstance(spec, dict):
-        raise HarnessError("spec must be a JSON object")
-    required = ("entry", "editable", "framework", "cases", "tolerances")
-    missing = [k for k in required if k not in spec]
-    if missing:
-        raise HarnessError(f"spec {path} lacks required keys {missing}; see rules/harness/SPEC.md")
-    if spec["framework"] not in FRAMEWORKS:
-        raise HarnessError(f"spec framework must be one of {FRAMEWORKS}, not {spec['framework']!r}")
-    entry = spec["entry"]
-    if not (
-        isinstance(entry, dict)
-        and entry.get("module")
-        and bool(entry.get("function")) != bool(entry.get("class"))
-    ):
-        raise HarnessError(
-            "spec entry must be {'module': ..., 'function': ...} or {'module': ..., 'class': ...}"
-        )
-    if f"{entry['module']}.py" not in spec["editable"]:
-        raise HarnessError(f"spec entry module {entry['module']}.py is not among editable files")
-    names = [c.get("name") for c in spec["cases"]]
-    if not names or len(set(names)) != len(names) or not all(names):
-        raise HarnessError("spec cases must be non-empty and have unique non-empty names")
-    for case in spec["cases"]:
-        if case.get("out_dtype", case.get("dtype")) not in spec["tolerances"]:
-            raise HarnessError(f"no tolerance for the output dtype of case {case['name']!r}")
-    spec.setdefault("threads", 1)
-    spec.setdefault("call_timeout_s", 30.0)
-    spec.setdefault("startup_timeout_s", 120.0)
-    spec.setdefault("device", "cpu")
-    if spec["device"] not in DEVICES:
-        raise HarnessError(f"spec device must be one of {DEVICES}, not {spec['device']!r}")
-    if spec["device"] != "cpu" and spec["framework"] != "torch":
-        raise HarnessError(f"spec device {spec['device']!r} needs framework 'torch'")
-    spec.setdefault("toolchain", None)
-    if spec["toolchain"] is not None and not isinstance(spec["toolchain"], str):
-        raise HarnessError("spec toolchain must be a string (the engine's toolchain value)")
-    spec.setdefault("seed", 0)
-    measure = spec.setdefault("measure", {})
-    measure.setdefault("warmups", 3)
-    measure.setdefault("samples", 10)
-    measure.setdefault("pairs", 10)
-    measure.setdefault("metric", "latency")
-    measure.setdefault("direction", "minimize" if measure["metric"] == "latency" else "maximize")
-    measure.setdefault("seed", 0)
-    measure.setdefault("probes", 32)
-    measure.setdefault("value_checks", 3)
-    measure.setdefault("units_per_call", None)
-    measure.setdefault("arm_timeout_s", None)
-    bpc = measure.get("bytes_per_call")
-    if bpc is not None and (isinstance(bpc, bool) or not isinstance(bpc, int) or bpc <= 0):
-        raise HarnessError("measure.bytes_per_call must be a positive integer when given")
-    if (measure["metric"], measure["direction"]) not in (
-        ("latency", "minimize"),
-        ("throughput", "maximize"),
-    ):
-        raise HarnessError(
-            "measure metric/direction must be latency/minimize or throughput/maximize"
-        )
-    if measure["metric"] == "throughput" and not measure["units_per_call"]:
-        raise HarnessError("measure metric 'throughput' needs measure.units_per_call")
-    assess = spec.setdefault("assess", {})
-    assess.setdefault("min_improvement", 0.05)
-    assess.setdefault("confidence", 0.95)
-    assess.setdefault("bootstrap_resamples", 2000)
-    assess.setdefault("min_pairs", 5)
-    return spec
-
-
-def tolerance_for(spec: dict, dtype: str) -> tuple[float, float]:
-    tol = spec["tolerances"].get(dtype)
-    if tol is None:
-        raise HarnessError(f"spec has no tolerance for dtype {dtype}")
-    return float(tol["atol"]), float(tol["rtol"])
-
-
-# ---------------------------------------------------------------------------------------------
 # Loading code by path
 
 
@@ -185,7 +90,18 @@ def worker_entry(spec: dict, workloads: types.ModuleType) -> dict:
             raise HarnessError(f"workloads.init_inputs failed: {exc!r}") from exc
         # NB: the weights' seed is the task's (workloads.INIT_SEED, which its oracle uses too),
         # never the run's secret: baseline, candidate and oracle must get the same parameters
-        entry.update(init=init, init_seed=int(getattr(workloads, "INIT_SEED", 0)))
+        names = getattr(workloads, "NAMES", None)
+        if not (isinstance(names, (list, tuple)) and all(isinstance(n, str) for n in names)):
+            raise HarnessError(
+                "a class entry needs workloads.NAMES: the names of make_inputs' values in the "
+                "order the model takes them (inputs reach the worker by name, not in order)"
+            )
+        entry.update(
+            init=init,
+            init_seed=int(getattr(workloads, "INIT_SEED", 0)),
+            device=spec.get("device", "cpu"),
+            args=list(names),
+        )
     return entry
 
 

@@ -19,7 +19,7 @@ def _load_sibling(stem: str):
     return module
 
 
-C = _load_sibling("_common")
+C = _load_sibling("_core")
 S = _load_sibling("stats")
 
 SCHEMA = "rsi.assess/1"

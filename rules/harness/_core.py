@@ -1,0 +1,135 @@
+"""The harness's core, stdlib only: the spec, its errors and exit code, JSON files.
+
+What every judging step reads (check, measure, assess, an external project's assess): kept apart
+from `_common.py` (input transport, processes, devices and fingerprints) so that each step's
+action key covers only the code it runs — editing the GPU query re-runs checks and measurements,
+never an assessment (rules/steps.py lists each step's files; tests/test_steps.py checks them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+SPEC_SCHEMA = "rsi.harness.spec/1"
+FRAMEWORKS = ("numpy", "torch")
+DEVICES = ("cpu", "cuda")
+INFRA_EXIT = 2
+
+
+class HarnessError(Exception):
+    """An infrastructure or harness fault: the candidate could not be judged."""
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON and files
+
+
+def write_json(path: Path, doc: Any) -> None:
+    text = json.dumps(doc, indent=1, sort_keys=True, allow_nan=False)
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(text + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise HarnessError(f"cannot read JSON from {path}: {exc}") from exc
+
+
+def finite_or_none(value: float | None) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Spec
+
+
+def load_spec(path: Path) -> dict:
+    spec = read_json(path)
+    if not isinstance(spec, dict):
+        raise HarnessError("spec must be a JSON object")
+    required = ("entry", "editable", "framework", "cases", "tolerances")
+    missing = [k for k in required if k not in spec]
+    if missing:
+        raise HarnessError(f"spec {path} lacks required keys {missing}; see rules/harness/SPEC.md")
+    if spec["framework"] not in FRAMEWORKS:
+        raise HarnessError(f"spec framework must be one of {FRAMEWORKS}, not {spec['framework']!r}")
+    entry = spec["entry"]
+    if not (
+        isinstance(entry, dict)
+        and entry.get("module")
+        and bool(entry.get("function")) != bool(entry.get("class"))
+    ):
+        raise HarnessError(
+            "spec entry must be {'module': ..., 'function': ...} or {'module': ..., 'class': ...}"
+        )
+    if f"{entry['module']}.py" not in spec["editable"]:
+        raise HarnessError(f"spec entry module {entry['module']}.py is not among editable files")
+    names = [c.get("name") for c in spec["cases"]]
+    if not names or len(set(names)) != len(names) or not all(names):
+        raise HarnessError("spec cases must be non-empty and have unique non-empty names")
+    for case in spec["cases"]:
+        if case.get("out_dtype", case.get("dtype")) not in spec["tolerances"]:
+            raise HarnessError(f"no tolerance for the output dtype of case {case['name']!r}")
+    spec.setdefault("threads", 1)
+    spec.setdefault("call_timeout_s", 30.0)
+    spec.setdefault("startup_timeout_s", 120.0)
+    spec.setdefault("device", "cpu")
+    if spec["device"] not in DEVICES:
+        raise HarnessError(f"spec device must be one of {DEVICES}, not {spec['device']!r}")
+    if spec["device"] != "cpu" and spec["framework"] != "torch":
+        raise HarnessError(f"spec device {spec['device']!r} needs framework 'torch'")
+    spec.setdefault("toolchain", None)
+    if spec["toolchain"] is not None and not isinstance(spec["toolchain"], str):
+        raise HarnessError("spec toolchain must be a string (the engine's toolchain value)")
+    spec.setdefault("seed", 0)
+    measure = spec.setdefault("measure", {})
+    measure.setdefault("warmups", 3)
+    measure.setdefault("samples", 10)
+    measure.setdefault("pairs", 10)
+    measure.setdefault("metric", "latency")
+    measure.setdefault("direction", "minimize" if measure["metric"] == "latency" else "maximize")
+    measure.setdefault("seed", 0)
+    measure.setdefault("probes", 32)
+    measure.setdefault("value_checks", 3)
+    measure.setdefault("units_per_call", None)
+    measure.setdefault("arm_timeout_s", None)
+    bpc = measure.get("bytes_per_call")
+    if bpc is not None and (isinstance(bpc, bool) or not isinstance(bpc, int) or bpc <= 0):
+        raise HarnessError("measure.bytes_per_call must be a positive integer when given")
+    if (measure["metric"], measure["direction"]) not in (
+        ("latency", "minimize"),
+        ("throughput", "maximize"),
+    ):
+        raise HarnessError(
+            "measure metric/direction must be latency/minimize or throughput/maximize"
+        )
+    if measure["metric"] == "throughput" and not measure["units_per_call"]:
+        raise HarnessError("measure metric 'throughput' needs measure.units_per_call")
+    assess = spec.setdefault("assess", {})
+    assess.setdefault("min_improvement", 0.05)
+    assess.setdefault("confidence", 0.95)
+    assess.setdefault("bootstrap_resamples", 2000)
+    assess.setdefault("min_pairs", 5)
+    return spec
+
+
+def tolerance_for(spec: dict, dtype: str) -> tuple[float, float]:
+    tol = spec["tolerances"].get(dtype)
+    if tol is None:
+        raise HarnessError(f"spec has no tolerance for dtype {dtype}")
+    return float(tol["atol"]), float(tol["rtol"])
