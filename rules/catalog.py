@@ -470,7 +470,7 @@ class Catalog:
                         "hint": "`rsi catalog update --yes` regenerates it from BUILD.toml",
                     }
                 )
-        analysed, baselines = [], []
+        analysed, runnable = [], []
         for t in tasks:
             try:
                 self._analyse(t)
@@ -478,8 +478,8 @@ class Catalog:
             except RsiError as exc:
                 problems.append(_problem(t.name, exc))
                 continue
-            if run:
-                baselines.extend(self._baseline_checks(t, all_bindings, problems, events))
+            runnable.append(t)
+        baselines = self._baseline_checks(runnable, all_bindings, problems, events) if run else []
         return _check_doc(problems, analysed, baselines, unexpected)
 
     def _analyse(self, t: TaskEntry) -> None:
@@ -487,57 +487,60 @@ class Catalog:
 
         load_graph(self.ws, [f"//{t.package}:all"], open_store(self.ws))
 
-    def _baseline_checks(self, t: TaskEntry, all_bindings: bool, problems, events) -> list[dict]:
+    def _baseline_checks(self, tasks: list[TaskEntry], all_bindings: bool, problems, events):
+        """Build every runnable binding in one build (keep going past failures: one broken
+        task must not hide the others), then read each baseline check."""
         from rsi.build import build
 
-        done = []
-        for b in t.bindings:
-            toolchain = b.attrs.get("toolchain")
-            row = {"task": t.name, "binding": str(b.label), "status": None}
-            device = b.attrs.get("device") or t.task.attrs.get("device")
-            if device == "cuda" and not _host_has_cuda():
-                row["status"] = "skipped (needs a CUDA device; this host has none)"
-                done.append(row)
-                continue
-            if toolchain and not all_bindings:
-                row["status"] = f"skipped (runs in {toolchain}; --all-bindings builds it)"
-                done.append(row)
-                continue
-            try:
-                report = (self.builder or build)(self.ws, [str(b.label)], events_to=events)
-            except RsiError as exc:
-                problems.append(_problem(t.name, exc))
+        rows, wanted = [], []
+        for t in tasks:
+            for b in t.bindings:
+                toolchain = b.attrs.get("toolchain")
+                row = {"task": t.name, "binding": str(b.label), "status": None}
+                rows.append(row)
+                device = b.attrs.get("device") or t.task.attrs.get("device")
+                if device == "cuda" and not _host_has_cuda():
+                    row["status"] = "skipped (needs a CUDA device; this host has none)"
+                elif toolchain and not all_bindings:
+                    row["status"] = f"skipped (runs in {toolchain}; --all-bindings builds it)"
+                else:
+                    wanted.append((t, b, row))
+        if not wanted:
+            return rows
+        ws = self.ws.with_overrides(keep_going=True)
+        try:
+            report = (self.builder or build)(
+                ws, [str(b.label) for _, b, _ in wanted], events_to=events
+            )
+        except RsiError as exc:
+            problems.append(_problem(None, exc))
+            for _, _, row in wanted:
                 row["status"] = "error"
-                done.append(row)
-                continue
-            if not report.ok:
+            return rows
+        for t, b, row in wanted:
+            built = report.targets.get(str(b.label), {})
+            path = Path(self.ws.out_dir) / t.package / b.label.name / "baseline_check.json"
+            doc = None
+            if built.get("ok"):  # NB: never a document an earlier build left in out/
+                try:
+                    doc = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    doc = None
+            if doc is None:
+                why = "; ".join(
+                    f"{f['action']}: {f['status']} {f.get('message') or ''}".strip()
+                    for f in built.get("failed", [])
+                )
                 problems.append(
                     {
                         "task": t.name,
                         "file": t.build_file,
                         "field": b.label.name,
-                        "error": f"building {b.label} failed",
-                        "hint": "rsi why / the build's events say which action and why",
+                        "error": f"building {b.label} failed" + (f" ({why})" if why else ""),
+                        "hint": f"`rsi why {b.label}` says which action failed and why",
                     }
                 )
                 row["status"] = "build failed"
-                done.append(row)
-                continue
-            path = Path(self.ws.out_dir) / t.package / b.label.name / "baseline_check.json"
-            try:
-                doc = json.loads(path.read_text())
-            except (OSError, ValueError) as exc:
-                problems.append(
-                    {
-                        "task": t.name,
-                        "file": t.build_file,
-                        "field": b.label.name,
-                        "error": f"no baseline check document: {exc}",
-                        "hint": None,
-                    }
-                )
-                row["status"] = "missing"
-                done.append(row)
                 continue
             row["status"] = doc.get("status")
             if doc.get("status") != "ok":
@@ -553,8 +556,7 @@ class Catalog:
                         "not a task",
                     }
                 )
-            done.append(row)
-        return done
+        return rows
 
 
 def _host_has_cuda() -> bool:

@@ -170,3 +170,20 @@ def test_task_md_says_what_the_declaration_says_and_drift_is_caught(catalog_ws, 
     assert "| 6 x 12 |" in page.read_text()
     assert page.read_text().startswith(text.split("<!-- rsi catalog")[0]), "prose kept"
     assert run_rsi(catalog_ws, "catalog", "check", "--no-run").returncode == 0
+
+
+@pytest.mark.e2e
+def test_the_shipped_catalog_passes_its_whole_check(
+    tmp_path, make_workspace, run_rsi, bwrap, torch
+):
+    """What CI runs over the shipped catalog: lock, analysis, and every host binding's baseline
+    check (and calibration) built from scratch, in a store of its own."""
+    ws = make_workspace(tmp_path)
+    for folder in ("tasks", "toolchains"):
+        shutil.copytree(ROOT / folder, ws / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    run = run_rsi(ws, "catalog", "check", "--json", timeout=2400)
+    doc = json.loads(run.stdout)
+    assert run.returncode == 0 and doc["ok"], json.dumps(doc["problems"], indent=1)
+    statuses = {r["binding"]: r["status"] for r in doc["baseline_checks"]}
+    host = {b: s for b, s in statuses.items() if not s.startswith("skipped")}
+    assert len(host) >= 11 and set(host.values()) == {"ok"}, statuses

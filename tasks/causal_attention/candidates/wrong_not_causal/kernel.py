@@ -1,0 +1,12 @@
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class ModelNew(nn.Module):
+    """Wrong: attends to future positions too."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)

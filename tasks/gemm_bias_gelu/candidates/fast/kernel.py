@@ -1,0 +1,13 @@
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class ModelNew(nn.Module):
+    """One float32 GEMM with the bias fused (addmm) and the library's exact GELU."""
+
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        return F.gelu(F.linear(x, self.linear.weight, self.linear.bias))
