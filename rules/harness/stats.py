@@ -1,6 +1,7 @@
 """Statistics for paired timing evidence: per-pair log ratios, bootstrap intervals, noise floor.
 
-Pure functions of their arguments (numpy only); randomness comes only from an explicit seed.
+Pure functions of their arguments, stdlib only (an assessment starts no numpy: a regrade runs
+one per round); randomness comes only from an explicit seed.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 
-import numpy as np
+import statistics
 
 METHOD = (
     "distribution-free interval of the median per-pair log ratio from order statistics "
@@ -19,20 +20,20 @@ METHOD = (
 
 def arm_value(samples_ns: Sequence[float], metric: str, units_per_call: float | None) -> float:
     """One arm's summary: median latency in ns, or median throughput in units per second."""
-    ns = np.asarray(samples_ns, dtype=np.float64)
-    if ns.size == 0 or np.any(ns <= 0):
+    ns = [float(v) for v in samples_ns]
+    if not ns or any(v <= 0 for v in ns):
         raise ValueError("an arm needs at least one positive sample")
     if metric == "latency":
-        return float(np.median(ns))
-    return float(np.median(float(units_per_call) / (ns * 1e-9)))
+        return float(statistics.median(ns))
+    return float(statistics.median(float(units_per_call) / (v * 1e-9) for v in ns))
 
 
 def log_ratio(baseline_value: float, candidate_value: float, direction: str) -> float:
     """log of the improvement factor: > 0 means the candidate is better."""
     if direction == "minimize":
-        return float(np.log(baseline_value) - np.log(candidate_value))
+        return math.log(baseline_value) - math.log(candidate_value)
     if direction == "maximize":
-        return float(np.log(candidate_value) - np.log(baseline_value))
+        return math.log(candidate_value) - math.log(baseline_value)
     raise ValueError(f"direction must be minimize or maximize, not {direction!r}")
 
 
@@ -51,8 +52,8 @@ def median_interval(log_ratios: Sequence[float], confidence: float) -> tuple[flo
     no normality), which AB/BA-alternated pairs with fresh inputs are. With too few pairs for
     the confidence (n < 6 at 95 %) it is the whole range and `coverage` says how much it holds.
     """
-    x = np.sort(np.asarray(log_ratios, dtype=np.float64))
-    n = int(x.size)
+    x = sorted(float(v) for v in log_ratios)
+    n = len(x)
     if n == 0:
         raise ValueError("no pairs")
     if not 0 < confidence < 1:
@@ -75,12 +76,12 @@ def median_interval(log_ratios: Sequence[float], confidence: float) -> tuple[flo
 
 def speedup(log_ratios: Sequence[float], confidence: float, resamples: int, seed: int) -> dict:
     """Point estimate exp(median log ratio) and its interval, as factors (1.0 = same)."""
-    x = np.asarray(log_ratios, dtype=np.float64)
+    x = [float(v) for v in log_ratios]
     lo, hi, coverage = median_interval(x, confidence)
     return {
-        "point": float(np.exp(np.median(x))),
-        "lo": float(np.exp(lo)),
-        "hi": float(np.exp(hi)),
+        "point": math.exp(statistics.median(x)),
+        "lo": math.exp(lo),
+        "hi": math.exp(hi),
         "confidence": float(confidence),
         "coverage": coverage,
         "method": METHOD,
@@ -101,14 +102,14 @@ def noise_floor(
     bench/measurement_quality.py), and counting it twice hid real gains of 20 %.
     """
     lo, hi, _ = median_interval(calibration_log_ratios, confidence)
-    x = np.asarray(calibration_log_ratios, dtype=np.float64)
+    x = [float(v) for v in calibration_log_ratios]
     bias = max(0.0, lo, -hi)
     return {
-        "delta": float(np.expm1(bias)),
-        "aa_point": float(np.exp(np.median(x))),
-        "aa_lo": float(np.exp(lo)),
-        "aa_hi": float(np.exp(hi)),
-        "n_pairs": int(x.size),
+        "delta": math.expm1(bias),
+        "aa_point": math.exp(statistics.median(x)),
+        "aa_lo": math.exp(lo),
+        "aa_hi": math.exp(hi),
+        "n_pairs": len(x),
     }
 
 
