@@ -8,17 +8,101 @@ schedules without importing networkx.
 
 from __future__ import annotations
 
+import io
+import pickle
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from rsi.digest import DEFAULT_FUNCTION, Digest, digest_value
 from rsi.errors import DeclarationError
 from rsi.label import Label
-from rsi.loader import Loader, Target
-from rsi.rule import ActionSpec, Provider, RuleContext
 
 if TYPE_CHECKING:
+    # NB: imported where used: a graph loaded from the analysis cache needs neither the
+    # loader (tomllib, the attribute schemas) nor the rules until a target is looked at
     import networkx as nx
+
+    from rsi.loader import Loader, Target
+    from rsi.rule import ActionSpec, Provider
+
+
+class PickledValues(Mapping):
+    """A mapping whose values stay pickled, one by one, until first read: a build served from
+    the analysis cache that runs three actions of 100,000 unpickles three specs, not all.
+    Objects of the `share` types many values hold (a target's rule) are pickled once, beside
+    the values, not once in each."""
+
+    __slots__ = ("_raw", "_shared", "_made")
+
+    def __init__(self, raw: dict, shared: tuple | bytes = ()) -> None:
+        self._raw = raw
+        # NB: pickled (bytes) until a value needs them: reading the rules imports their code
+        self._shared = shared
+        self._made: dict = {}
+
+    @classmethod
+    def pack(cls, values: Mapping, share: tuple[type, ...] = ()) -> "PickledValues":
+        if isinstance(values, PickledValues):
+            return values
+        if not share:
+            dumps, protocol = pickle.dumps, pickle.HIGHEST_PROTOCOL
+            return cls({k: dumps(v, protocol) for k, v in values.items()})
+        shared: list = []
+        index: dict[int, int] = {}
+
+        def persistent_id(obj: Any) -> int | None:
+            if not isinstance(obj, share):
+                return None
+            at = index.get(id(obj))
+            if at is None:
+                at = index[id(obj)] = len(shared)
+                shared.append(obj)
+            return at
+
+        buffer = io.BytesIO()
+        pickler = pickle.Pickler(buffer, pickle.HIGHEST_PROTOCOL)
+        pickler.persistent_id = persistent_id  # type: ignore[method-assign]
+        raw = {}
+        for k, v in values.items():
+            buffer.seek(0)
+            buffer.truncate()
+            pickler.clear_memo()
+            pickler.dump(v)
+            raw[k] = buffer.getvalue()
+        return cls(raw, tuple(shared))
+
+    def __getitem__(self, key: Any) -> Any:
+        try:
+            return self._made[key]
+        except KeyError:
+            pass
+        raw = self._raw[key]
+        if self._shared:
+            if isinstance(self._shared, bytes):
+                self._shared = pickle.loads(self._shared)
+            unpickler = pickle.Unpickler(io.BytesIO(raw))
+            unpickler.persistent_load = self._shared.__getitem__  # type: ignore[union-attr]
+            value = unpickler.load()
+        else:
+            value = pickle.loads(raw)
+        self._made[key] = value
+        return value
+
+    def __iter__(self) -> Iterator:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._raw
+
+    def __reduce__(self) -> tuple:
+        shared = self._shared
+        if shared and not isinstance(shared, bytes):
+            shared = pickle.dumps(shared, pickle.HIGHEST_PROTOCOL)
+        return (PickledValues, (self._raw, shared))
 
 
 @dataclass
@@ -80,6 +164,11 @@ class BuildGraph:
         state = dict(self.__dict__)
         state["target_graph"] = state["action_graph"] = None  # NB: keeps networkx out of loads
         state["attrs_json"] = {}
+        # NB: each target, provider and action pickled on its own, read when first asked for
+        from rsi.rule import Rule
+
+        for name in ("targets", "providers", "actions"):
+            state[name] = PickledValues.pack(state[name], share=(Rule,))
         return state
 
 
@@ -131,6 +220,8 @@ def analyze(
     function: str = DEFAULT_FUNCTION,
 ) -> BuildGraph:
     import networkx as nx
+
+    from rsi.rule import Provider, RuleContext
 
     targets, target_graph = find_targets(loader, roots)
     bg = BuildGraph(targets=targets, target_graph=target_graph)

@@ -72,6 +72,39 @@ def _stat_sig(
     return [kind, bool(st.st_mode & 0o111), real]
 
 
+def _stats_unchanged(stats: dict[str, list], lstats: dict) -> bool:
+    """`_stat_sig` of every path still gives what was recorded; `lstats` are `lstat` results
+    the caller has already. A path recorded as its own real path (no link on the way: the
+    common case) that is still no link is checked here from its `lstat` and its folder's real
+    path (one per folder), without `_stat_sig`'s path arithmetic."""
+    dirs: dict[str, str] = {}
+    got = lstats.get
+    is_link, is_dir = stat.S_ISLNK, stat.S_ISDIR
+    realpath = os.path.realpath
+    for p, want in stats.items():
+        st = got(p)
+        if st is not None and len(want) == 3 and want[2] == p and not is_link(st.st_mode):
+            # NB: a recorded real path is absolute and normalised, so its folder is all
+            # before its last "/"; it is still its own real path iff the folder still is
+            cut = p.rfind("/")
+            if cut >= 0:
+                parent = p[:cut] or "/"
+                real_parent = dirs.get(parent)
+                if real_parent is None:
+                    real_parent = dirs[parent] = realpath(parent)
+                mode = st.st_mode
+                if (
+                    real_parent != parent
+                    or want[0] != ("dir" if is_dir(mode) else "file")
+                    or want[1] != bool(mode & 0o111)
+                ):
+                    return False
+                continue
+        if _stat_sig(p, dirs, st) != want:
+            return False
+    return True
+
+
 def _tree_sig(path: str, exclude: tuple[str, ...]) -> str:
     items = []
     for dirpath, dirnames, filenames in os.walk(path):
@@ -128,9 +161,7 @@ class Tracker:
                 got = "absent"
             if got != want:
                 return False
-        dirs: dict[str, str] = {}
-        got = (lstats or {}).get
-        if any(_stat_sig(p, dirs, got(p)) != want for p, want in self.stats.items()):
+        if not _stats_unchanged(self.stats, lstats or {}):
             return False
         if any(_tree_sig(p, tuple(ex)) != sig for p, (ex, sig) in self.trees.items()):
             return False

@@ -167,6 +167,58 @@ def make_executor(name: str, ws: Workspace):
     return make_local_executor(name, ws)
 
 
+class _AfterWarmUp:
+    """The executor, whose first action waits for the sandbox slot being started for it (then
+    takes it) instead of starting a second one beside it."""
+
+    def __init__(self, executor: Any, warming: threading.Thread) -> None:
+        self._executor = executor
+        self._warming: threading.Thread | None = warming
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        warming = self._warming
+        if warming is not None:
+            warming.join(timeout=60)  # NB: bounded: a slot that never starts is not waited on
+            self._warming = None
+        return self._executor.run(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._executor, name)
+
+
+def _warm_sandbox(executor: Any) -> Any:
+    """In the background: sweep what killed builds left of the sandboxes, then start one
+    persistent sandbox slot of the local executor, where it uses them (bwrap, a root host),
+    for the first action to take instead of starting its own (tens of ms). Where the
+    executor uses none, only the sweep runs (here); on any error, nothing more. The slot is
+    the one every action of the default platform runs in; an unused one is closed at exit."""
+    if (
+        getattr(executor, "name", "") != "local"
+        or getattr(executor, "sandbox", "") != "bwrap"
+        or not getattr(executor, "pool", False)
+    ):
+        _clean_stale_sandboxes()
+        return executor
+
+    def warm() -> None:
+        try:
+            _clean_stale_sandboxes()
+            from rsi.executors.local import _pool_shape
+            from rsi.executors.pool import POOL, pool_supported
+
+            if not pool_supported():
+                return
+            shape = _pool_shape(executor.limits.for_action({}).scratch_bytes)
+            slot = POOL.acquire(shape)
+            POOL.release(shape, slot, True)
+        except Exception:  # noqa: BLE001 - NB: a speed-up only; the executor starts its own
+            pass
+
+    warming = threading.Thread(target=warm, name="rsi-warm-sandbox", daemon=True)
+    warming.start()
+    return _AfterWarmUp(executor, warming)
+
+
 def _remote_cache(ws: Workspace):
     if not ws.remote:
         return None
@@ -274,11 +326,9 @@ def _clean_stale_scratch(store: LocalStore) -> None:
     """Remove scratch folders left by a killed build: those whose pid (in the name) is gone.
 
     A live pid's folder is never touched, however old: a long action may still be using it.
-    Folders without a pid in the name are removed once older than a day.
+    Folders without a pid in the name are removed once older than a day. (What killed builds
+    left of the sandboxes, `_clean_stale_sandboxes`, waits for a build that runs something.)
     """
-    from rsi.executors.pool import remove_stale_slots
-
-    remove_stale_slots()
     now = time.time()
     for entry in store.tmp.iterdir() if store.tmp.exists() else ():
         try:
@@ -302,6 +352,14 @@ def _clean_stale_scratch(store: LocalStore) -> None:
             remove_tree(entry)
         else:
             entry.unlink(missing_ok=True)
+
+
+def _clean_stale_sandboxes() -> None:
+    """The memory cgroups and slot folders of killed builds: only a build that may run an
+    action pays for importing the sandbox pool to look."""
+    from rsi.executors.pool import remove_stale_slots
+
+    remove_stale_slots()
 
 
 def build(
@@ -391,12 +449,26 @@ def _build(
 
     current = _current_package(ws)
     request = incremental.request_key(ws, patterns, current, store)
-    plan = incremental.plan(ws, store, patterns, current) if request else None
+    warmed: list = []
+
+    def on_edit() -> None:
+        # NB: a source changed, so something will likely run: the executor's sandbox starts
+        # (after the sweep of killed builds' sandboxes) while the plan, the graph and the
+        # scheduler get to it
+        try:
+            warmed.append(_warm_sandbox(make_executor(ws.executor, ws)))
+        except Exception:  # noqa: BLE001 - NB: the build makes it again, and says what failed
+            pass
+
+    plan = incremental.plan(ws, store, patterns, current, on_edit) if request else None
     if plan is not None and not plan.dirty:
         return _build_unchanged(
             ws, patterns, store, events, root_event, build_id, materialise, t0, plan
         )
     found = None
+    executor = warmed[0] if warmed else None
+    if executor is None:
+        _clean_stale_sandboxes()
     if plan is not None:
         # NB: the state checked this analysis' reads already; only the graph is needed
         found = analysis_cache.load_unchecked(store, plan.state["analysis_key"])
@@ -420,18 +492,30 @@ def _build(
         plan = None
     named = _named_labels(ws, patterns)
     required = graph.actions_for([lb for lb in labels if lb in named])
-    for label in labels:
-        events.emit(
-            "target_started",
-            root_event,
-            label=str(label),
-            rule=graph.targets[label].rule.name,
-            actions=len(graph.target_actions.get(label, [])),
-        )
+    if plan is not None:
+        # NB: as the state recorded them: a target's rule is not looked at (nor imported)
+        for t in plan.state["targets"]:
+            events.emit(
+                "target_started",
+                root_event,
+                label=t["label"],
+                rule=t["rule"],
+                actions=t["declared"],
+            )
+    else:
+        for label in labels:
+            events.emit(
+                "target_started",
+                root_event,
+                label=str(label),
+                rule=graph.targets[label].rule.name,
+                actions=len(graph.target_actions.get(label, [])),
+            )
     from rsi.host import HostLock
     from rsi.scheduler import Scheduler
 
-    executor = make_executor(ws.executor, ws)
+    if executor is None:
+        executor = make_executor(ws.executor, ws)
     remote_cache = _remote_cache(ws)
     if remote_cache is not None or ws.executor == "remote":
         from rsi.remote import bind_events  # type: ignore[import-not-found]
@@ -626,7 +710,7 @@ def _build_unchanged(
             message = f"workspace not registered as a gc root: {exc}"
             events.emit("warning", root_event, message=message)
     store.save_memos()
-    if plan.changed:
+    if plan.worth_saving:
         incremental.save(store, state)
     report.counts = {
         "actions": len(order),

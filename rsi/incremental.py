@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,10 @@ from rsi.digest import Digest, FileDigestMemo, digest_file, digest_value
 
 SCHEMA = "rsi.incremental/2"
 RACY_NS = FileDigestMemo.RACY_NS
+# NB: a build that only found a few small sources touched leaves the state as it is (each is
+# hashed again next time, as now): at 100,000 actions, writing the state costs seconds
+TOUCHED_MAX = 64
+TOUCHED_BYTES = 1 << 20
 
 # NB: what the state keeps of the analysis it was built from
 ANALYSIS_FIELDS = ("analysis_key", "code_roots", "code_packages", "code", "tracker")
@@ -105,6 +109,16 @@ class Plan:
     state: dict
     dirty: set[str] = field(default_factory=set)
     changed: bool = False  # NB: signatures were refreshed: save the state again
+    # NB: sources touched (same content, new signature): worth saving the state for only when
+    # reading them again next time would cost more than writing the whole state now
+    touched: int = 0
+    touched_bytes: int = 0
+
+    @property
+    def worth_saving(self) -> bool:
+        return self.changed or self.touched > TOUCHED_MAX or self.touched_bytes > TOUCHED_BYTES
+
+    edited: bool = False  # NB: a source's content differs: some action will likely run
 
     @property
     def actions(self) -> dict[str, list]:
@@ -198,14 +212,23 @@ class Overlay(Mapping):
         return action_id in self._run or action_id in self._settled
 
 
-def plan(ws: Any, store: Any, patterns: list[str], current: str) -> Plan | None:
+def plan(
+    ws: Any,
+    store: Any,
+    patterns: list[str],
+    current: str,
+    on_edit: Callable[[], None] | None = None,
+) -> Plan | None:
     """None when there is no usable state (the slow path analyses and keys everything);
-    otherwise which actions are unchanged and which the scheduler must see."""
+    otherwise which actions are unchanged and which the scheduler must see. `on_edit` is
+    called once, as soon as a source's content is found changed (something will run)."""
     with quiet_gc():
-        return _plan(ws, store, patterns, current)
+        return _plan(ws, store, patterns, current, on_edit)
 
 
-def _plan(ws: Any, store: Any, patterns: list[str], current: str) -> Plan | None:
+def _plan(
+    ws: Any, store: Any, patterns: list[str], current: str, on_edit: Callable[[], None] | None
+) -> Plan | None:
     from rsi import analysis_cache
     from rsi.workspace import packages_under
 
@@ -231,19 +254,23 @@ def _plan(ws: Any, store: Any, patterns: list[str], current: str) -> Plan | None
             lstats[path] = os.lstat(path)
         except OSError:
             pass
+    # NB: the sources first: an edited one is reported at once (the caller starts what the
+    # build will run on), before the analysis' reads are checked
+    p = Plan(request, state)
+    _check_sources(store, sources, lstats, p, on_edit)
     tracker = state["tracker"]
     tracker.memo = memo
     walker = lambda package: packages_under(ws.root, package)  # noqa: E731
     if not tracker.still_valid(store, walker, lstats):
         return None
-    p = Plan(request, state)
-    _check_sources(store, sources, lstats, p)
     _check_index(store, state, p)
     _check_entries(store, state["actions"], state["blobs"], p)
     return p
 
 
-def _check_sources(store: Any, sources: dict, lstats: dict, p: Plan) -> None:
+def _check_sources(
+    store: Any, sources: dict, lstats: dict, p: Plan, on_edit: Callable[[], None] | None = None
+) -> None:
     """Sources whose signature moved are hashed again; a different digest makes the actions
     reading them dirty."""
     dirty = p.dirty
@@ -271,10 +298,17 @@ def _check_sources(store: Any, sources: dict, lstats: dict, p: Plan) -> None:
         new_sig = _trusted(st, time.time_ns()) if digest.size == st.st_size else None
         if hash_hex is None or digest.hash != hash_hex or digest.size != size:
             dirty.update(consumers)
+            if not p.edited and on_edit is not None:
+                on_edit()
+            p.edited = True
             continue
         if new_sig != sig:  # NB: touched, same content: remember the new signature
             entry[0] = new_sig
-            p.changed = True
+            if sig is None and new_sig is not None:
+                p.changed = True  # NB: settled at last: from now on a stat stands for it
+            else:
+                p.touched += 1
+                p.touched_bytes += st.st_size
 
 
 def _check_index(store: Any, state: dict, p: Plan) -> None:
@@ -299,6 +333,9 @@ def _check_entries(store: Any, actions: dict, blobs: dict, p: Plan) -> None:
     dirty = p.dirty
     ac_root, cas_root = store._ac_s, store._cas_s
     checked: dict[str, bool] = {}
+    # NB: record() shares one tuple among the actions with the same logs (most have empty
+    # ones), so a pair of logs found good is checked once, by identity
+    logs_ok: set[int] = set()
     stat_of = os.stat
     for action_id, a in actions.items():
         if action_id in dirty:
@@ -319,12 +356,25 @@ def _check_entries(store: Any, actions: dict, blobs: dict, p: Plan) -> None:
         for _, bh, n, _x in a[OUTPUTS]:
             ok = checked.get(bh)
             if ok is None:
-                ok = checked[bh] = _blob_still_good(store, cas_root, bh, n, blobs, p)
+                try:
+                    bst = stat_of(f"{cas_root}/{bh[:2]}/{bh}")
+                except OSError:
+                    bst = None
+                if bst is None or bst.st_size != n:
+                    ok = False
+                else:
+                    want = blobs.get(bh)
+                    ok = (
+                        want is not None
+                        and (bst.st_ino, bst.st_size, bst.st_mtime_ns, bst.st_ctime_ns) == want
+                    ) or _blob_verified(store, bst, bh, n, blobs, p)
+                checked[bh] = ok
             if not ok:
                 good = False
                 break
-        if good:
-            for d in a[LOGS]:
+        logs = a[LOGS]
+        if good and id(logs) not in logs_ok:
+            for d in logs:
                 if d:
                     ok = checked.get(d[0])
                     if ok is None:  # NB: logs are checked by size, as a cache hit does
@@ -336,6 +386,8 @@ def _check_entries(store: Any, actions: dict, blobs: dict, p: Plan) -> None:
                     if not ok:
                         good = False
                         break
+            if good:
+                logs_ok.add(id(logs))
         if not good:
             dirty.add(action_id)
 
@@ -354,16 +406,9 @@ def _entry_verified(store: Any, a: list, st: os.stat_result, p: Plan) -> bool:
     return True
 
 
-def _blob_still_good(store: Any, cas_root: str, h: str, n: int, blobs: dict, p: Plan) -> bool:
-    try:
-        st = os.stat(f"{cas_root}/{h[:2]}/{h}")
-    except OSError:
-        return False
-    if st.st_size != n:
-        return False
-    want = blobs.get(h)
-    if want is not None and (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) == want:
-        return True
+def _blob_verified(store: Any, st: os.stat_result, h: str, n: int, blobs: dict, p: Plan) -> bool:
+    """A blob whose signature is racy or moved, read and checked as a cache hit would; when
+    good, its signature is remembered (if it stands for content by now)."""
     if not store.has_verified(Digest(h, n)):
         return False
     blobs[h] = _trusted(st, time.time_ns())
@@ -372,6 +417,21 @@ def _blob_still_good(store: Any, cas_root: str, h: str, n: int, blobs: dict, p: 
 
 
 # ---------------------------------------------------------------------------------- record
+
+
+def _add_sources(
+    spec: Any, action_id: str, sources: dict, same_path: dict, observed: Mapping
+) -> None:
+    """Enter `spec`'s workspace sources under `sources`, with what the run saw of each."""
+    for art in spec.inputs:
+        if art.source is not None and art.producer is None:
+            path = str(art.source)
+            path = same_path.get(path, path)
+            entry = sources.get(path)
+            if entry is None:
+                seen = observed.get(path) or (None, None, None)
+                entry = sources[path] = [seen[0], seen[1], seen[2], []]
+            entry[3].append(action_id)
 
 
 def record(
@@ -398,40 +458,42 @@ def record(
     blobs: dict = dict(previous.state["blobs"]) if previous is not None else {}
     actions: dict[str, list] = {}
     sources: dict[str, list] = {}
+    if previous is not None:
+        # NB: the same analysis as the previous state's (the plan checked it), so the same
+        # sources with the same consumers: only what the run saw of them is new, and no spec
+        # of an action that did not run is read
+        for path, old in old_sources.items():
+            seen = observed.get(path)
+            if seen is None:
+                seen = (old[0], old[1], old[2])
+            elif any(c not in rerun for c in old[3]) and (old[1], old[2]) != seen[1:]:
+                seen = (None, None, None)  # NB: an unchanged consumer was keyed with the old
+            sources[path] = [seen[0], seen[1], seen[2], old[3]]
     # NB: the tracker's own strings as keys, so each path is pickled once
     same_path = {p: p for p in getattr(analysis.get("tracker"), "stats", {})}
+    # NB: one object for equal values many actions hold (their mnemonic, their logs: most
+    # are empty), pickled and unpickled once
+    shared: dict = {}
+    for a in old_actions.values():  # NB: the kept entries' own, so new entries share them
+        shared.setdefault(a[LOGS], a[LOGS])
+        shared.setdefault(a[MNEMONIC], a[MNEMONIC])
+        break
     for action_id in wanted:
-        spec = graph.actions[action_id]
-        for art in spec.inputs:
-            if art.source is not None and art.producer is None:
-                path = str(art.source)
-                path = same_path.get(path, path)
-                entry = sources.get(path)
-                if entry is None:
-                    seen = observed.get(path)
-                    if seen is None:
-                        old = old_sources.get(path)
-                        seen = (old[0], old[1], old[2]) if old else (None, None, None)
-                    else:
-                        old = old_sources.get(path)
-                        if (
-                            old is not None
-                            and any(c not in rerun for c in old[3])
-                            and (old[1], old[2]) != seen[1:]
-                        ):
-                            # NB: an unchanged consumer was keyed with the old content
-                            seen = (None, None, None)
-                    entry = sources[path] = [seen[0], seen[1], seen[2], []]
-                entry[3].append(action_id)
-        if action_id not in rerun and action_id in old_actions:
+        if previous is None:
+            spec = graph.actions[action_id]
+            _add_sources(spec, action_id, sources, same_path, observed)
+        elif action_id not in rerun and action_id in old_actions:
             actions[action_id] = old_actions[action_id]
             continue
+        else:
+            spec = graph.actions[action_id]
         o = outcomes[action_id]
         result = o.result
         outputs = tuple(
             (x.path, x.digest.hash, x.digest.size, x.executable) for x in result.outputs
         )
         logs = tuple((d.hash, d.size) if d else None for d in (result.stdout, result.stderr))
+        logs = shared.setdefault(logs, logs)
         try:
             ac_sig = _trusted(os.stat(f"{store._ac_s}/{o.key.hash[:2]}/{o.key.hash}"), now)
         except OSError:
@@ -444,15 +506,15 @@ def record(
                     blobs[h] = None
         actions[action_id] = [
             spec.label,
-            spec.mnemonic,
+            shared.setdefault(spec.mnemonic, spec.mnemonic),
             o.key.hash,
             o.key.size,
             ac_sig,
             outputs,
             logs,
         ]
-    targets = []
-    for label in labels:
+    targets = [] if previous is None else previous.state["targets"]
+    for label in labels if previous is None else ():
         provider = graph.providers[label]
         targets.append(
             {

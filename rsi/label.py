@@ -30,6 +30,11 @@ class Label:
     def __str__(self) -> str:
         return f"//{self.package}:{self.name}"
 
+    def __reduce__(self) -> tuple:
+        # NB: a plain constructor call: the graph of a large build holds one per target, and
+        # a slotted frozen dataclass otherwise unpickles through its generic __setstate__
+        return (Label, (self.package, self.name))
+
     @classmethod
     def parse(cls, text: str, current_package: str | None = None) -> "Label":
         if not isinstance(text, str) or not text:

@@ -191,13 +191,21 @@ class Scheduler:
 
     def _attrs_of(self, spec: ActionSpec) -> dict | None:
         from rsi.analysis import _jsonable
+        from rsi.label import Label
 
         known = getattr(self._graph, "attrs_json", {}).get(spec.label)
         if known is not None:
             return known
-        if self._targets_by_name is None:
-            self._targets_by_name = {str(k): t for k, t in self._graph.targets.items()}
-        target = self._targets_by_name.get(spec.label)
+        try:
+            # NB: by its own label, not by listing every target: a graph from the analysis
+            # cache unpickles a target only when it is looked at
+            target = self._graph.targets.get(Label.parse(spec.label))
+        except RsiError:
+            target = None
+        if target is None:
+            if self._targets_by_name is None:
+                self._targets_by_name = {str(k): t for k, t in self._graph.targets.items()}
+            target = self._targets_by_name.get(spec.label)
         return _jsonable(target.attrs) if target is not None else None
 
     def _record(self, spec: ActionSpec, action: Action) -> None:

@@ -196,3 +196,117 @@ def test_a_build_served_from_the_state_still_gives_its_graph_and_outcomes(fanin)
         }
     assert set(second.graph.actions) == set(first.graph.actions)
     assert second.targets["//:top"]["outputs"] == first.targets["//:top"]["outputs"]
+
+
+def test_one_change_builds_in_a_row_are_served_from_the_state_without_analysis(fanin, monkeypatch):
+    """A build after one source changed re-keys only that source's consumers from the state
+    (no analysis, no graph walk of the rest) and records a state the next build can use:
+    every source keeps all its consumers, whichever actions ran."""
+    from rsi import build as build_mod
+    from rsi.workspace import Workspace
+
+    ws = Workspace.load(fanin)
+    assert build_mod.build(ws, ["//:top"], progress=False).ok
+    time.sleep(1.1)  # NB: past the racy window, so the state's signatures stand for content
+    assert build_mod.build(ws, ["//:top"], progress=False).counts["executed"] == 0
+
+    def no_analysis(*args, **kwargs):
+        raise AssertionError("analysed again, though only a source changed")
+
+    monkeypatch.setattr(build_mod, "_analyse", no_analysis)
+
+    def executed() -> set[str]:
+        report = build_mod.build(ws, ["//:top"], progress=False)
+        assert report.ok
+        return {
+            report.outcomes[i].id.split("#")[0]
+            for i in report.outcomes
+            if report.outcomes[i].status == "executed"
+        }
+
+    (fanin / "in" / "a.txt").write_text("alpha 2\n")
+    assert executed() == {"//:leaf_a", "//:top"}
+    (fanin / "in" / "b.txt").write_text("bravo 2\n")
+    assert executed() == {"//:leaf_b", "//:top"}
+    (fanin / "in" / "a.txt").write_text("alpha 3\n")
+    assert executed() == {"//:leaf_a", "//:top"}
+    assert executed() == set()
+    assert (fanin / "out" / "top.out").read_text() == "alpha 3\na\nbravo 2\nb\n"
+
+
+def test_why_after_a_build_served_from_the_state_names_the_changed_attribute(build, fanin):
+    """A build that ran an action from the state recorded its description and attributes, so
+    the next miss can say what changed."""
+    build(fanin, "//:top")
+    _settle(build, fanin)
+    (fanin / "in" / "a.txt").write_text("alpha 2\n")
+    assert build(fanin, "//:top").executed == {"//:leaf_a", "//:top"}
+    text = (fanin / "BUILD.toml").read_text().replace("echo a >>", "echo A >>")
+    (fanin / "BUILD.toml").write_text(text)
+    run = build(fanin, "//:top")
+    assert run.executed == {"//:leaf_a", "//:top"}
+    assert "attribute cmd changed" in run.why("//:leaf_a")
+    assert (fanin / "out" / "top.out").read_text() == "alpha 2\nA\nbravo\nb\n"
+
+
+STAMP_RULE = """
+from rsi.attrs import attr
+from rsi.rule import Provider, Rule
+
+
+def _stamp(ctx):
+    out = ctx.exec_path(ctx.attrs["out"])
+    files = ctx.action(
+        argv=["/bin/sh", "-c", "echo %s > " + out],
+        inputs=[],
+        outputs=[ctx.attrs["out"]],
+        mnemonic="Stamp",
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    return Provider(files=files)
+
+
+def rules():
+    return [Rule(name="stamp", doc="writes a word", attrs={"out": attr("string", "file")},
+                 impl=_stamp)]
+"""
+
+
+def test_a_changed_rule_is_analysed_again(build, make_workspace, tmp_path):
+    """The state stands for an analysis made by this code: a rule family's source that
+    changed after the state was settled means analysing again."""
+    ws = make_workspace(
+        tmp_path,
+        {
+            "BUILD.toml": '[t]\nrule = "stamp"\nout = "t.txt"\n',
+            "stamp_rules.py": STAMP_RULE % "one",
+        },
+        config='[workspace]\nrules = ["stamp_rules:rules"]\n',
+    )
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(ws), os.environ.get("PYTHONPATH")) if p)}
+    assert build(ws, "//:t", env=env).executed == {"//:t"}
+    time.sleep(1.1)
+    assert build(ws, "//:t", env=env).executed == set()
+    assert build(ws, "//:t", env=env).executed == set()
+    (ws / "stamp_rules.py").write_text(STAMP_RULE % "three")
+    run = build(ws, "//:t", env=env)
+    assert run.executed == {"//:t"}
+    assert (ws / "out" / "t.txt").read_text() == "three\n"
+    assert build(ws, "//:t", env=env).executed == set()
+
+
+def test_a_touched_source_is_hashed_again_without_writing_the_state_again(build, fanin):
+    """Touching one small source costs its hash, not a new state (at 100,000 actions, writing
+    the state is the larger cost); it stays as correct: a later same-size rewrite rebuilds."""
+    build(fanin, "//:top")
+    _settle(build, fanin)
+    (state,) = _state_files(fanin)
+    before = (state.stat().st_ino, state.stat().st_mtime_ns)
+    later = time.time() + 5
+    os.utime(fanin / "in" / "a.txt", (later, later))
+    assert build(fanin, "//:top").executed == set()
+    assert build(fanin, "//:top").executed == set()
+    assert (state.stat().st_ino, state.stat().st_mtime_ns) == before
+    _rewrite_same_size_same_mtime(fanin / "in" / "a.txt", "ALPHA\n")
+    assert build(fanin, "//:top").executed == {"//:leaf_a", "//:top"}
+    assert (fanin / "out" / "top.out").read_text() == "ALPHA\na\nbravo\nb\n"

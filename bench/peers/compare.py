@@ -120,23 +120,8 @@ def measure(tool, key, prepare, cmd, runs, budget, logdir: Path, check: bool) ->
     return cell
 
 
-def bench_tool(cls, n: int, runs: int, budget: float, logroot: Path) -> dict:
-    tool = cls(n)
-    logdir = logroot / f"{tool.name}_{n}"
-    rm(logdir)
-    logdir.mkdir(parents=True)
-    row: dict = {"tool": tool.name, "n": n, "actions": n + n // 10 + 1, "cells": {}}
-    try:
-        row["version"] = tool.version()
-    except Exception as exc:  # NB: not installed: a row saying so, not a failed run
-        row["error"] = f"version: {exc}"
-        return row
-    t0 = time.time()
-    try:
-        tool.setup()
-    except Exception as exc:
-        row["error"] = f"set-up failed: {str(exc)[-500:]}"
-        return row
+def warm_scenarios(tool, n: int) -> list[tuple]:
+    """(key, prepare, command) of the scenarios timed on a built workspace."""
     leaf = tool.ws / "in" / f"leaf_{CHANGED_LEAF(n)}.txt"
     state = {"salt": 0, "mtime": time.time()}
 
@@ -148,30 +133,104 @@ def bench_tool(cls, n: int, runs: int, budget: float, logroot: Path) -> dict:
         state["mtime"] = max(state["mtime"] + 2, time.time())
         os.utime(leaf, (state["mtime"], state["mtime"]))
 
+    return [
+        ("noop", None, tool.build_cmd()),
+        ("change1", change, tool.build_cmd()),
+        ("touch", touch, tool.build_cmd()),
+    ]
+
+
+def measure_interleaved(entries: list, key: str, runs: int) -> dict:
+    """Time scenario `key` of several built tools in turns: one untimed warm-up each, then
+    `runs` rounds, each running every tool once (the order rotating from round to round), so
+    a machine busy with other work slows them alike. `entries` are (row, tool, prepare,
+    command, logdir); each row gets its cell, and the rsi row its per-round ratio to each
+    peer (`paired`: the median of rsi's time over the peer's in the same round)."""
+    samples: dict[str, list] = {e[0]["tool"]: [] for e in entries}
+    rss: dict[str, list] = {e[0]["tool"]: [] for e in entries}
+    executed: dict[str, list] = {e[0]["tool"]: [] for e in entries}
+    print(f"  [interleaved] {key}: ", end="", flush=True)
+    for k in range(runs + 1):
+        turn = entries[k % len(entries) :] + entries[: k % len(entries)]
+        for row, tool, prepare, cmd, logdir in turn:
+            if prepare is not None:
+                prepare(k)
+            dt, peak, log, rc = run_once(tool, cmd, logdir / f"{key}_il{k}.log")
+            if rc != 0:
+                raise RuntimeError(f"{cmd} exited {rc}: {log[-1500:]}")
+            tool.check_root()
+            if k == 0:
+                continue
+            samples[row["tool"]].append(dt)
+            rss[row["tool"]].append(peak)
+            executed[row["tool"]].append(tool.executed(log))
+        print(".", end="", flush=True)
+    print()
+    for row, *_ in entries:
+        name = row["tool"]
+        row["cells"][key] = {
+            "median_s": statistics.median(samples[name]),
+            "min_s": min(samples[name]),
+            "max_s": max(samples[name]),
+            "n": len(samples[name]),
+            "samples": samples[name],
+            "peak_rss_mib": round(max(rss[name]) / 1024, 1),
+            "executed": executed[name],
+            "interleaved": True,
+        }
+        print(f"    {name}: median {row['cells'][key]['median_s']:.3f}s")
+    ours = samples.get("rsi")
+    if ours:
+        for row, *_ in entries:
+            if row["tool"] != "rsi":
+                theirs = samples[row["tool"]]
+                paired = statistics.median([a / b for a, b in zip(ours, theirs, strict=True)])
+                rsi_row = next(e[0] for e in entries if e[0]["tool"] == "rsi")
+                rsi_row.setdefault("paired", {}).setdefault(key, {})[row["tool"]] = paired
+    return samples
+
+
+def bench_tool(
+    cls, n: int, runs: int, budget: float, logroot: Path, warm: bool = True
+) -> tuple[dict, object]:
+    """The tool's row (and the tool, still set up: the caller shuts it down); with `warm`
+    False, only start-up and the cold build are timed here (the caller interleaves the
+    rest with the other tools)."""
+    tool = cls(n)
+    logdir = logroot / f"{tool.name}_{n}"
+    rm(logdir)
+    logdir.mkdir(parents=True)
+    row: dict = {"tool": tool.name, "n": n, "actions": n + n // 10 + 1, "cells": {}}
+    row["logdir"] = str(logdir)
+    try:
+        row["version"] = tool.version()
+    except Exception as exc:  # NB: not installed: a row saying so, not a failed run
+        row["error"] = f"version: {exc}"
+        return row, tool
+    t0 = time.time()
+    try:
+        tool.setup()
+    except Exception as exc:
+        row["error"] = f"set-up failed: {str(exc)[-500:]}"
+        return row, tool
     plan = []
     if tool.startup_cmd():
         plan.append(("startup", None, tool.startup_cmd(), False))
     if hasattr(tool, "help_cmd"):
         plan.append(("help", None, tool.help_cmd(), False))
-    plan += [
-        ("cold", lambda k: tool.clean(), tool.build_cmd(), True),
-        ("noop", None, tool.build_cmd(), True),
-        ("change1", change, tool.build_cmd(), True),
-        ("touch", touch, tool.build_cmd(), True),
-    ]
-    try:
-        for key, prep, cmd, check in plan:
-            # NB: a cold build is long at large N: one sample (its warm-up) is enough
-            r = 1 if key == "cold" and n > 1000 else runs
-            try:
-                row["cells"][key] = measure(tool, key, prep, cmd, r, budget, logdir, check)
-            except Exception as exc:
-                print(f"\n  !! {key} failed: {exc}", flush=True)
-                row["cells"][key] = {"error": str(exc)[-1500:]}
-    finally:
-        tool.shutdown()
+    plan.append(("cold", lambda k: tool.clean(), tool.build_cmd(), True))
+    if warm:
+        plan += [(key, prep, cmd, True) for key, prep, cmd in warm_scenarios(tool, n)]
+    for key, prep, cmd, check in plan:
+        # NB: a cold build is long at large N: one sample (its warm-up) is enough
+        r = 1 if key == "cold" and n > 1000 else runs
+        try:
+            row["cells"][key] = measure(tool, key, prep, cmd, r, budget, logdir, check)
+        except Exception as exc:
+            print(f"\n  !! {key} failed: {exc}", flush=True)
+            row["cells"][key] = {"error": str(exc)[-1500:]}
     row["wall_s"] = round(time.time() - t0, 1)
-    return row
+    return row, tool
 
 
 def fmt_s(cell: dict | None) -> str:
@@ -196,7 +255,10 @@ def render(doc: dict) -> str:
         "# rsi, Nix and Bazel on the peers' fan-in graph",
         "",
         f"One run of `bench/peers/run.sh`, {doc['date']}, {doc['host']}. Medians of the "
-        "timed runs after one warm-up; `(n=…)` marks cells with fewer than 3 samples. Graph: "
+        "timed runs after one warm-up; `(n=…)` marks cells with fewer than 3 samples; where "
+        "several tools ran at one N, (b)-(d) were timed in turns (each round runs every tool "
+        "once, the order rotating), and a ratio is the median of the per-round ratios. "
+        f"Load average: {doc.get('load', '?')}. Graph: "
         "N leaves, N/10 mids, 1 root (N + N/10 + 1 actions); (c) rewrites one leaf's input, "
         "(d) bumps its mtime only.",
         "",
@@ -254,17 +316,27 @@ def _ratios(rows: list) -> list[str]:
         c = (cells or {}).get(k)
         return c["median_s"] if c and "error" not in c else None
 
+    paired = next((r.get("paired") or {} for r in rows if r["tool"] == "rsi"), {})
     for key, peer, cells, goal in (
         ("noop", "Nix", nix, 0.8),
         ("change1", "Nix", nix, 0.8),
         ("touch", "Nix", nix, 0.8),
+        ("noop", "Bazel", bazel, None),
+        ("change1", "Bazel", bazel, None),
+        ("touch", "Bazel", bazel, None),
         ("cold", "Bazel", bazel, 0.5),
     ):
         a, b = med(rsi, key), med(cells, key)
         if a is None or b is None:
             continue
-        ok = "met" if a <= goal * b else "MISSED"
-        out.append(f"{LABELS[key]} rsi/{peer} = {a / b:.2f} (goal ≤ {goal}: {ok})")
+        # NB: timed in turns, the median of the per-round ratios; otherwise of the medians
+        ratio = (paired.get(key) or {}).get(peer.lower(), a / b)
+        how = ", per-round median" if peer.lower() in (paired.get(key) or {}) else ""
+        if goal is None:
+            out.append(f"{LABELS[key]} rsi/{peer} = {ratio:.2f}{how}")
+            continue
+        ok = "met" if ratio <= goal else "MISSED"
+        out.append(f"{LABELS[key]} rsi/{peer} = {ratio:.2f}{how} (goal ≤ {goal}: {ok})")
     for key in ("startup", "help"):
         a = med(rsi, key)
         if a is not None:
@@ -283,6 +355,12 @@ def main() -> None:
     ap.add_argument("--rsi-at", default="1000,10000,100000")
     ap.add_argument("--runs", type=int, default=int(os.environ.get("RUNS", 7)))
     ap.add_argument("--budget", type=float, default=float(os.environ.get("BUDGET", 30)))
+    ap.add_argument(
+        "--sequential",
+        action="store_true",
+        default=os.environ.get("SEQUENTIAL") == "1",
+        help="time each tool's warm scenarios one tool after the other, not in turns",
+    )
     ap.add_argument(
         "--merge",
         action="store_true",
@@ -303,6 +381,7 @@ def main() -> None:
         "host": f"{os.cpu_count()} CPUs, {platform.platform()}, Python {sys.version.split()[0]}",
         "rows": [],
     }
+    load_at_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
     earlier = out / "peers.json"
     merged = json.loads(earlier.read_text()) if args.merge and earlier.exists() else None
     sizes = sorted({int(x) for x in (args.peers_at + "," + args.rsi_at).split(",") if x})
@@ -312,6 +391,10 @@ def main() -> None:
         names = (["rsi"] if n in rsi_at else []) + (
             [p for p in args.peers.split(",") if p] if n in peers_at else []
         )
+        # NB: with more than one tool at this N, the scenarios on a built workspace run in
+        # turns across the tools (measure_interleaved), not one tool after the other
+        interleave = len(names) > 1 and not args.sequential
+        built: list = []
         for name in names:
             cls = tools.get(name)
             if cls is None:
@@ -328,12 +411,48 @@ def main() -> None:
                 )
                 continue
             print(f"== {name} N={n}", flush=True)
-            row = bench_tool(cls, n, args.runs, args.budget, logroot)
+            row, tool = bench_tool(cls, n, args.runs, args.budget, logroot, warm=not interleave)
             doc["rows"].append(row)
-            if name == "rsi" and n >= 10000:
-                rm(cls(n).ws)  # NB: a 100,000-leaf workspace and store are large
-            (out / "peers.json").write_text(json.dumps(doc, indent=1))
-            (out / "peers.md").write_text(render(doc))
+            if interleave and "error" not in row and "error" not in row["cells"].get("cold", {}):
+                built.append((row, tool))
+            else:
+                tool.shutdown()
+                if name == "rsi" and n >= 10000:
+                    rm(cls(n).ws)  # NB: a 100,000-leaf workspace and store are large
+            write(out, doc, merged)
+        if built:
+            print(f"== interleaved, N={n}: {', '.join(r['tool'] for r, _ in built)}", flush=True)
+            try:
+                for key in ("noop", "change1", "touch"):
+                    entries = []
+                    for row, tool in built:
+                        prep, cmd = next((p, c) for k, p, c in warm_scenarios(tool, n) if k == key)
+                        entries.append((row, tool, prep, cmd, Path(row["logdir"])))
+                    try:
+                        measure_interleaved(entries, key, args.runs)
+                    except Exception as exc:
+                        print(f"\n  !! {key} failed: {exc}", flush=True)
+                        for row, _ in built:
+                            row["cells"][key] = {"error": str(exc)[-1500:]}
+            finally:
+                for row, tool in built:
+                    tool.shutdown()
+                    if row["tool"] == "rsi" and n >= 10000:
+                        rm(tool.ws)
+            write(out, doc, merged)
+    doc["load"] = (
+        f"{load_at_start} at the start, "
+        + " ".join(f"{x:.2f}" for x in os.getloadavg())
+        + " at the end (1, 5, 15 min)"
+    )
+    print(render(write(out, doc, merged)))
+
+
+def write(out: Path, doc: dict, merged: dict | None) -> dict:
+    """Write peers.json and peers.md: this run's rows, and with --merge the earlier run's rows
+    for (tool, N) not run (yet) now. Called after every row, so a run cut short never loses
+    the earlier rows."""
+    whole = dict(doc)
     if merged:
         ran = {(r["tool"], r["n"]) for r in doc["rows"]}
         kept = [
@@ -341,10 +460,10 @@ def main() -> None:
             for r in merged.get("rows", [])
             if (r["tool"], r["n"]) not in ran
         ]
-        doc["rows"] = sorted(doc["rows"] + kept, key=lambda r: (r["n"], r["tool"] != "rsi"))
-    (out / "peers.json").write_text(json.dumps(doc, indent=1))
-    (out / "peers.md").write_text(render(doc))
-    print(render(doc))
+        whole["rows"] = sorted(doc["rows"] + kept, key=lambda r: (r["n"], r["tool"] != "rsi"))
+    (out / "peers.json").write_text(json.dumps(whole, indent=1))
+    (out / "peers.md").write_text(render(whole))
+    return whole
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 #
 #   bash bench/peers/run.sh                       # peers and rsi at N=1000; rsi at 10k, 100k
 #   PEERS_AT=1000 RSI_AT=1000 bash bench/peers/run.sh
+#   PEERS_AT= RSI_AT=100000 MERGE=1 bash bench/peers/run.sh   # rsi alone at 100k, other rows kept
 #   PEERS=nix RUNS=5 bash bench/peers/run.sh
 #   MERGE=1 RSI_AT=1000 bash bench/peers/run.sh   # redo N=1000, keep the earlier 10k/100k rows
 #
@@ -53,5 +54,5 @@ export PYTHONPATH="$snap${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$repo/.venv/bin:$PATH"
 cd "$work"
 "$repo/.venv/bin/python" compare.py --out "$out" --peers "${PEERS:-nix,bazel}" \
-  --peers-at "${PEERS_AT:-1000}" --rsi-at "${RSI_AT:-1000,10000,100000}" ${MERGE:+--merge}
+  --peers-at "${PEERS_AT-1000}" --rsi-at "${RSI_AT:-1000,10000,100000}" ${MERGE:+--merge}
 echo "wrote $out/peers.md and $out/peers.json"
