@@ -375,10 +375,11 @@ class ArmRun:
     def timed(self, j: int) -> bool:
         doc, pair, worker = self.doc, self.pair, self.box.worker
         if self.probe is None:
-            self.probe = R.DelayProbe(worker.pid)
-            self.delay_before = self.probe.read()
+            self.probe = R.DelayProbe(getattr(worker, "child_pid", None) or worker.pid)
         try:
             self.box.set_layout(pair["timed_headers"][j])
+            # NB: read just before the call: between this arm's calls the other arm ran
+            self.delay_before = self.probe.read()
             call = R.timed_call(
                 worker, 1000 + j, pair["timed_packed"][j], self.expected["nbytes"], self.timeout
             )
@@ -386,9 +387,7 @@ class ArmRun:
             return self._fault(exc)
         self._account(call)
         # NB: outside the clock; the interval also holds the call's untimed hand-shake
-        delay_after = self.probe.read()
-        waited = delay_after - self.delay_before
-        self.delay_before = delay_after
+        waited = self.probe.read() - self.delay_before
         self.delay_total += waited
         self.n_contended += waited > CALL_WAIT_MAX * call.elapsed_ns
         if call.reply.get("op") == "done" and call.reply.get("i") != 1000 + j:

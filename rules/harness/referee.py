@@ -142,7 +142,11 @@ class DelayProbe:
     """How long the referee's thread and every thread of the worker's tree (as it is when the
     probe is made) waited for a CPU while runnable, so far (ns). Another process taking their
     CPU shows here; a worker spinning or sleeping does not. Read from outside: the worker
-    cannot forge it. Cheap enough to read between two calls (a few small files)."""
+    cannot forge it. Cheap enough to read between two calls (a few small files).
+
+    NB: rooted at the forked worker, not at its sandbox: the sandbox's idle processes (bwrap,
+    the zygote) wake together when the sandbox is let go on after the other arm's calls, and
+    their waiting for each other is not the measurement's contention."""
 
     def __init__(self, worker_root: int) -> None:
         self.paths = ["/proc/thread-self/schedstat"] + [
@@ -170,6 +174,23 @@ def _outside_pid(root: int, inner: object) -> int | None:
         except (OSError, ValueError, IndexError):
             continue
     return None
+
+
+def _wait_blocked(pid: int, limit_s: float) -> bool:
+    """Whether the process's main thread went to sleep (after answering) within `limit_s`."""
+    deadline = time.monotonic() + limit_s
+    path = f"/proc/{pid}/task/{pid}/stat"
+    while True:
+        try:
+            with open(path, "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        if state in (b"S", b"D"):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        os.sched_yield()
 
 
 def subtree_cpu(root: int) -> dict[int, int]:
@@ -275,13 +296,20 @@ class Freezer:
             if running:
                 os.sched_yield()
 
-    def thaw(self) -> None:
+    def thaw(self, settle_s: float = 0.02) -> None:
+        """SIGCONT, then wait (at most `settle_s`) until every thread is back asleep: the woken
+        processes all share the worker's CPU, and the next call must not start behind them."""
         for pid in self.stopped:
             try:
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-        self.stopped = []
+        woken, self.stopped = self.stopped, []
+        deadline = time.monotonic() + settle_s
+        while any(s in (b"R", b"T") for p in woken for s in _task_states(p)):
+            if time.monotonic() > deadline:
+                return
+            os.sched_yield()
 
 
 def _threads(pid: int) -> list[str]:
@@ -812,17 +840,19 @@ def timed_call(
     n = len(packed)
     if n > worker.in_size or out_nbytes > worker.out_size:
         raise WorkerFault("protocol", "buffers too small for this call")
+    # NB: the CPU clocks of the worker's processes (all threads) read where the worker is
+    # blocked, before it is armed and after it has answered: another process's clock leaves
+    # out the slice its threads are running now (the kernel adds it at the next tick or
+    # switch), so a reading taken while the worker spins would miss up to a tick of it
+    cpu_pid = getattr(worker, "child_pid", None) if worker.child_alive else None
+    w0 = time.perf_counter_ns()
+    c0 = subtree_cpu(cpu_pid) if cpu_pid else None
     arm_sent = time.perf_counter_ns()
     armed = worker.request({"op": "arm", "i": index, "echo": echo}, timeout_s)
     if armed.get("op") != "armed" or armed.get("i") != index:
         raise WorkerFault("crash", f"protocol: arm answered {str(armed)[:200]}")
     in_buf, out_buf, ctl = worker.in_buf, worker.out_buf, worker.ctl
     unpack, clock, pause = _SEQ.unpack_from, time.perf_counter_ns, os.sched_yield
-    # NB: the worker process's CPU clock (every thread of it, to the ns) read just outside the
-    # timed region: what it used during the call, against the wall time between the reads
-    cpu_pid = getattr(worker, "child_pid", None) if worker.child_alive else None
-    w0 = clock()
-    c0 = subtree_cpu(cpu_pid) if cpu_pid else None
     t0 = clock()
     # NB: the armed worker spins from its reply until t0; on a busy host that can be long (the
     # referee waits for a CPU), and it is CPU time the worker may use: see measure.ArmRun
@@ -847,12 +877,12 @@ def timed_call(
     output = out_buf[:out_nbytes] if out_nbytes else b""
     t1 = clock()
     call.elapsed_ns = t1 - t0
-    if c0:
+    reply = worker.recv(max(1.0, timeout_s - (t1 - t0) / 1e9))
+    if c0 and _wait_blocked(cpu_pid, 0.005):
         c1 = subtree_cpu(cpu_pid)
         if c1:
             call.cpu_ns = sum(ns - c0.get(pid, 0) for pid, ns in c1.items())
             call.cpu_window_ns = clock() - w0
-    reply = worker.recv(max(1.0, timeout_s - (t1 - t0) / 1e9))
     if unpack(ctl, DONE_AT)[0] != index:
         raise WorkerFault("crash", f"protocol: reply {str(reply)[:200]} before call {index} ended")
     call.reply = reply
