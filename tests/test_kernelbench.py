@@ -21,7 +21,7 @@ def _import(ws: Path, run_rsi, *names: str):
     )
 
 
-@pytest.mark.fast
+@pytest.mark.e2e  # NB: the probe imports torch (fast tests never do)
 def test_cuda_and_complex_problems_are_refused_with_the_reason_and_write_nothing(
     tmp_path, make_workspace, run_rsi, torch
 ):
@@ -36,7 +36,7 @@ def test_cuda_and_complex_problems_are_refused_with_the_reason_and_write_nothing
     assert not (ws / "tasks").exists()
 
 
-@pytest.mark.fast
+@pytest.mark.e2e
 def test_a_problem_becomes_a_task_with_its_free_sizes_and_the_modelnew_contract(
     tmp_path, make_workspace, run_rsi, torch
 ):
