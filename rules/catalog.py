@@ -17,7 +17,6 @@ policy (check fails when that block and the declaration disagree). A folder unde
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -27,6 +26,8 @@ from typing import Any
 
 import click
 
+from rsi.analysis import _jsonable
+from rsi.digest import digest_file, digest_value
 from rsi.errors import EXIT_USAGE, DeclarationError, RsiError
 
 LOCK_SCHEMA = "rsi.catalog.lock/1"
@@ -44,26 +45,8 @@ class CatalogError(DeclarationError):
     exit_code = EXIT_CATALOG
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)  # NB: labels
-
-
-def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return digest_file(path, "sha256").hash
 
 
 def _files_under(folder: Path) -> list[Path]:
@@ -157,7 +140,7 @@ def descriptor(ws, entry: TaskEntry) -> dict:
     bindings = {}
     for b in entry.bindings:
         ba = _jsonable({k: v for k, v in b.attrs.items() if k not in ("task", "doc", "tags")})
-        bindings[b.label.name] = dict(ba, digest=hashlib.sha256(_canonical(ba)).hexdigest())
+        bindings[b.label.name] = dict(ba, digest=digest_value(ba, "sha256").hash)
     doc = {
         "task": str(entry.task.label),
         "contract": _jsonable(
@@ -170,7 +153,7 @@ def descriptor(ws, entry: TaskEntry) -> dict:
         "files": dict(sorted(files.items())),
         "bindings": bindings,
     }
-    return dict(doc, digest=hashlib.sha256(_canonical(doc)).hexdigest())
+    return dict(doc, digest=digest_value(doc, "sha256").hash)
 
 
 BLOCK_BEGIN = "<!-- rsi catalog: generated from BUILD.toml by `rsi catalog update`; do not edit -->"
