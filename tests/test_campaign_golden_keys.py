@@ -86,17 +86,17 @@ TARGETS = (
 )
 
 
-def _platform(platform) -> dict:
-    # NB: host-python@<digest> names this interpreter and every installed package: it is what
-    # the machine offers, not what the rules declare
-    return {
-        k: ("host-python@*" if k == "toolchain" and v.startswith("host-python@") else v)
-        for k, v in platform
-    }
+# NB: host-python@<digest> names this interpreter and every installed package (a fresh CI venv
+# differs from a developer's); it is what the machine offers, not what the rules declare, and it
+# reaches both the platform and the specs the binding writes, so it is pinned for the analysis
+PINNED_HOST = "host-python@" + "0" * 32
 
 
-def analysis_keys(tmp_path: Path, make_workspace) -> dict[str, dict[str, str]]:
+def analysis_keys(tmp_path: Path, make_workspace, monkeypatch) -> dict[str, dict[str, str]]:
     """{target: {"<mnemonic> <first output>": analysis key}} of the fixed workspace."""
+    import rules.domain
+
+    monkeypatch.setattr(rules.domain, "host_python_identity", lambda: PINNED_HOST)
     from rsi.analysis import analyze
     from rsi.label import Label
     from rsi.loader import Loader
@@ -154,7 +154,7 @@ def analysis_keys(tmp_path: Path, make_workspace) -> dict[str, dict[str, str]]:
                 {
                     "argv": list(spec.argv),
                     "env": [list(e) for e in spec.env],
-                    "platform": _platform(spec.platform),
+                    "platform": dict(spec.platform),
                     "timeout_s": spec.timeout_s,
                     "outputs": list(spec.outputs),
                     "inputs": sorted(inputs),
@@ -175,8 +175,8 @@ def analysis_keys(tmp_path: Path, make_workspace) -> dict[str, dict[str, str]]:
 
 
 @pytest.mark.fast
-def test_golden_action_keys(tmp_path, make_workspace):
-    now = analysis_keys(tmp_path, make_workspace)
+def test_golden_action_keys(tmp_path, make_workspace, monkeypatch):
+    now = analysis_keys(tmp_path, make_workspace, monkeypatch)
     if os.environ.get("RSI_UPDATE_GOLDEN") == "1":
         GOLDEN.write_text(json.dumps(now, indent=1, sort_keys=True) + "\n")
     pinned = json.loads(GOLDEN.read_text())
