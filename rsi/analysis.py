@@ -1,9 +1,9 @@
-"""Analysis: targets become actions. The target graph and the action graph are networkx DAGs.
+"""Analysis: targets become actions, in a target DAG and an action DAG.
 
 Rules run here, in dependency order, each seeing only its attributes and its dependencies'
-providers. Nothing is executed and no file content is read except through digests. The result
-keeps plain adjacency lists as well, so a build served from the analysis cache (analysis_cache.py)
-schedules without importing networkx.
+providers. Nothing is executed and no file content is read except through digests. Both graphs
+are plain adjacency lists (rsi/dag.py); networkx views are made on demand, for `rsi query` and
+`rsi graph`, never on the build path.
 """
 
 from __future__ import annotations
@@ -117,8 +117,8 @@ class BuildGraph:
     # label -> attributes as JSON, kept from hashing them for the scheduler's "why" pack
     # (derivable from `targets`, so not pickled into the analysis cache)
     attrs_json: dict[str, Any] = field(default_factory=dict)
-    target_graph: "nx.DiGraph | None" = None  # edge: dep -> dependent (None when from cache)
-    action_graph: "nx.DiGraph | None" = None  # edge: producer -> consumer
+    target_graph: "TargetGraph | None" = None  # None when loaded from the analysis cache
+    action_graph: "nx.DiGraph | None" = None  # made by nx_action_graph()
 
     def producer(self, action_id: str) -> str:
         """The action that really runs for `action_id` (shared actions collapse into one)."""
@@ -172,16 +172,38 @@ class BuildGraph:
         return state
 
 
-def find_targets(loader: Loader, roots: list[Label]) -> tuple[dict[Label, Target], "nx.DiGraph"]:
-    """Load the transitive targets of `roots` into a networkx DAG; a cycle is an error."""
-    import networkx as nx
+@dataclass
+class TargetGraph:
+    """Targets and their dependency edges: `deps[t]` maps each dependency of t to the field
+    that names it (edge direction: dependency -> dependent)."""
 
-    graph = nx.DiGraph()
+    deps: dict[Label, dict[Label, str]] = field(default_factory=dict)
+    dependents: dict[Label, list[Label]] = field(default_factory=dict)
+    order: list[Label] = field(default_factory=list)  # every target after its dependencies
+
+    def __contains__(self, label: Label) -> bool:
+        return label in self.deps
+
+    def to_nx(self) -> "nx.DiGraph":
+        import networkx as nx
+
+        g = nx.DiGraph()
+        g.add_nodes_from(self.deps)
+        g.add_edges_from((d, t) for t, ds in self.deps.items() for d in ds)
+        return g
+
+
+def find_targets(loader: Loader, roots: list[Label]) -> tuple[dict[Label, Target], TargetGraph]:
+    """Load the transitive targets of `roots` and their dependency edges; a cycle is an error."""
+    from rsi.dag import Cycle, topological_order
+
+    graph = TargetGraph()
     targets: dict[Label, Target] = {}
     stack: list[Label] = list(roots)
     for label in roots:
         targets[label] = loader.target(label)
-        graph.add_node(label)
+        graph.deps.setdefault(label, {})
+        graph.dependents.setdefault(label, [])
     while stack:
         label = stack.pop()
         target = targets[label]
@@ -193,20 +215,27 @@ def find_targets(loader: Loader, roots: list[Label]) -> tuple[dict[Label, Target
             for dep in deps:
                 if dep not in targets:
                     targets[dep] = loader.target(dep, wanted_by=target, field=name)
+                    graph.deps.setdefault(dep, {})
+                    graph.dependents.setdefault(dep, [])
                     stack.append(dep)
-                graph.add_edge(dep, label, field=name)
-    if not nx.is_directed_acyclic_graph(graph):
-        cycle = nx.find_cycle(graph)
+                if dep not in graph.deps[label]:
+                    graph.deps[label][dep] = name
+                    graph.dependents[dep].append(label)
+    try:
+        graph.order = topological_order(graph.deps, graph.dependents)
+    except Cycle as c:
+        cycle = c.edges
         # NB: edges run dependency -> dependent; people read "a -> b" as "a depends on b"
         chain = [str(u) for u, _ in reversed(cycle)] + [str(cycle[-1][0])]
-        first = targets[cycle[0][1]]
+        dep, dependent = cycle[0]
+        first = targets[dependent]
         raise DeclarationError(
             "dependency cycle: " + " -> ".join(chain),
             file=first.file,
             target=str(first.label),
-            field=graph.edges[cycle[0]].get("field"),
+            field=graph.deps[dependent][dep],
             hint="break the cycle by removing one of these dependencies",
-        )
+        ) from None
     return targets, graph
 
 
@@ -219,16 +248,15 @@ def analyze(
     tracker: Any = None,
     function: str = DEFAULT_FUNCTION,
 ) -> BuildGraph:
-    import networkx as nx
-
+    from rsi.dag import Cycle, topological_order
     from rsi.rule import Provider, RuleContext
 
     targets, target_graph = find_targets(loader, roots)
     bg = BuildGraph(targets=targets, target_graph=target_graph)
     producers: dict[str, ActionSpec] = {}
-    for label in nx.lexicographical_topological_sort(target_graph, key=str):
+    for label in target_graph.order:
         target = targets[label]
-        deps = {d: bg.providers[d] for d in target_graph.predecessors(label)}
+        deps = {d: bg.providers[d] for d in target_graph.deps[label]}
         ctx = RuleContext(
             label=label,
             rule=target.rule,
@@ -261,8 +289,7 @@ def analyze(
         bg.providers[label] = provider
     from rsi.executors.hoststep import PROVIDES_TOOLCHAIN
 
-    action_graph = nx.DiGraph()
-    action_graph.add_nodes_from(bg.actions)
+    preds: dict[str, set[str]] = {a: set() for a in bg.actions}
     # NB: an action runs after the step that builds its toolchain (the platform value names
     # the recipe; the step's `provides-toolchain` is that value): an edge without an input
     provided = {
@@ -276,16 +303,20 @@ def analyze(
                 producer = bg.producer(art.producer)
                 if producer not in bg.actions:
                     raise DeclarationError(f"{spec.label}: input {art.path} has unknown producer")
-                action_graph.add_edge(producer, spec.id)
+                preds[spec.id].add(producer)
         step = provided.get(dict(spec.platform).get("toolchain", ""))
         if step is not None and step != spec.id:
-            action_graph.add_edge(step, spec.id)
-    if not nx.is_directed_acyclic_graph(action_graph):
-        cycle = " -> ".join(a for a, _ in nx.find_cycle(action_graph))
-        raise DeclarationError(f"action cycle: {cycle}")
-    bg.action_graph = action_graph
-    bg.preds = {a: sorted(action_graph.predecessors(a)) for a in action_graph}
-    bg.succs = {a: sorted(action_graph.successors(a)) for a in action_graph}
+            preds[spec.id].add(step)
+    succs: dict[str, list[str]] = {a: [] for a in bg.actions}
+    for consumer, ps in preds.items():
+        for p in ps:
+            succs[p].append(consumer)
+    try:
+        topological_order(bg.actions, succs)
+    except Cycle as c:
+        raise DeclarationError(f"action cycle: {c}") from None
+    bg.preds = {a: sorted(ps) for a, ps in preds.items()}
+    bg.succs = {a: sorted(cs) for a, cs in succs.items()}
     return bg
 
 

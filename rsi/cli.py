@@ -222,7 +222,7 @@ def graph(ctx: click.Context, targets: tuple[str, ...], fmt: str, actions: bool)
         from rsi.analysis import find_targets
         from rsi.build import make_loader
 
-        g = find_targets(make_loader(ws), labels)[1]
+        g = find_targets(make_loader(ws), labels)[1].to_nx()
     nodes = sorted(str(n) for n in g.nodes)
     edges = sorted((str(a), str(b)) for a, b in g.edges)
     if fmt == "json":

@@ -56,13 +56,13 @@ def evaluate(loader: Loader, expr: str, current: str = "") -> list[Label]:
         raise UsageError(f"{fn} takes one argument")
     inner = evaluate(loader, args[0], current)
     if fn == "deps":
-        _, graph = find_targets(loader, inner)
+        graph = find_targets(loader, inner)[1].to_nx()
         found = set(inner)
         for lb in inner:
             found |= nx.ancestors(graph, lb)
         return sorted(found, key=str)
     universe = loader.expand(["//..."])
-    _, graph = find_targets(loader, universe)
+    graph = find_targets(loader, universe)[1].to_nx()
     found = set(inner)
     for lb in inner:
         if lb in graph:

@@ -82,7 +82,7 @@ def test_analysis_turns_targets_into_an_action_graph(command, make_workspace, tm
     )
     graph = _analyze(ws, "//:b")
     assert set(graph.actions) == {"//:a#Command", "//:b#Command"}
-    assert list(graph.action_graph.edges) == [("//:a#Command", "//:b#Command")]
+    assert list(graph.nx_action_graph().edges) == [("//:a#Command", "//:b#Command")]
     assert graph.actions["//:b#Command"].argv[-1] == "cat a > b"
 
 
