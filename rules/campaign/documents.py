@@ -482,19 +482,6 @@ def verdict_view(doc: dict | None) -> dict | None:
     return view
 
 
-def cached_round_docs(camp: Campaign, store, numbers: list[int]) -> dict[int, dict | None]:
-    """Each round's document as the cache has it now (runs nothing; None: not built)."""
-    if not numbers:
-        return {}
-    labels = [camp.round_label(i) for i in numbers]
-    with store.lock(exclusive=False):
-        graph, outcomes = cached_outcomes(camp.ws, store, labels)
-    return {
-        i: read_json_output(store, graph, outcomes, graph.providers[lb].info.doc)
-        for i, lb in zip(numbers, labels, strict=True)
-    }
-
-
 def frozen_summary(project: dict | None) -> dict | None:
     """What status and start say of an external project's frozen tree (None: a task)."""
     if not project:

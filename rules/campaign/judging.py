@@ -81,12 +81,13 @@ def _artifact_digest(store, art) -> str:
     return str(store.file_memo.digest(art.source))
 
 
-def current_judge(camp: Campaign, store) -> dict:
+def current_judge(camp: Campaign, store, graph=None) -> dict:
     """Digests of everything that decides a round's verdict, the selection and the final, as
     the workspace holds them now: for a catalog task the binding's spec blobs (spec.json,
     check_spec.json: task contract, cases, tolerances, toolchain, measurement policy), the
     task's runtime and baseline files; for both kinds the harness scripts that judge. (An
-    external project's commands, policy and tree are frozen at the start in full.)"""
+    external project's commands, policy and tree are frozen at the start in full.) `graph`: an
+    analysis of the workspace as it is now that holds the binding, where the caller has one."""
     harness: set[str] = set(JUDGE_CAMPAIGN_SCRIPTS[camp.kind])
     doc: dict[str, Any] = {"schema": JUDGE_SCHEMA, "binding": str(camp.binding.label)}
     if camp.kind == "task":
@@ -94,8 +95,9 @@ def current_judge(camp: Campaign, store) -> dict:
 
         for step in JUDGE_STEPS:
             harness.update(SCRIPTS[step])
-        with store.lock(exclusive=False):
-            _, graph = load_graph(camp.ws, [str(camp.binding.label)], store)
+        if graph is None or camp.binding.label not in graph.providers:
+            with store.lock(exclusive=False):
+                _, graph = load_graph(camp.ws, [str(camp.binding.label)], store)
         info = BindingInfo.of(graph.providers[camp.binding.label])
         doc["spec"] = {
             "spec.json": _artifact_digest(store, info.spec_file),
@@ -191,9 +193,10 @@ def assess_only_change(recorded: dict, current: dict, store) -> list[str] | None
     return fields
 
 
-def judge_status(camp: Campaign, state: State, store) -> dict:
+def judge_status(camp: Campaign, state: State, store, current: dict | None = None) -> dict:
     """`unchanged`, `changed` (with `changes`), `unrecorded` (a log from before judges were
-    recorded) or `unknown` (the binding cannot be analysed now: `error`)."""
+    recorded) or `unknown` (the binding cannot be analysed now: `error`). `current`: the
+    current judge where the caller has it already."""
     recorded = recorded_judge(state)
     if not recorded:
         return {
@@ -201,17 +204,19 @@ def judge_status(camp: Campaign, state: State, store) -> dict:
             "changes": [],
         }
     try:
-        changes = judge_changes(recorded, current_judge(camp, store), store)
+        if current is None:
+            current = current_judge(camp, store)
+        changes = judge_changes(recorded, current, store)
     except RsiError as exc:
         return {"state": "unknown", "changes": [], "error": exc.message}
     return {"state": "changed" if changes else "unchanged", "changes": changes}
 
 
-def check_judge_unchanged(camp: Campaign, state: State, store) -> None:
+def check_judge_unchanged(camp: Campaign, state: State, store, current: dict | None = None) -> None:
     """Refuse to judge anything under a judge other than the one recorded at the start."""
     if not recorded_judge(state):
         return
-    judge = judge_status(camp, state, store)
+    judge = judge_status(camp, state, store, current)
     if judge["state"] == "unknown":
         raise JudgeChanged(
             f"the judge of {camp.label} cannot be checked against the one recorded at its "
@@ -222,7 +227,9 @@ def check_judge_unchanged(camp: Campaign, state: State, store) -> None:
             hint="fix the binding's declaration as it was at the start",
         )
     if judge["state"] == "changed":
-        fields = assess_only_change(recorded_judge(state), current_judge(camp, store), store)
+        if current is None:
+            current = current_judge(camp, store)
+        fields = assess_only_change(recorded_judge(state), current, store)
         if fields:
             raise JudgeChanged(
                 f"the assessment policy of {camp.label}'s binding changed since it was fixed "

@@ -29,7 +29,6 @@ from rules.campaign.documents import (
     attempt_message,
     best_now,
     cached_outcomes,
-    cached_round_docs,
     failures,
     ran,
     read_json_output,
@@ -51,7 +50,6 @@ from rules.campaign.model import (
     ended_reason,
     Campaign,
     CampaignClosed,
-    State,
     iso,
     open_campaign,
     round_refusal,
@@ -319,13 +317,21 @@ ASSESS_LIMITS = {
 
 
 def before_regrade(
-    camp: Campaign, store, state: State, numbers: list[int], declared: bool
+    camp: Campaign, store, numbers: list[int], declared: bool, cached
 ) -> dict[int, dict | None]:
-    """The round documents before a regrade. Once the declaration's policy changed, the
-    cached rounds are those under the policy fixed before: the last rsi.round/1 documents
-    returned (kept in attempts.json) stand for them."""
+    """The round documents before a regrade: `cached` (graph, outcomes) of the rounds as the
+    log has them. Once the declaration's policy changed, the cached rounds are those under the
+    policy fixed before: the last rsi.round/1 documents returned (kept in attempts.json) stand
+    for them."""
     if not declared:
-        return cached_round_docs(camp, store, numbers)
+        if not numbers:
+            return {}
+        graph, outcomes = cached
+        labels = {i: camp.round_label(i) for i in numbers}
+        return {
+            i: read_json_output(store, graph, outcomes, graph.providers[lb].info.doc)
+            for i, lb in labels.items()
+        }
     last = Attempts(camp.log).read()
     return {i: (last.get(f"round-{i}") or {}).get("verdict_doc") for i in numbers}
 
@@ -360,12 +366,18 @@ def regrade(
         raise UsageError(f"{camp.label} has no round to regrade")
     # NB: a declaration whose assessment policy (only) changed is taken: the new judge is
     # recorded with the regrade, and the rounds' verdicts before it are those under the old
-    current = current_judge(camp, store)
+    numbers = [i for i in range(1, len(state.candidates) + 1) if i not in state.abandoned]
+    # NB: one analysis of the rounds (which hold the binding) serves the judge and the
+    # documents before
+    cached = None
+    if numbers:
+        with store.lock(exclusive=False):
+            cached = cached_outcomes(camp.ws, store, [camp.round_label(i) for i in numbers])
+    current = current_judge(camp, store, graph=cached and cached[0])
     declared = assess_only_change(recorded_judge(state), current, store)
     if declared is None:
-        check_judge_unchanged(camp, state, store)
-    numbers = [i for i in range(1, len(state.candidates) + 1) if i not in state.abandoned]
-    before = before_regrade(camp, store, state, numbers, declared is not None)
+        check_judge_unchanged(camp, state, store, current)
+    before = before_regrade(camp, store, numbers, declared is not None, cached)
     with camp.log.locked():
         state = state_of(camp.log.read())
         was = state.assess_override
