@@ -461,9 +461,8 @@ def verdict_actions(
         "check": check_action(ctx, binding, cand_files, cand_dir, evidence),
         "samples": measure_action(ctx, binding, cand_files, cand_dir, evidence),
     }
-    out["verdict"] = steps.ASSESS.run(
+    made = steps.ASSESS.run_outputs(
         ctx,
-        out=f"{prefix}verdict.json",
         inputs=[
             spec_file,
             out["samples"],
@@ -479,8 +478,10 @@ def verdict_actions(
         check=out["check"].path,
         baseline_check=info.baseline_check.path,
         calibration=info.calibration.path,
+        out=f"{prefix}verdict.json",
+        text=f"{prefix}verdict.txt",
     )
-    out["table"] = render_action(ctx, out["verdict"], out["check"], prefix, info.host_platform)
+    out["verdict"], out["table"] = made["out"], made["text"]
     return out
 
 

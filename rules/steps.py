@@ -19,6 +19,9 @@ from rsi.rule import Artifact, RuleContext
 HARNESS_DIR = Path(__file__).resolve().parent / "harness"
 HARNESS_EXEC = "_rsi/harness"
 PY = ("python3", "-I", "-B")
+# NB: a step whose script needs only the standard library runs without site-packages (-S): it
+# starts in a third of the time (no .pth files, no editable finder) and can import nothing else
+NO_SITE = "-S"
 # NB: the interpreter placeholder of the final's plan (final.py runs it with the toolchain's)
 PLAN_PY = ("{python}", "-I", "-B")
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -29,10 +32,10 @@ ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 SCRIPTS: dict[str, tuple[str, ...]] = {
     "check": ("check.py", "referee.py", "worker.py", "_common.py", "_core.py"),
     "measure": ("measure.py", "referee.py", "worker.py", "_common.py", "_core.py"),
-    "assess": ("assess.py", "stats.py", "_core.py"),
+    "assess": ("assess.py", "stats.py", "_core.py", "render.py"),
     "render": ("render.py",),
     "project": ("project.py",),
-    "project_assess": ("project.py", "assess.py", "stats.py", "_core.py"),
+    "project_assess": ("project.py", "assess.py", "stats.py", "_core.py", "render.py"),
     "round": ("round.py",),
     "select": ("select.py",),
     "snapshot": ("snapshot.py",),
@@ -53,8 +56,9 @@ def harness_files(scripts: str) -> tuple[Artifact, ...]:
 class Step:
     """One harness step: `script` (with `sub`, its subcommand) run with `flags` in order (a
     flag `baseline_check` is `--baseline-check`); one in `optional` is left out when its value
-    is None. `scripts` names the harness files
-    it reads (SCRIPTS); `exclusive` steps time something and run alone."""
+    is None. `scripts` names the harness files it reads (SCRIPTS); `exclusive` steps time
+    something and run alone. The flags in `outs` name the files it writes (`out` first);
+    `stdlib` steps import nothing outside the standard library and run without site-packages."""
 
     name: str
     script: str
@@ -63,12 +67,15 @@ class Step:
     sub: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()
     exclusive: bool = False
+    outs: tuple[str, ...] = ("out",)
+    stdlib: bool = False
 
     def argv(self, py: Iterable[str] = PY, **values: str | None) -> list[str]:
         unknown = set(values) - set(self.flags)
         if unknown:
             raise TypeError(f"step {self.name}: unknown flag(s) {sorted(unknown)}")
-        argv = [*py, f"{HARNESS_EXEC}/{self.script}", *self.sub]
+        argv = [*py, *((NO_SITE,) if self.stdlib else ()), f"{HARNESS_EXEC}/{self.script}"]
+        argv += self.sub
         for flag in self.flags:
             value = values.get(flag)
             if value is None:
@@ -92,17 +99,43 @@ class Step:
         timeout_s: float,
         **values: str | None,
     ) -> Artifact:
-        """The step as one action writing `out` (package-relative); returns its output."""
-        return ctx.action(
-            argv=self.argv(**values, out=ctx.exec_path(out)),
+        """The step as one action writing `out` (package-relative); returns that output."""
+        return self.run_outputs(
+            ctx,
+            inputs=inputs,
+            mnemonic=mnemonic,
+            platform=platform,
+            timeout_s=timeout_s,
+            out=out,
+            **values,
+        )["out"]
+
+    def run_outputs(
+        self,
+        ctx: RuleContext,
+        *,
+        inputs: Iterable[Artifact],
+        mnemonic: str,
+        platform: Mapping[str, str],
+        timeout_s: float,
+        **values: str | None,
+    ) -> dict[str, Artifact]:
+        """The step as one action writing every output flag given (package-relative paths);
+        returns {flag: output}."""
+        outs = {f: values[f] for f in self.outs if values.get(f) is not None}
+        if "out" not in outs:
+            raise TypeError(f"step {self.name}: --out needs a value")
+        made = ctx.action(
+            argv=self.argv(**dict(values, **{f: ctx.exec_path(p) for f, p in outs.items()})),
             inputs=[*self.files(), *inputs],
-            outputs=[out],
+            outputs=list(outs.values()),
             mnemonic=mnemonic,
             env=ENV,
             platform=platform,
             timeout_s=timeout_s,
             **({"tags": ["exclusive"]} if self.exclusive else {}),
-        )[0]
+        )
+        return dict(zip(outs, made, strict=True))
 
 
 # NB: a catalog task's steps
@@ -114,13 +147,18 @@ MEASURE = Step(
     "measure",
     exclusive=True,
 )
+# NB: the assessment writes the verdict and its table (`text`, render.py) in one action: the
+# table is a function of the verdict and the check alone, and a regrade re-runs both
 ASSESS = Step(
     "assess",
     "assess.py",
-    ("spec", "samples", "check", "baseline_check", "calibration", "out"),
+    ("spec", "samples", "check", "baseline_check", "calibration", "out", "text"),
     "assess",
+    optional=("text",),
+    outs=("out", "text"),
+    stdlib=True,
 )
-RENDER = Step("render", "render.py", ("verdict", "check", "out"), "render")
+RENDER = Step("render", "render.py", ("verdict", "check", "out"), "render", stdlib=True)
 
 # NB: an external project's steps: its own commands, run by project.py over the frozen tree
 # (`overlay`: the candidate's files over it; none: the baseline itself)
@@ -144,13 +182,13 @@ BENCH = Step(
 PROJECT_ASSESS = Step(
     "project_assess",
     "project.py",
-    ASSESS.flags,
+    ASSESS.flags[:-1],
     "project_assess",
     sub=("assess",),
 )
 
 # NB: a campaign round's document, from its verdict and check
-ROUND_DOC = Step("round", "round.py", ("meta", "verdict", "check", "out"), "round")
+ROUND_DOC = Step("round", "round.py", ("meta", "verdict", "check", "out"), "round", stdlib=True)
 
 STEPS = {
     s.name: s for s in (CHECK, MEASURE, ASSESS, RENDER, QUALITY, BENCH, PROJECT_ASSESS, ROUND_DOC)

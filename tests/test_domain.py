@@ -162,4 +162,4 @@ def test_check_and_measure_targets_share_the_verdicts_actions(softmax_ws, build)
         f"//{PKG}:calibration",
     )
     mnemonics = sorted(a.split("#")[1] for a in _ran(run))
-    assert mnemonics == ["Assess", "BaselineCheck", "Calibrate", "Check", "Measure", "Render"]
+    assert mnemonics == ["Assess", "BaselineCheck", "Calibrate", "Check", "Measure"]

@@ -343,7 +343,7 @@ def test_gpu_binding_asks_for_an_accelerator_only_where_the_device_is_used(task)
         ).append(dict(spec.platform))
     for name in ("gpu#BaselineCheck", "gpu#Calibrate", "verdict_gpu#Check", "verdict_gpu#Measure"):
         assert [p.get("accelerator") for p in by_mnemonic[name]] == ["cuda"], name
-    for name in ("verdict_gpu#Assess", "verdict_gpu#Render", "cpu#Calibrate", "verdict#Measure"):
+    for name in ("verdict_gpu#Assess", "cpu#Calibrate", "verdict#Measure"):
         assert all("accelerator" not in p for p in by_mnemonic[name]), name
     from rsi.label import Label
 

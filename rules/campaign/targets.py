@@ -33,7 +33,7 @@ from rules.providers import (
     ReportInfo,
     RoundInfo,
 )
-from rules.steps import ENV, HARNESS_EXEC, PY, harness_files, plan_step
+from rules.steps import ENV, HARNESS_EXEC, NO_SITE, PY, harness_files, plan_step
 
 
 def tool_platform(platform: Mapping[str, str]) -> dict[str, str]:
@@ -356,7 +356,15 @@ def _snapshot_action(
         return ()
     rels = [f.path[len(src_dir) + 1 :] for f in files]
     return ctx.action(
-        argv=[*PY, f"{HARNESS_EXEC}/snapshot.py", "--from", src_dir, "--to", ctx.exec_path(dest)],
+        argv=[
+            *PY,
+            NO_SITE,
+            f"{HARNESS_EXEC}/snapshot.py",
+            "--from",
+            src_dir,
+            "--to",
+            ctx.exec_path(dest),
+        ],
         inputs=[*harness_files("snapshot"), *files],
         outputs=[f"{dest}/{r}" for r in rels],
         mnemonic="Snapshot",
@@ -610,7 +618,7 @@ CAMPAIGN_ROUND = Rule(
 def _best(ctx: RuleContext) -> Provider:
     docs = [RoundInfo.of(ctx.dep(r)).doc for r in ctx.attrs["rounds"]]
     platform = tool_platform(ctx.dep(ctx.attrs["binding"]).info.platform)
-    argv = [*PY, f"{HARNESS_EXEC}/select.py"]
+    argv = [*PY, NO_SITE, f"{HARNESS_EXEC}/select.py"]
     for d in docs:
         argv += ["--round", d.path]
     best = ctx.action(
@@ -665,23 +673,25 @@ FINAL_PROJECT_OUTPUTS = (
 
 # NB: the final re-runs a round's steps under its own plan: the same command lines (rules/
 # steps.py) with placeholders final.py fills in (`{out}`, `{candidate}`, the specs, python)
-TASK_FINAL_STEPS = (steps.CHECK, steps.MEASURE, steps.ASSESS, steps.RENDER)
+TASK_FINAL_STEPS = (steps.CHECK, steps.MEASURE, steps.ASSESS)
 PROJECT_FINAL_STEPS = (steps.QUALITY, steps.BENCH, steps.PROJECT_ASSESS, steps.RENDER)
 
 
 def _verdict_plan(assess: steps.Step) -> list[dict]:
-    """The assessment and its table, over the plan's own outputs."""
+    """The assessment and its table, over the plan's own outputs (a task's assessment writes
+    the table itself; a project's is rendered after it)."""
+    evidence = {
+        "spec": "{spec}",
+        "samples": "{out}/samples.json",
+        "check": "{out}/check.json",
+        "baseline_check": "{out}/baseline_check.json",
+        "calibration": "{out}/calibration.json",
+        "out": "{out}/verdict.json",
+    }
+    if "text" in assess.outs:
+        return [plan_step("verdict", assess, **evidence, text="{out}/verdict.txt")]
     return [
-        plan_step(
-            "verdict",
-            assess,
-            spec="{spec}",
-            samples="{out}/samples.json",
-            check="{out}/check.json",
-            baseline_check="{out}/baseline_check.json",
-            calibration="{out}/calibration.json",
-            out="{out}/verdict.json",
-        ),
+        plan_step("verdict", assess, **evidence),
         plan_step(
             "table",
             steps.RENDER,
@@ -763,6 +773,7 @@ def _final(ctx: RuleContext) -> Provider:
         doc = ctx.action(
             argv=[
                 *PY,
+                NO_SITE,
                 f"{HARNESS_EXEC}/final.py",
                 "--pending",
                 _pending_message(a),
@@ -795,6 +806,7 @@ def _final(ctx: RuleContext) -> Provider:
     outs = ctx.action(
         argv=[
             *PY,
+            NO_SITE,
             f"{HARNESS_EXEC}/final.py",
             "--plan",
             plan_file.path,
@@ -848,7 +860,7 @@ def _report(ctx: RuleContext) -> Provider:
     docs = [RoundInfo.of(ctx.dep(r)).doc for r in a["rounds"]]
     best = BestInfo.of(ctx.dep(a["best"])).best
     final = FinalInfo.of(ctx.dep(a["final"])).final
-    argv = [*PY, f"{HARNESS_EXEC}/report.py", "--campaign", a["campaign"]]
+    argv = [*PY, NO_SITE, f"{HARNESS_EXEC}/report.py", "--campaign", a["campaign"]]
     for d in docs:
         argv += ["--round", d.path]
     extra = []

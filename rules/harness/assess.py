@@ -263,6 +263,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     for flag in ("--spec", "--samples", "--check", "--baseline-check", "--calibration", "--out"):
         parser.add_argument(flag, required=True, type=Path)
+    parser.add_argument("--text", type=Path, help="also write the verdict table here")
     args = parser.parse_args()
     try:
         blobs = {}
@@ -287,6 +288,12 @@ def main() -> int:
             raise C.HarnessError(f"malformed evidence: {type(exc).__name__}: {exc}") from exc
         doc["evidence_sha256"] = {name: C.sha256_bytes(b) for name, b in blobs.items()}
         C.write_json(args.out.resolve(), doc)
+        if args.text is not None:
+            table = _load_sibling("render").render(doc, docs["check"])
+            try:
+                args.text.write_text(table)
+            except OSError as exc:
+                raise C.HarnessError(f"cannot write the verdict table: {exc}") from exc
     except C.HarnessError as exc:
         print(f"rsi harness fault (assess): {exc}", file=sys.stderr)
         return C.INFRA_EXIT
