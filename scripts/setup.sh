@@ -43,10 +43,14 @@ if [ ! -x .venv/bin/python ]; then
 fi
 extras="torch"
 [ "$want_test" = 1 ] && extras="test"
-stamp=".venv/.rsi-installed-$extras-$(sha256sum pyproject.toml | cut -c1-16)"
+stamp=".venv/.rsi-installed-$extras-compat-$(sha256sum pyproject.toml | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
-  # NB: torch is pinned to 2.13.0 in pyproject.toml; an unpinned torch pulls a multi-GB CUDA build
-  .venv/bin/pip install -q -e ".[$extras]"
+  # NB: torch is pinned to 2.13.0 in pyproject.toml; an unpinned torch pulls a multi-GB CUDA build.
+  # `compat`: the checkout on sys.path through a plain .pth line; the default editable mode
+  # imports a finder module (and pathlib) at every interpreter start, ~15 ms of each `rsi` and
+  # of each harness action. Setuptools calls compat transitional: without it, the default.
+  .venv/bin/pip install -q -e ".[$extras]" --config-settings editable_mode=compat 2>/dev/null \
+    || .venv/bin/pip install -q -e ".[$extras]"
   touch "$stamp"
 fi
 # NB: an editable install leaves rsi's own modules uncompiled, and with PYTHONDONTWRITEBYTECODE
