@@ -197,3 +197,13 @@ class ReportInfo(Info):
     json: Artifact
     markdown: Artifact
     show: str | None = field(default=None)
+
+
+@dataclass(frozen=True)
+class DashboardInfo(Info):
+    """A campaign's HTML report (index.html), its view model (dashboard.json) and text."""
+
+    html: Artifact
+    json: Artifact
+    text: Artifact
+    show: str | None = field(default=None)

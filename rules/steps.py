@@ -41,14 +41,19 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
     "snapshot": ("snapshot.py",),
     "report": ("report.py",),
     "final": ("final.py",),
+    "dashboard": ("dashboard.py",),
+}
+# NB: the jinja2 templates a step renders with (not Python: listed apart from SCRIPTS)
+TEMPLATES: dict[str, tuple[str, ...]] = {
+    "dashboard": ("base.html.j2", "campaign.html.j2"),
 }
 
 
 def harness_files(scripts: str) -> tuple[Artifact, ...]:
     """The harness files of `scripts` (a key of SCRIPTS), as action inputs."""
+    files = [*SCRIPTS[scripts], *(f"templates/{t}" for t in TEMPLATES.get(scripts, ()))]
     return tuple(
-        Artifact(f"{HARNESS_EXEC}/{name}", source=str(HARNESS_DIR / name))
-        for name in SCRIPTS[scripts]
+        Artifact(f"{HARNESS_EXEC}/{name}", source=str(HARNESS_DIR / name)) for name in files
     )
 
 

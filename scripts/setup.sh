@@ -21,6 +21,9 @@ command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)
 if [ "$want_test" = 1 ]; then
   command -v dockerd >/dev/null || need_apt+=(docker.io)
+  # NB: the dashboard's browser test drives Debian's chromium (playwright's own download
+  # needs the network at test time)
+  command -v chromium >/dev/null || need_apt+=(chromium)
 fi
 if [ "$print_only" = 1 ]; then
   echo "${need_apt[*]}"

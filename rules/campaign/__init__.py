@@ -7,6 +7,8 @@
 - `judging`: the judge recorded at the start, and what changed since
 - `documents`: the JSON documents the commands return, read from the log and the cache
 - `service`: `Campaigns`, every command in process (the CLI, rules/campaign_cli.py, adapts it)
+- `live`: what `rsi dashboard` (rules/dashboard_cli.py) shows, read from the logs and the cache
+  without writing anything
 - `targets`: the rules (`campaign`, `external_project` and the generated targets)
 
 The harness steps the targets run are defined once, in rules/steps.py.

@@ -22,11 +22,17 @@ from rules.campaign.log import CampaignLog
 from rules.campaign.model import Policy, ended_reason, policy_of, project_spec, state_of
 from rules.campaign.snapshot import in_scope, manifest_digest
 from rules import steps
-from rules.domain import render_action, toolchain_platform, verdict_actions
+from rules.domain import (
+    host_python_identity,
+    render_action,
+    toolchain_platform,
+    verdict_actions,
+)
 from rules.providers import (
     BestInfo,
     BindingInfo,
     CampaignInfo,
+    DashboardInfo,
     FinalInfo,
     ProjectBaseline,
     ProjectDecl,
@@ -191,6 +197,22 @@ def _generate(label: Label, attrs: dict, settings: Mapping[str, Any]) -> list[Ge
             },
         )
     )
+    out.append(
+        GeneratedTarget(
+            f"{name}.dashboard",
+            "campaign_dashboard",
+            {
+                "campaign": str(label),
+                "rounds": rounds,
+                "final": final,
+                "report": str(Label(pkg, f"{name}.report")),
+                "binding": binding,
+                "kind": "project" if project else "task",
+                "started_at": state.started_at,
+                "max_rounds": policy.max_rounds,
+            },
+        )
+    )
     return out
 
 
@@ -198,7 +220,8 @@ CAMPAIGN = Rule(
     name="campaign",
     doc="A budgeted series of rounds under one binding (or external project). Candidates arrive "
     "through `rsi candidate add` / `rsi round` into an append-only log; the targets "
-    "<name>.round-N, <name>.best, <name>.final and <name>.report are derived from it.",
+    "<name>.round-N, <name>.best, <name>.final, <name>.report and <name>.dashboard (the HTML "
+    "report) are derived from it.",
     attrs={
         "binding": attr("label", "the binding (or external_project) every round is judged under"),
         "rounds": attr("table", "{exact = N} or {up_to = N}"),
@@ -911,6 +934,97 @@ CAMPAIGN_REPORT = Rule(
 )
 
 
+def _dashboard(ctx: RuleContext) -> Provider:
+    a = ctx.attrs
+    name = ctx.label.name
+    rounds = [RoundInfo.of(ctx.dep(r)) for r in a["rounds"]]
+    report = ReportInfo.of(ctx.dep(a["report"]))
+    final = ctx.dep(a["final"])
+    page = f"{name}/index.html"
+    here = os.path.dirname(ctx.exec_path(page))
+
+    def link(art: Artifact) -> str:
+        # NB: relative, so the page works wherever out/ is, and its bytes name no host path
+        return os.path.relpath(art.path, here)
+
+    links = {
+        str(r.round): {
+            "round.json": link(r.doc),
+            "verdict.json": link(r.verdict),
+            "check.json": link(r.check),
+            "samples.json": link(r.samples),
+            "verdict.txt": link(r.table),
+        }
+        for r in rounds
+    }
+    meta = ctx.write(
+        f"{name}/meta.json",
+        json.dumps(
+            {
+                "campaign": a["campaign"],
+                "binding": str(a["binding"]),
+                "kind": a["kind"],
+                "started_at": a["started_at"],
+                "max_rounds": a["max_rounds"],
+                "links": links,
+                "final_links": {f.path.rsplit("/", 1)[-1]: link(f) for f in final.files},
+            },
+            sort_keys=True,
+            indent=1,
+        ),
+    )
+    argv = [*PY, f"{HARNESS_EXEC}/dashboard.py", "--meta", meta.path, "--report", report.json.path]
+    for r in rounds:
+        argv += ["--round", r.doc.path, "--verdict", r.verdict.path]
+    outs = ctx.action(
+        argv=[
+            *argv,
+            "--out-html",
+            ctx.exec_path(page),
+            "--out-json",
+            ctx.exec_path(f"{name}/dashboard.json"),
+            "--out-txt",
+            ctx.exec_path(f"{name}/summary.txt"),
+        ],
+        inputs=_union(
+            harness_files("dashboard"),
+            (meta, report.json),
+            tuple(f for r in rounds for f in (r.doc, r.verdict)),
+        ),
+        outputs=[page, f"{name}/dashboard.json", f"{name}/summary.txt"],
+        mnemonic="Dashboard",
+        env=ENV,
+        # NB: rendered by the interpreter rsi runs on, which has jinja2 (a dependency of rsi),
+        # whatever toolchain the binding's rounds ran in; it times nothing and needs no device
+        platform={"toolchain": host_python_identity()},
+        timeout_s=120,
+    )
+    evidence = tuple(f for r in rounds for f in (r.doc, r.verdict, r.check, r.samples, r.table))
+    return Provider(
+        files=_union(outs, evidence, tuple(final.files), (report.json, report.markdown)),
+        info=DashboardInfo(html=outs[0], json=outs[1], text=outs[2], show=outs[2].path),
+    )
+
+
+CAMPAIGN_DASHBOARD = Rule(
+    name="campaign_dashboard",
+    doc="(generated) The campaign's HTML report (index.html: curves, intervals, reasons, "
+    "cost, final, fingerprint; self-contained), its view model (dashboard.json) and a text "
+    "summary with the same fields. Building it also copies the evidence it links under out/.",
+    attrs={
+        "campaign": attr("string", "the campaign label"),
+        "rounds": attr("label_list", "the round targets (abandoned rounds left out)"),
+        "final": attr("label", "the final target"),
+        "report": attr("label", "the report target"),
+        "binding": attr("label", "the binding, or the frozen project baseline"),
+        "kind": attr("string", "task or project"),
+        "started_at": attr("float", "log time of the campaign's start", default=None),
+        "max_rounds": attr("int", "the campaign's round budget"),
+    },
+    impl=_dashboard,
+)
+
+
 RULES = [
     CAMPAIGN,
     EXTERNAL_PROJECT,
@@ -919,4 +1033,5 @@ RULES = [
     CAMPAIGN_BEST,
     CAMPAIGN_FINAL,
     CAMPAIGN_REPORT,
+    CAMPAIGN_DASHBOARD,
 ]
