@@ -104,8 +104,8 @@ def main(ctx: click.Context, workspace: str | None, store: str | None) -> None:
 @click.option("--salt", help="Mix this string into every action key (invalidates the cache).")
 @click.option(
     "--executor",
-    type=click.Choice(["local", "bwrap", "docker", "remote"]),
-    help="Where actions run (default: local sandbox).",
+    type=click.Choice(["local", "bwrap", "docker", "remote", "slurm"]),
+    help="Where actions run (default: local sandbox; slurm: [slurm] in rsi.toml).",
 )
 @click.option("--remote", help="REAPI endpoint grpc://HOST:PORT (docs/remote.md).")
 @click.option(

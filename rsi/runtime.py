@@ -21,7 +21,7 @@ def open_store(ws: Any) -> LocalStore:
 
 
 def make_local_executor(name: str, ws: Any) -> Any:
-    """The executor `name` (local, bwrap or docker) with the workspace's limits."""
+    """The executor `name` (local, bwrap, docker or slurm) with the workspace's limits."""
     from rsi.limits import Limits
 
     limits = Limits.from_workspace(ws)
@@ -37,4 +37,8 @@ def make_local_executor(name: str, ws: Any) -> Any:
         from rsi.executors.docker import DockerExecutor
 
         return DockerExecutor(limits=limits)
-    raise RsiError(f"unknown executor {name!r}", hint="use local, bwrap, docker or remote")
+    if name == "slurm":
+        from rsi.executors.slurm import SlurmExecutor
+
+        return SlurmExecutor(dict(getattr(ws, "slurm", ())), limits=limits)
+    raise RsiError(f"unknown executor {name!r}", hint="use local, bwrap, docker, slurm or remote")

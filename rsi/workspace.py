@@ -18,7 +18,7 @@ from rsi.errors import DeclarationError, UsageError
 
 CONFIG_FILE = "rsi.toml"
 BUILD_FILE = "BUILD.toml"
-EXECUTORS = ("local", "bwrap", "docker", "remote")
+EXECUTORS = ("local", "bwrap", "docker", "remote", "slurm")
 _RULE_REF = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*)?$")
 
 _SETTINGS = {
@@ -73,6 +73,8 @@ class Workspace:
     # NB: [limits]: every action's scratch and memory in MiB (None: rsi.limits' defaults)
     scratch_mb: int | None = None
     memory_mb: int | None = None
+    # NB: [slurm]: the cluster the slurm executor submits to (rsi/executors/slurm.py)
+    slurm: tuple[tuple[str, object], ...] = ()
     digest_function_explicit: bool = field(default=False, compare=False)
     # NB: where `store` came from ("rsi.toml", "--store" or "" for the default), for errors
     store_from: str = field(default="", compare=False)
@@ -175,14 +177,21 @@ class Workspace:
                 "not valid TOML: values are nested too deeply", file=str(path)
             ) from None
         section = data.get("workspace", {})
-        extra = set(data) - {"workspace", "limits"}
+        extra = set(data) - {"workspace", "limits", "slurm"}
         if extra or not isinstance(section, dict):
             raise DeclarationError(
                 f"unknown section(s) {', '.join(sorted(extra)) or 'workspace'}",
                 file=str(path),
-                hint="settings go under [workspace] (and [limits])",
+                hint="settings go under [workspace] (and [limits], [slurm])",
             )
         kw: dict = _limits(data.get("limits", {}), str(path))
+        if "slurm" in data:
+            from rsi.executors.slurm import check_settings
+
+            kw["slurm"] = tuple(
+                (k, tuple(v) if isinstance(v, list) else v)
+                for k, v in sorted(check_settings(data["slurm"], str(path)).items())
+            )
         for key, value in section.items():
             want = _SETTINGS.get(key)
             if want is None:

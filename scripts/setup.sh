@@ -24,6 +24,10 @@ if [ "$want_test" = 1 ]; then
   # NB: the dashboard's browser test drives Debian's chromium (playwright's own download
   # needs the network at test time)
   command -v chromium >/dev/null || need_apt+=(chromium)
+  # NB: the Slurm executor's tests start a one-node cluster of their own on loopback
+  for bin in slurmctld slurmd munged sbatch; do
+    command -v "$bin" >/dev/null || { need_apt+=(slurmctld slurmd munge slurm-client); break; }
+  done
 fi
 if [ "$print_only" = 1 ]; then
   echo "${need_apt[*]}"

@@ -51,6 +51,7 @@ fi
 # NB: CI must exercise the real sandboxes; an unavailable one fails instead of skipping
 export RSI_REQUIRE_SANDBOXES="${RSI_REQUIRE_SANDBOXES:-1}"
 export RSI_REQUIRE_BUILDGRID="${RSI_REQUIRE_BUILDGRID:-1}"
+export RSI_REQUIRE_SLURM="${RSI_REQUIRE_SLURM:-1}"
 .venv/bin/python -m pytest "$@"
 rc=$?
 if [ "$rc" = 5 ]; then

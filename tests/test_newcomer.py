@@ -60,7 +60,11 @@ def test_plain_setup_installs_the_sandbox_and_what_toolchain_builds_need(tmp_pat
     plain = _setup_packages(tmp_path)
     assert "bubblewrap" in plain and "mmdebstrap" in plain, plain
     assert "docker.io" not in plain  # NB: only the tests need a Docker engine
-    assert {"bubblewrap", "mmdebstrap", "docker.io"} <= set(_setup_packages(tmp_path, "--test"))
+    test = set(_setup_packages(tmp_path, "--test"))
+    assert {"bubblewrap", "mmdebstrap", "docker.io"} <= test
+    # NB: the Slurm executor's tests run a real one-node cluster; plain use needs none
+    assert {"slurmctld", "slurmd", "munge", "slurm-client"} <= test
+    assert "slurmctld" not in plain
 
 
 # --------------------------------------------------------------- a framework not installed

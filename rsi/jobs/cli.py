@@ -85,7 +85,7 @@ def job_group() -> None:
 @click.option("--salt", help="Mix this string into every action key.")
 @click.option(
     "--executor",
-    type=click.Choice(["local", "bwrap", "docker", "remote"]),
+    type=click.Choice(["local", "bwrap", "docker", "remote", "slurm"]),
     help="Where the job's actions run (as rsi build).",
 )
 @click.option("--remote", help="REAPI endpoint grpc://HOST:PORT (docs/remote.md).")
