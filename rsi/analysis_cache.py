@@ -13,10 +13,11 @@ import os
 import pickle
 import stat
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from rsi import __version__
 from rsi.digest import Digest, FileDigestMemo, digest_bytes, digest_value
@@ -284,8 +285,62 @@ def write_sealed(store, path: Path, obj: Any) -> None:
         pass
 
 
+# NB: the analysis folder gets an entry per version of the declarations and rule code, and a
+# state per request (rsi.incremental); both are speed-ups, kept to the newest few (by last
+# use) and a byte budget so that a long-lived store never fills its disk (an analysis of
+# 100,000 targets is ~130 MB)
+KEEP_ANALYSES = 8
+KEEP_STATES = 16
+KEEP_BYTES = 1 << 30
+
+
+def prune(
+    folder: Path, *, keep: int, keep_bytes: int, match: Callable[[str], bool], spare: str
+) -> list[str]:
+    """Remove the least recently used files of `folder` whose name `match`es beyond `keep`
+    of them or `keep_bytes`, never `spare` (the one just written). Returns the names removed."""
+    found = []
+    try:
+        with os.scandir(folder) as it:
+            for entry in it:
+                if not match(entry.name) or ".tmp" in entry.name:
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                found.append((max(st.st_atime_ns, st.st_mtime_ns), entry.name, st.st_size))
+    except OSError:
+        return []
+    found.sort(reverse=True)
+    kept = total = 0
+    removed = []
+    for _, name, size in found:
+        if name == spare or (kept < keep and total + size <= keep_bytes):
+            kept += 1
+            total += size
+            continue
+        try:
+            os.unlink(folder / name)
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
+def touch(path: Path) -> None:
+    """Mark an entry used now: its access time (what prune orders by, with the modification
+    time), leaving the modification time, which says when it was written, as it was."""
+    try:
+        os.utime(path, ns=(time.time_ns(), os.stat(path).st_mtime_ns))
+    except OSError:
+        pass
+
+
 def _read(store, key: str) -> tuple | None:
     found = read_sealed(store, store.root / "analysis" / key)
+    if found is not None:
+        touch(store.root / "analysis" / key)
     try:
         labels, graph, tracker = found
     except (TypeError, ValueError):
@@ -318,3 +373,10 @@ def load(store, key: str, walker) -> Any | None:
 
 def save(store, key: str, labels, graph, tracker: Tracker) -> None:
     write_sealed(store, store.root / "analysis" / key, (labels, graph, tracker))
+    prune(
+        store.root / "analysis",
+        keep=KEEP_ANALYSES,
+        keep_bytes=KEEP_BYTES,
+        match=lambda name: not name.startswith("state-"),
+        spare=key,
+    )

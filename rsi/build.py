@@ -219,6 +219,23 @@ def _warm_sandbox(executor: Any) -> Any:
     return _AfterWarmUp(executor, warming)
 
 
+# NB: a build's event log stays for `rsi why` and for people; the newest are kept, bounded
+KEEP_EVENT_LOGS = 200
+KEEP_EVENT_BYTES = 256 << 20
+
+
+def _prune_event_logs(store: LocalStore, current: str) -> None:
+    from rsi.analysis_cache import prune
+
+    prune(
+        store.events_dir,
+        keep=KEEP_EVENT_LOGS,
+        keep_bytes=KEEP_EVENT_BYTES,
+        match=lambda name: name.endswith(".jsonl"),
+        spare=current,
+    )
+
+
 def _remote_cache(ws: Workspace):
     if not ws.remote:
         return None
@@ -385,6 +402,7 @@ def build(
     build_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     events_path = store.events_dir / f"{build_id}.jsonl"
     events = EventLog(events_path, also=events_to, progress=progress)
+    _prune_event_logs(store, events_path.name)
     with interruptible(), store.lock(exclusive=False):
         _clean_stale_scratch(store)
         root_event = events.emit(

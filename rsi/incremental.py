@@ -82,14 +82,30 @@ def _state_path(store: Any, request: str):
 
 
 def _load(store: Any, request: str) -> dict | None:
-    state = read_sealed(store, _state_path(store, request))
+    from rsi.analysis_cache import touch
+
+    path = _state_path(store, request)
+    state = read_sealed(store, path)
     if not isinstance(state, dict) or state.get("schema") != SCHEMA:
         return None
+    # NB: in use: neither this state nor the analysis it names is the oldest to prune
+    touch(path)
+    touch(path.parent / str(state.get("analysis_key")))
     return state
 
 
 def save(store: Any, state: dict) -> None:
-    write_sealed(store, _state_path(store, state["request"]), state)
+    from rsi.analysis_cache import KEEP_BYTES, KEEP_STATES, prune
+
+    path = _state_path(store, state["request"])
+    write_sealed(store, path, state)
+    prune(
+        path.parent,
+        keep=KEEP_STATES,
+        keep_bytes=KEEP_BYTES,
+        match=lambda name: name.startswith("state-"),
+        spare=path.name,
+    )
 
 
 def forget(store: Any, request: str | None) -> None:
