@@ -564,10 +564,12 @@ def _build(
     if plan is not None:
         outcomes = incremental.Overlay(ran, known or {})
         refs = plan.refs(clean)
+        # NB: `ran` also holds the state's outcomes the run looked at (a consumer's inputs):
+        # those are in `refs` already, and reading their specs would unpickle each
         refs.update(
             (i, {"key": str(o.key), "label": graph.actions[i].label})
             for i, o in ran.items()
-            if o.ok and o.key is not None and i in graph.actions
+            if i not in refs and o.ok and o.key is not None and i in graph.actions
         )
         _register_refs(ws, store, refs, events, root_event)
     else:
