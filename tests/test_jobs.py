@@ -170,12 +170,20 @@ def test_a_profile_is_validated_and_addressed_by_its_bytes(tmp_path):
         (b"[prices]\nper_token = 1\n", "prices.per_token"),
         (b"budget = 3\n", "budget"),
         (b"[limits]\n", "limits"),
+        (b'executor = "cluster"\n', "executor"),
     ],
 )
 def test_profile_errors_name_the_file_and_the_field(text, field):
     with pytest.raises(DeclarationError) as err:
         parse_profile(text, name="p", path="/ws/profiles/p.toml")
     assert "/ws/profiles/p.toml" in str(err.value) and f"'{field}'" in str(err.value)
+
+
+@pytest.mark.fast
+def test_a_profile_may_say_where_its_jobs_run():
+    prof = parse_profile(b'executor = "slurm"\n[budget]\nrounds = 2\n', name="p", path=None)
+    assert prof.executor == "slurm" and prof.to_json()["executor"] == "slurm"
+    assert parse_profile(b"", name="none", path=None).executor is None
 
 
 @pytest.mark.fast

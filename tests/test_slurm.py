@@ -341,3 +341,35 @@ def test_sbatch_asks_for_what_the_action_needs(tmp_path):
     assert decode_action(encode_action(timed)) == timed
     assert SlurmExecutor({"gres": "gpu:1"}).capabilities()["accelerator"] >= {"cuda"}
     assert not SlurmExecutor({}).capabilities()["accelerator"]
+
+
+@pytest.mark.e2e
+def test_a_job_under_a_profile_that_names_slurm_runs_its_actions_there(
+    slurm, make_workspace, tmp_path, command, run_rsi
+):
+    ws = make_workspace(
+        tmp_path,
+        {
+            "BUILD.toml": command("t", cmd="echo job > $(OUT)", outs=["t.txt"]),
+            "profiles/cluster.toml": 'executor = "slurm"\n[budget]\nwall_s = 300\n',
+        },
+        config="[slurm]\npoll_s = 0.1\n",
+    )
+    try:
+        sub = run_rsi(ws, "job", "submit", "//:t", "--profile", "cluster", "--json", env=slurm.env)
+        assert sub.returncode == 0, str(sub)
+        job = sub.json()["id"]
+        done = run_rsi(ws, "job", "wait", job, "--timeout", "120", "--json", env=slurm.env)
+        assert done.json()["state"] == "succeeded", str(done)
+        assert (ws / "out" / "t.txt").read_text() == "job\n"
+        host = host_of(ws, run_rsi, slurm.env, "//:t#Command")
+        assert host["slurm"]["state"] == "COMPLETED", host
+    finally:
+        from rsi.jobs.db import JobDB
+        from rsi.jobs.service import cleanup_job
+
+        if (ws / "cache" / "jobs" / "jobs.db").exists():
+            with JobDB(ws / "cache") as db:
+                for j in db.all():
+                    if j["state"] in ("queued", "running") or j["cgroups"]:
+                        cleanup_job(ws / "cache", j, wait_s=5)

@@ -8,6 +8,7 @@ version a job ran under stays readable. No profile (and no `profiles/default.tom
 empty profile: no budget but the job's own work.
 
     doc = "nightly round budget"
+    executor = "slurm"         # where its actions run unless `submit --executor` says
     [budget]
     rounds = 4                 # rounds the job may judge
     calls = 200                # agent calls (candidate usage records)
@@ -68,6 +69,7 @@ class Profile:
     prices: dict[str, float] = field(default_factory=dict)
     doc: str = ""
     text: bytes = b""
+    executor: str | None = None  # NB: rsi.toml's executors (slurm, remote, ...); None: as set
 
     def limit(self, name: str) -> float | int | None:
         return self.budget.get(name)
@@ -81,6 +83,7 @@ class Profile:
             "budget": dict(self.budget),
             "prices": dict(self.prices),
             "doc": self.doc,
+            "executor": self.executor,
         }
 
 
@@ -112,13 +115,13 @@ def parse_profile(
         data = tomllib.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise DeclarationError(f"not valid TOML: {exc}", file=file) from None
-    unknown = sorted(set(data) - {"doc", "budget", "prices", "schema"})
+    unknown = sorted(set(data) - {"doc", "budget", "prices", "schema", "executor"})
     if unknown:
         raise DeclarationError(
             f"unknown key(s) {', '.join(unknown)}",
             file=file,
             field=unknown[0],
-            hint="a profile has `doc`, [budget] and [prices]",
+            hint="a profile has `doc`, `executor`, [budget] and [prices]",
         )
     schema = data.get("schema", PROFILE_SCHEMA)
     if schema != PROFILE_SCHEMA:
@@ -154,6 +157,17 @@ def parse_profile(
                 "unknown price", file=file, field=f"prices.{key}", hint=", ".join(PRICES)
             )
         prices[key] = float(_number(value, "float", file, f"prices.{key}"))
+    executor = data.get("executor")
+    if executor is not None:
+        from rsi.workspace import EXECUTORS
+
+        if executor not in EXECUTORS:
+            raise DeclarationError(
+                f"unknown executor {executor!r}",
+                file=file,
+                field="executor",
+                hint=f"use one of {', '.join(EXECUTORS)}",
+            )
     return Profile(
         name=name,
         path=path,
@@ -162,6 +176,7 @@ def parse_profile(
         prices=prices,
         doc=doc,
         text=text,
+        executor=executor,
     )
 
 

@@ -215,6 +215,10 @@ def submit(
     kind = kinds[kind_name]
     store = _open_store(ws)
     prof = load_profile(ws.root, profile, store.function)
+    if prof.executor and not (overrides or {}).get("executor"):
+        # NB: the profile says where its jobs run; `--executor` on the submit still wins
+        overrides = dict(overrides or {}, executor=prof.executor)
+        ws = ws.with_overrides(executor=prof.executor)
     if prof.text:
         store.put_bytes(prof.text)  # NB: the version a job ran under stays readable by digest
     spec, key_parts = kind.prepare(ws, args, package)
