@@ -221,6 +221,10 @@ def candidate_add(
 @click.option("--hypothesis", help="Why this candidate should be faster.")
 @click.option("--usage", "usage_file", help="JSON file ('-' for stdin) with the agent's usage.")
 @click.option(
+    "--session",
+    help="The dispatch id (rsi agent prepare) whose bound session made this candidate.",
+)
+@click.option(
     "--events",
     type=click.File("w"),
     help="Also write the build's event stream (JSON lines) to this file.",
@@ -235,6 +239,7 @@ def round_cmd(
     number: int | None,
     hypothesis: str | None,
     usage_file: str | None,
+    session: str | None,
     events,
     lock_timeout: float | None,
     as_json: bool,
@@ -261,6 +266,7 @@ def round_cmd(
             usage=parse_usage(usage_file) if src is not None else None,
             events=events,
             lock_timeout=lock_timeout,
+            session=session,
         ),
     )
     if as_json:
@@ -539,3 +545,13 @@ def campaign_report(
             for err in doc["errors"]:
                 click.echo(f"  {err['action']}: {err['status']}: {err['message']}")
     sys.exit(0 if doc["state"] == "done" else 1)
+
+
+# NB: `rsi campaign knowledge` lives in its own module (rules/knowledge_cli.py)
+def _add_agent_commands() -> None:
+    from rules.knowledge_cli import knowledge_cmd
+
+    campaign_group.add_command(knowledge_cmd)
+
+
+_add_agent_commands()

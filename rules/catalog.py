@@ -139,7 +139,14 @@ def descriptor(ws, entry: TaskEntry) -> dict:
     licenses = [d for d in a["docs"] if Path(d).name.upper().startswith(("LICENSE", "COPYING"))]
     bindings = {}
     for b in entry.bindings:
-        ba = _jsonable({k: v for k, v in b.attrs.items() if k not in ("task", "doc", "tags")})
+        # NB: a single-process binding's empty `ranks` is left out (its entry is unchanged)
+        ba = _jsonable(
+            {
+                k: v
+                for k, v in b.attrs.items()
+                if k not in ("task", "doc", "tags") and not (k == "ranks" and not v)
+            }
+        )
         bindings[b.label.name] = dict(ba, digest=digest_value(ba, "sha256").hash)
     doc = {
         "task": str(entry.task.label),

@@ -20,6 +20,7 @@ from rsi.executors.local import host_python_identity
 from rsi.rule import Artifact, Provider, Rule, RuleContext
 from rules import steps
 from rules.providers import BindingInfo, CandidateInfo, TaskInfo, VerdictInfo
+from rules.review import review_rules
 
 # NB: the harness steps are defined once, in rules/steps.py; these names stay importable here
 HARNESS_SCRIPTS = {s: steps.SCRIPTS[s] for s in ("check", "measure", "assess", "render")}
@@ -120,8 +121,15 @@ def _task(ctx: RuleContext) -> Provider:
         "cases": a["cases"],
         "hidden": _hidden(ctx, a["hidden_cases"]),
     }
+    if a["multirank"]:
+        if a["framework"] != "torch" or not a["entry"].get("function"):
+            raise ctx.error(
+                "a multi-rank task is a torch task whose entry is a function", "multirank"
+            )
+        spec["multirank"] = True  # NB: only when set, so single-process specs keep their keys
     task_dir = ctx.exec_path("")[:-1] if ctx.label.package else "."
     baseline_dir = ctx.exec_path(a["baseline"].rstrip("/"))
+    review, review_files = review_rules(ctx, a["review"])
     return Provider(
         files=runtime + baseline,
         info=TaskInfo(
@@ -131,6 +139,8 @@ def _task(ctx: RuleContext) -> Provider:
             runtime=runtime,
             baseline=baseline,
             editable=tuple(editable),
+            review=review,
+            review_files=review_files,
         ),
     )
 
@@ -164,6 +174,22 @@ TASK = Rule(
             "table",
             "cases every check adds, drawn with the run's secret seed: {count = N, ranges = "
             "[{shape = [[lo, hi], ...], dtype = ..., kind = ...}, ...]}",
+            default={},
+        ),
+        "multirank": attr(
+            "bool",
+            "the candidate runs as several ranks (torch.distributed): its entry gets the "
+            "rank-local inputs (workloads.shard_inputs) and `group`; its bindings set `ranks`",
+            default=False,
+        ),
+        "review": attr(
+            "table",
+            "the independent review of a campaign round's source (rules/harness/review.py): "
+            "{forbid = [modules or dotted calls], allow = [rule ids or modules waived], "
+            'reviewer = "cmd {candidate} {baseline} {task}" (its JSON answer is evidence), '
+            "reviewer_files = [files it needs], reviewer_timeout_s}. Never in the spec: "
+            "changing it re-runs reviews only, never a check or a measurement (a campaign "
+            "fixes it at its start with the rest of its judge)",
             default={},
         ),
         "doc": attr("string", "free text", default=""),
@@ -244,6 +270,10 @@ def _binding(ctx: RuleContext) -> Provider:
         device=device,
         toolchain=platform["toolchain"],
     )
+    ranks = _ranks(ctx, a["ranks"], spec, device)
+    if ranks:
+        spec["ranks"] = ranks  # NB: in every spec file, so a new world size is a new binding
+    check_step, measure_step = steps.judge_steps(spec)
     check_spec = json.dumps(spec, sort_keys=True, indent=1)
     full = dict(spec, measure=a["measure"], assess=a["assess"], action_timeout_s=a["timeout_s"])
     full_spec = json.dumps(full, sort_keys=True, indent=1)
@@ -257,7 +287,7 @@ def _binding(ctx: RuleContext) -> Provider:
         json.dumps({k: v for k, v in full.items() if k != "assess"}, sort_keys=True, indent=1),
     )
     task_dir, baseline_dir, runtime = task.task_dir, task.baseline_dir, task.runtime
-    baseline_check = steps.CHECK.run(
+    baseline_check = check_step.run(
         ctx,
         out=f"{n}/baseline_check.json",
         inputs=[*runtime, *task.baseline, check_spec_file],
@@ -268,7 +298,7 @@ def _binding(ctx: RuleContext) -> Provider:
         impl=baseline_dir,
         spec=check_spec_file.path,
     )
-    calibration = steps.MEASURE.run(
+    calibration = measure_step.run(
         ctx,
         out=f"{n}/calibration.json",
         inputs=[*runtime, *task.baseline, measure_spec_file],
@@ -296,6 +326,42 @@ def _binding(ctx: RuleContext) -> Provider:
             timeout_s=a["timeout_s"],
         ),
     )
+
+
+RANK_BACKENDS = {"gloo": "cpu", "nccl": "cuda"}
+RANK_TOPOLOGIES = ("single-host",)
+
+
+def _ranks(ctx: RuleContext, ranks: dict, spec: dict, device: str) -> dict:
+    """A binding's `ranks`, checked against its task and device (empty: a single process)."""
+    if not spec.get("multirank"):
+        if ranks:
+            raise ctx.error(
+                f"task {ctx.attrs['task']} runs as one process; `ranks` needs a task declared "
+                "with multirank = true",
+                "ranks",
+            )
+        return {}
+    unknown = sorted(set(ranks) - {"world_size", "backend", "topology"})
+    if unknown:
+        raise ctx.error(f"unknown keys {unknown} (world_size, backend, topology)", "ranks")
+    world = ranks.get("world_size")
+    if isinstance(world, bool) or not isinstance(world, int) or not 2 <= world <= 8:
+        raise ctx.error(
+            "world_size must be an integer from 2 to 8 (ranks on one host)",
+            "ranks",
+            hint='ranks = {world_size = 2, backend = "gloo", topology = "single-host"}',
+        )
+    backend = ranks.get("backend", "gloo" if device == "cpu" else "nccl")
+    if RANK_BACKENDS.get(backend) != device:
+        raise ctx.error(
+            f"backend {backend!r} does not serve device {device!r} (gloo: cpu, nccl: cuda)",
+            "ranks",
+        )
+    topology = ranks.get("topology", "single-host")
+    if topology not in RANK_TOPOLOGIES:
+        raise ctx.error(f"topology must be one of {list(RANK_TOPOLOGIES)}", "ranks")
+    return {"world_size": world, "backend": backend, "topology": topology}
 
 
 BINDING = Rule(
@@ -337,6 +403,13 @@ BINDING = Rule(
         ),
         "seed": attr("int", "seed of the correctness inputs", default=0),
         "params": attr("table", "free parameters recorded in the spec", default={}),
+        "ranks": attr(
+            "table",
+            'a multi-rank task\'s world: {world_size = 2, backend = "gloo" (cpu) or "nccl" '
+            '(cuda), topology = "single-host"}; part of the spec, so changing it is a new '
+            "binding. Its checks and measurements run rules/harness/multirank.py",
+            default={},
+        ),
         "measure": attr("table", "workload, warmups, samples, pairs, metric, direction, seed"),
         "assess": attr("table", "min_improvement, confidence, bootstrap_resamples"),
         "timeout_s": attr(
@@ -402,7 +475,7 @@ def check_action(
     ctx: RuleContext, binding: Provider, cand_files, cand_dir: str, prefix: str
 ) -> Artifact:
     info = BindingInfo.of(binding)
-    return steps.CHECK.run(
+    return steps.judge_steps(info.full_spec)[0].run(
         ctx,
         out=f"{prefix}check.json",
         inputs=[*info.runtime, *cand_files, info.check_spec_file],
@@ -419,7 +492,7 @@ def measure_action(
     ctx: RuleContext, binding: Provider, cand_files, cand_dir: str, prefix: str
 ) -> Artifact:
     info = BindingInfo.of(binding)
-    return steps.MEASURE.run(
+    return steps.judge_steps(info.full_spec)[1].run(
         ctx,
         out=f"{prefix}samples.json",
         inputs=[*info.runtime, *info.baseline, *cand_files, info.measure_spec_file],

@@ -55,6 +55,10 @@ class TaskInfo(Info):
     runtime: tuple[Artifact, ...]
     baseline: tuple[Artifact, ...]
     editable: tuple[str, ...]
+    # NB: the declared review rules (rules/review.py) and the external reviewer's files: never
+    # in the spec, so no check or measurement key depends on them
+    review: Mapping[str, Any] = field(default_factory=dict)
+    review_files: tuple[Artifact, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,7 @@ class RoundInfo(Info):
     kind: str
     platform: Mapping[str, str]
     show: str | None = None
+    review: Artifact | None = None  # NB: review.json (a catalog task's rounds)
 
 
 @dataclass(frozen=True)

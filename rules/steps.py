@@ -42,6 +42,18 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
     "report": ("report.py",),
     "final": ("final.py",),
     "dashboard": ("dashboard.py",),
+    "review": ("review.py",),
+    # NB: a multi-rank binding's check and measure (one script, two subcommands)
+    "multirank": (
+        "multirank.py",
+        "mr_worker.py",
+        "check.py",
+        "measure.py",
+        "referee.py",
+        "worker.py",
+        "_common.py",
+        "_core.py",
+    ),
 }
 # NB: the jinja2 templates a step renders with (not Python: listed apart from SCRIPTS)
 TEMPLATES: dict[str, tuple[str, ...]] = {
@@ -165,6 +177,19 @@ ASSESS = Step(
 )
 RENDER = Step("render", "render.py", ("verdict", "check", "out"), "render", stdlib=True)
 
+# NB: a multi-rank task's check and measure: the same flags and documents, run by
+# multirank.py (world_size rank workers per arm-run, lockstep calls; rules/harness/SPEC.md)
+MR_CHECK = Step("mr_check", "multirank.py", CHECK.flags, "multirank", sub=("check",))
+MR_MEASURE = Step(
+    "mr_measure", "multirank.py", MEASURE.flags, "multirank", sub=("measure",), exclusive=True
+)
+
+
+def judge_steps(spec) -> tuple[Step, Step]:
+    """(check, measure) for a binding's spec: the multi-rank ones when it sets `ranks`."""
+    return (MR_CHECK, MR_MEASURE) if spec.get("ranks") else (CHECK, MEASURE)
+
+
 # NB: an external project's steps: its own commands, run by project.py over the frozen tree
 # (`overlay`: the candidate's files over it; none: the baseline itself)
 QUALITY = Step(
@@ -193,10 +218,29 @@ PROJECT_ASSESS = Step(
 )
 
 # NB: a campaign round's document, from its verdict and check
-ROUND_DOC = Step("round", "round.py", ("meta", "verdict", "check", "out"), "round", stdlib=True)
+ROUND_DOC = Step(
+    "round",
+    "round.py",
+    ("meta", "verdict", "check", "review", "out"),
+    "round",
+    optional=("review",),
+    stdlib=True,
+)
+
+# NB: the independent review of a candidate's source (rules/review.py): beside the check and
+# measurement, never an input of the assessment
+REVIEW = Step(
+    "review",
+    "review.py",
+    ("task", "candidate", "baseline", "spec", "rules", "check", "out"),
+    "review",
+    optional=("check",),
+    stdlib=True,
+)
 
 STEPS = {
-    s.name: s for s in (CHECK, MEASURE, ASSESS, RENDER, QUALITY, BENCH, PROJECT_ASSESS, ROUND_DOC)
+    s.name: s
+    for s in (CHECK, MEASURE, ASSESS, RENDER, QUALITY, BENCH, PROJECT_ASSESS, ROUND_DOC, REVIEW)
 }
 
 

@@ -10,6 +10,9 @@
 - `live`: what `rsi dashboard` (rules/dashboard_cli.py) shows, read from the logs and the cache
   without writing anything
 - `targets`: the rules (`campaign`, `external_project` and the generated targets)
+- `agents`: what a task asks (for a brief or an MCP tool) and the session handoff (dispatch,
+  bind, record; rounds per session)
+- `knowledge`: retrieval from declared sources within a budget, recorded for the next round
 
 The harness steps the targets run are defined once, in rules/steps.py.
 """

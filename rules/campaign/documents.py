@@ -210,6 +210,10 @@ ROUND_FIELDS = (
     "candidate",
     "usage",
     "submitted_at",
+    "review",
+    "accepted",
+    "session",
+    "knowledge",
 )
 
 
@@ -240,6 +244,8 @@ def round_document(
             ("table", "table"),
         )
     }
+    if getattr(prov.info, "review", None) is not None:
+        evidence["review"] = artifact_evidence(camp.ws, store, graph, outcomes, prov.info.review)
     doc: dict[str, Any] = {
         "schema": ROUND_SCHEMA,
         "campaign": str(camp.label),
@@ -366,6 +372,8 @@ def status_document(camp: Campaign, store) -> dict:
             "verdict": doc["verdict"] if doc else None,
             "speedup": doc["speedup"] if doc else None,
             "failure_kind": doc["correctness"]["failure_kind"] if doc else None,
+            "review": (doc.get("review") or {}).get("verdict") if doc else None,
+            "accepted": doc.get("accepted") if doc else None,
             "candidate_digest": entry["digest"],
             "hypothesis": entry.get("hypothesis"),
             "submitted_at": entry["time"],

@@ -4,6 +4,7 @@ rounds and the final (or, for an assessment policy alone, asks for a regrade).""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -17,7 +18,7 @@ from rules.steps import HARNESS_DIR, SCRIPTS
 # are presentation and may change freely)
 JUDGE_STEPS = ("check", "measure", "assess")
 JUDGE_CAMPAIGN_SCRIPTS = {
-    "task": ("select.py", "final.py"),
+    "task": ("select.py", "final.py", "review.py"),
     "project": ("project.py", "assess.py", "stats.py", "_core.py", "select.py", "final.py"),
 }
 
@@ -61,6 +62,12 @@ def check_policy_unchanged(camp: Campaign, state: State) -> None:
     changed = sorted(k for k in set(was or {}) | set(now) if (was or {}).get(k) != now.get(k))
     if state.start.get("binding") not in (None, str(camp.target.attrs["binding"])):
         changed.insert(0, "binding")
+    if "knowledge" in state.start:
+        from rules.campaign.knowledge import knowledge_policy
+
+        # NB: knowledge on or off (and its sources and budget) is fixed at the start too
+        if state.start["knowledge"] != knowledge_policy(camp.target.attrs):
+            changed.append("knowledge")
     if changed:
         raise DeclarationError(
             f"the campaign's declaration changed since it started ({', '.join(changed)}); a "
@@ -99,12 +106,22 @@ def current_judge(camp: Campaign, store, graph=None) -> dict:
             with store.lock(exclusive=False):
                 _, graph = load_graph(camp.ws, [str(camp.binding.label)], store)
         info = BindingInfo.of(graph.providers[camp.binding.label])
+        if info.full_spec.get("ranks"):
+            harness.update(SCRIPTS["multirank"])  # NB: a multi-rank binding's judge
         doc["spec"] = {
             "spec.json": _artifact_digest(store, info.spec_file),
             "check_spec.json": _artifact_digest(store, info.check_spec_file),
         }
         doc["runtime"] = {a.path: _artifact_digest(store, a) for a in info.runtime}
         doc["baseline"] = {a.path: _artifact_digest(store, a) for a in info.baseline}
+        # NB: the task's review rules decide acceptance: fixed at the start like the rest
+        doc["review"] = {
+            "rules": "sha256:"
+            + hashlib.sha256(
+                json.dumps(dict(info.task.review), sort_keys=True).encode()
+            ).hexdigest(),
+            **{a.path: _artifact_digest(store, a) for a in info.task.review_files},
+        }
     doc["harness"] = {
         name: str(store.file_memo.digest(HARNESS_DIR / name)) for name in sorted(harness)
     }
@@ -141,6 +158,7 @@ def judge_changes(recorded: dict, current: dict, store=None) -> list[str]:
         "runtime": "task runtime file",
         "baseline": "baseline file",
         "harness": "harness script",
+        "review": "review",
     }
     for part, noun in names.items():
         was, now = recorded.get(part) or {}, current.get(part) or {}

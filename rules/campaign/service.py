@@ -36,6 +36,7 @@ from rules.campaign.documents import (
     status_document,
     verdict_view,
 )
+from rules.campaign.knowledge import start_fields as knowledge_start
 from rules.campaign.judging import (
     assess_only_change,
     check_judge_unchanged,
@@ -59,8 +60,16 @@ from rules.campaign.snapshot import freeze_project, snapshot_candidate
 from rules.campaign.usage import validate_usage
 
 
-def add_candidate(camp: Campaign, src: Path, hypothesis: str | None, usage: dict) -> dict:
-    """Append the candidate (idempotent by content) and return {round, entry, added, ...}."""
+def add_candidate(
+    camp: Campaign,
+    src: Path,
+    hypothesis: str | None,
+    usage: dict,
+    session: str | None = None,
+) -> dict:
+    """Append the candidate (idempotent by content) and return {round, entry, added, ...}.
+    `session`: the dispatch (rules/campaign/agents.py) whose session made it; the knowledge
+    records retrieved since the previous candidate are referenced by the entry."""
     from rsi.build import open_store
 
     if not src.is_dir():
@@ -97,6 +106,13 @@ def add_candidate(camp: Campaign, src: Path, hypothesis: str | None, usage: dict
             if refused.code == "deadline_reached" and state.stop is None:
                 camp.log.append({"kind": "stop", "time": now, "reason": "deadline"})
             raise refused
+        from rules.campaign.knowledge import pending_records
+
+        # NB: optional fields only when set, so an entry without them reads as it always did
+        extra: dict = {"session": session} if session else {}
+        knowledge = pending_records(camp.log.read(), session)
+        if knowledge:
+            extra["knowledge"] = knowledge
         entry = camp.log.append(
             {
                 "kind": "candidate",
@@ -107,6 +123,7 @@ def add_candidate(camp: Campaign, src: Path, hypothesis: str | None, usage: dict
                 "hypothesis": hypothesis or None,
                 "usage": usage,
                 "source": str(src.resolve()),
+                **extra,
             }
         )
         state = state_of(camp.log.read())
@@ -133,6 +150,7 @@ def append_start(camp: Campaign, store, now: float) -> dict:
             "policy": camp.policy.to_json(),
             "project": project,
             "judge": current_judge(camp, store),
+            **knowledge_start(camp),
         }
     )
 
@@ -236,6 +254,7 @@ def run_round(
     usage: dict | None = None,
     events=None,
     lock_timeout: float | None = None,
+    session: str | None = None,
 ) -> dict:
     """`rsi round` in process: submit `src` as a new candidate and build its round, or build
     (retry) round `number`; returns the rsi.round/1 document. Raises RsiError for refusals
@@ -248,7 +267,7 @@ def run_round(
     store = open_store(camp.ws)
     added = None
     if src is not None:
-        res = add_candidate(camp, Path(src), hypothesis, usage or {})
+        res = add_candidate(camp, Path(src), hypothesis, usage or {}, session)
         number, added = res["round"], res["added"]
     else:
         state = state_of(camp.log.read())
@@ -690,10 +709,20 @@ class Campaigns:
         *,
         hypothesis: str | None = None,
         usage: dict | None = None,
+        session: str | None = None,
     ) -> dict:
-        """rsi.candidate.add/1: append a candidate (idempotent by content); builds nothing."""
+        """rsi.candidate.add/1: append a candidate (idempotent by content); builds nothing.
+        `session`: a bound dispatch of the campaign (rules/campaign/agents.py)."""
+        from rules.campaign.agents import check_session
+
         camp = self.open(campaign)
-        res = add_candidate(camp, Path(src), hypothesis, validate_usage(usage or {}, "usage"))
+        res = add_candidate(
+            camp,
+            Path(src),
+            hypothesis,
+            validate_usage(usage or {}, "usage"),
+            check_session(camp, session),
+        )
         return {
             "schema": ADD_SCHEMA,
             "campaign": str(camp.label),
@@ -715,12 +744,18 @@ class Campaigns:
         usage: dict | None = None,
         events=None,
         lock_timeout: float | None = None,
+        session: str | None = None,
     ) -> dict:
-        """rsi.round/1: `src=` a folder (a new candidate) or `number=` (an existing round)."""
+        """rsi.round/1: `src=` a folder (a new candidate) or `number=` (an existing round);
+        `session`: a bound dispatch of the campaign whose session made the candidate."""
+        from rules.campaign.agents import check_session
+
         if (src is None) == (number is None):
             raise UsageError("give exactly one of --from DIR (a new candidate) or --round N")
+        camp = self.open(campaign)
         return run_round(
-            self.open(campaign),
+            camp,
+            session=check_session(camp, session) if src is not None else None,
             src=None if src is None else Path(src),
             number=number,
             hypothesis=hypothesis,

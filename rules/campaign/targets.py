@@ -39,6 +39,7 @@ from rules.providers import (
     ReportInfo,
     RoundInfo,
 )
+from rules.review import review_action
 from rules.steps import ENV, HARNESS_EXEC, NO_SITE, PY, harness_files, plan_step
 
 
@@ -86,6 +87,18 @@ def _campaign(ctx: RuleContext) -> Provider:
     )
 
 
+def session_attrs(entries: list[dict]) -> dict[str, dict]:
+    """Each bound dispatch of the log: {dispatch, session, model} (rules/campaign/agents.py)."""
+    out = {}
+    for e in entries:
+        if e.get("kind") == "bind" and isinstance(e.get("dispatch"), str):
+            out.setdefault(
+                e["dispatch"],
+                {"dispatch": e["dispatch"], "session": e.get("session"), "model": e.get("model")},
+            )
+    return out
+
+
 def _generate(label: Label, attrs: dict, settings: Mapping[str, Any]) -> list[GeneratedTarget]:
     store = settings.get("store")
     if not store:
@@ -124,6 +137,7 @@ def _generate(label: Label, attrs: dict, settings: Mapping[str, Any]) -> list[Ge
         )
         binding = str(Label(pkg, base))
     rounds, abandoned = [], []
+    sessions = session_attrs(entries)
     for number, cand in enumerate(state.candidates, 1):
         round_name = f"{name}.round-{number}"
         out.append(
@@ -141,6 +155,8 @@ def _generate(label: Label, attrs: dict, settings: Mapping[str, Any]) -> list[Ge
                     "usage": cand.get("usage") or {},
                     "submitted_at": cand["time"],
                     "assess": state.assess_override,
+                    "session": sessions.get(cand.get("session")) or {},
+                    "knowledge": [k for k in cand.get("knowledge") or [] if isinstance(k, str)],
                 },
             )
         )
@@ -247,6 +263,13 @@ CAMPAIGN = Rule(
             "int",
             "mixed into every seed of the final's specs, so its inputs differ from every round's",
             default=1,
+        ),
+        "knowledge": attr(
+            "table",
+            'what `rsi campaign knowledge` may retrieve: {enabled = true, sources = ["docs", '
+            '"evidence", "notes", or package-relative files/folders], budget_chars = 6000}; '
+            "fixed at the start (switching it is a new campaign)",
+            default=None,
         ),
         "doc": attr("string", "free text", default=""),
         "tags": attr("string_list", "", default=[]),
@@ -558,6 +581,11 @@ def _round(ctx: RuleContext) -> Provider:
             evidence=evidence,
             assess_spec=assess_spec,
         )
+        # NB: beside the check (under the content's evidence folder, so it is reviewed once);
+        # it reads source and evidence, times nothing and needs no device
+        out["review"] = review_action(
+            ctx, info, files, cand_dir, evidence, out["check"], tool_platform(info.platform)
+        )
     else:
         patterns = ProjectBaseline.of(binding).editable
         outside = sorted(f for f in a["files"] if not in_scope(f, patterns))
@@ -579,25 +607,38 @@ def _round(ctx: RuleContext) -> Provider:
                 "hypothesis": a["hypothesis"],
                 "usage": a["usage"],
                 "submitted_at": a["submitted_at"],
+                # NB: only when set, so a round without them keeps its document's key
+                **({"session": dict(a["session"])} if a["session"] else {}),
+                **({"knowledge": list(a["knowledge"])} if a["knowledge"] else {}),
             },
             sort_keys=True,
             indent=1,
         ),
     )
+    review = out.get("review")
     doc = steps.ROUND_DOC.run(
         ctx,
         out=f"{name}/round.json",
-        inputs=[meta, out["verdict"], out["check"]],
+        inputs=[meta, out["verdict"], out["check"], *((review,) if review else ())],
         mnemonic="RoundDoc",
         platform=tools,
         timeout_s=60,
         meta=meta.path,
         verdict=out["verdict"].path,
         check=out["check"].path,
+        review=review.path if review else None,
     )
     snap = _snapshot_action(ctx, cand_dir, files, f"{name}/files", tools)
     return Provider(
-        files=(doc, out["verdict"], out["table"], out["check"], out["samples"], *snap),
+        files=(
+            doc,
+            out["verdict"],
+            out["table"],
+            out["check"],
+            out["samples"],
+            *((review,) if review else ()),
+            *snap,
+        ),
         info=RoundInfo(
             show=out["table"].path,
             round=a["round"],
@@ -610,6 +651,7 @@ def _round(ctx: RuleContext) -> Provider:
             cand_dir=cand_dir,
             kind=kind,
             platform=platform,
+            review=review,
         ),
     )
 
@@ -632,6 +674,17 @@ CAMPAIGN_ROUND = Rule(
             "table",
             "the assessment policy of the campaign's last regrade (empty: the binding's)",
             default={},
+        ),
+        "session": attr(
+            "table",
+            "the agent session that made the candidate: dispatch, session, model (empty: none "
+            "named)",
+            default={},
+        ),
+        "knowledge": attr(
+            "string_list",
+            "digests of the knowledge records retrieved before the candidate was submitted",
+            default=[],
         ),
     },
     impl=_round,
@@ -727,6 +780,7 @@ def _verdict_plan(assess: steps.Step) -> list[dict]:
 
 def _task_plan(info: BindingInfo) -> dict:
     task, base = info.task_dir, info.baseline_dir
+    check_step, measure_step = steps.judge_steps(info.full_spec)
     check = {"task": task, "spec": "{check_spec}"}
     measure = {"task": task, "baseline": base, "spec": "{spec}"}
     return {
@@ -734,19 +788,19 @@ def _task_plan(info: BindingInfo) -> dict:
         "outputs": list(FINAL_TASK_OUTPUTS),
         "steps": [
             plan_step(
-                "baseline_check", steps.CHECK, **check, impl=base, out="{out}/baseline_check.json"
+                "baseline_check", check_step, **check, impl=base, out="{out}/baseline_check.json"
             ),
-            plan_step("check", steps.CHECK, **check, impl="{candidate}", out="{out}/check.json"),
+            plan_step("check", check_step, **check, impl="{candidate}", out="{out}/check.json"),
             plan_step(
                 "calibration",
-                steps.MEASURE,
+                measure_step,
                 **measure,
                 candidate=base,
                 out="{out}/calibration.json",
             ),
             plan_step(
                 "samples",
-                steps.MEASURE,
+                measure_step,
                 **measure,
                 candidate="{candidate}",
                 out="{out}/samples.json",
@@ -819,7 +873,7 @@ def _final(ctx: RuleContext) -> Provider:
         inputs = [*info.base, info.spec_file]
     else:
         info = BindingInfo.of(ctx.dep(a["binding"]))
-        plan, used = _task_plan(info), TASK_FINAL_STEPS
+        plan, used = _task_plan(info), (*steps.judge_steps(info.full_spec), steps.ASSESS)
         inputs = [*info.runtime, *info.baseline, info.spec_file, info.check_spec_file]
     inputs = [*(f for step in used for f in step.files()), *inputs]
     plan["schema"] = "rsi.campaign.final_plan/1"

@@ -87,6 +87,12 @@ def final(plan: dict, best: dict, final_seed: int, out_dir: Path) -> dict:
             "verdict": None,
             "final_seed": final_seed,
         }
+    if selected.get("review") not in (None, "pass"):
+        # NB: the selection never names one; a review that did not pass is never confirmed
+        raise RuntimeError(
+            f"the selection names round {selected['round']}, whose review is "
+            f"{selected['review']}: it cannot be accepted"
+        )
     cand = plan["candidates"].get(str(selected["round"]))
     if cand is None:
         raise RuntimeError(
@@ -113,6 +119,7 @@ def final(plan: dict, best: dict, final_seed: int, out_dir: Path) -> dict:
             "candidate_digest": selected["candidate_digest"],
             "round_verdict": selected["verdict"],
             "round_speedup": selected["speedup"],
+            "review": selected.get("review"),
         },
         "verdict": verdict["verdict"],
         "reasons": verdict["reasons"],

@@ -73,6 +73,10 @@ def report(
                 else [],
                 "speedup_counts": r["verdict"] == "PASS",
                 "usage": r.get("usage"),
+                "review": (r.get("review") or {}).get("verdict"),
+                "accepted": r.get("accepted", r["verdict"] == "PASS"),
+                "session": r.get("session"),
+                "knowledge": r.get("knowledge") or [],
             }
         )
     counts = {
@@ -91,7 +95,29 @@ def report(
         "selection_rule": best.get("rule"),
         "final": final,
         "usage": usage_totals(spent),
+        "sessions": sessions_of(rows, gave_up),
     }
+
+
+def sessions_of(rows: list[dict], gave_up: list[dict]) -> list[dict]:
+    """Rounds per agent session (rounds that name none under `null`)."""
+    by: dict = {}
+    for r in rows:
+        s = r.get("session") or {}
+        key = s.get("dispatch")
+        row = by.setdefault(
+            key,
+            {
+                "dispatch": key,
+                "session": s.get("session"),
+                "model": s.get("model"),
+                "rounds": [],
+                "verdicts": {},
+            },
+        )
+        row["rounds"].append(r["round"])
+        row["verdicts"][r["verdict"]] = row["verdicts"].get(r["verdict"], 0) + 1
+    return sorted(by.values(), key=lambda s: (s["dispatch"] is None, min(s["rounds"])))
 
 
 def markdown(doc: dict) -> str:
@@ -175,6 +201,23 @@ def markdown(doc: dict) -> str:
             lines.append(f"- {reason.get('code')}: {reason.get('detail')}")
     else:
         lines.append(f"{final.get('state', 'unknown')}: {final.get('message', '')}")
+    sessions = doc.get("sessions") or []
+    if any(s["dispatch"] for s in sessions):
+        lines += ["", "## Rounds per session", "", "| session | model | rounds | verdicts |"]
+        lines.append("|---|---|---|---|")
+        for s in sessions:
+            verdicts = ", ".join(f"{k} {v}" for k, v in sorted(s["verdicts"].items()))
+            lines.append(
+                f"| {cell(s['session'] or '(none named)')} | {cell(s['model'])} "
+                f"| {', '.join(str(n) for n in s['rounds'])} | {verdicts} |"
+            )
+    rejected = [r for r in doc["rounds"] if r.get("review") not in (None, "pass")]
+    if rejected:
+        lines += ["", "## Review", ""]
+        for r in rejected:
+            lines.append(
+                f"- round {r['round']} ({r['verdict']}): review {r['review']}: never accepted"
+            )
     lines += [
         "",
         "## Usage (reported by the agent)",

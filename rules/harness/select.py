@@ -1,6 +1,7 @@
 """Cross-round selection: the best candidate of a campaign, chosen by each round's *paired*
 improvement over its own baseline (never by absolute numbers from different rounds). Only PASS
-rounds are eligible. Stdlib only; a pure function of the round documents."""
+rounds whose independent review passed (or that have none: an external project) are
+eligible. Stdlib only; a pure function of the round documents."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from pathlib import Path
 
 SCHEMA = "rsi.campaign.best/1"
 RULE = (
-    "highest paired speedup point estimate among PASS rounds; ties go to the higher "
-    "interval lower bound, then to the earlier round"
+    "highest paired speedup point estimate among PASS rounds whose review passed; ties go "
+    "to the higher interval lower bound, then to the earlier round"
 )
 
 
@@ -32,8 +33,16 @@ def select(rounds: list[dict]) -> dict:
             "eligible": False,
             "why_not": None,
         }
+        review = r.get("review")
+        row["review"] = None if review is None else review.get("verdict")
         if r["verdict"] != "PASS":
             row["why_not"] = f"verdict {r['verdict']}: only PASS rounds are eligible"
+        elif review is not None and review.get("verdict") != "pass":
+            first = (review.get("findings") or [{}])[0]
+            row["why_not"] = (
+                f"review {review.get('verdict')}: a PASS is accepted only when its review "
+                f"passes ({first.get('rule')} at {first.get('file')}:{first.get('line')})"
+            )
         elif sp.get("point") is None:
             row["why_not"] = "no paired speedup estimate"
         else:
@@ -56,6 +65,7 @@ def select(rounds: list[dict]) -> dict:
             "speedup": r["speedup"],
             "noise_floor": r.get("noise_floor"),
             "threshold": r.get("threshold"),
+            "review": (r.get("review") or {}).get("verdict"),
         }
     return {
         "schema": SCHEMA,

@@ -1,0 +1,340 @@
+"""`rsi mcp`: the campaign API over the Model Context Protocol (the `mcp` package, stdio
+transport; optionally streamable HTTP on 127.0.0.1).
+
+Every tool calls the in-process service (rules.campaign.Campaigns) and returns the same JSON
+document as the command it stands for (`rsi round --json` → rsi.round/1, …). A malformed call
+— an unknown campaign, a file outside the editable scope, a path that leaves the folder, bad
+arguments — is a tool error whose text names the code and what to do, and it is refused
+before anything is written: the campaign's log is unchanged.
+
+Tools: `describe_task`, `submit_round` (files in as {path: content}, the round's verdict out),
+`retry_round`, `status`, `best`, `stop`, `final`, `report`, `knowledge`, `sessions`.
+Resources: `rsi://task/{campaign}` (the task's TASK.md; the label without its leading `//`)
+and `rsi://evidence/{hash}/{size}` (a blob of the store: any evidence file a document names
+by digest).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rsi.errors import RsiError
+
+MAX_FILE_BYTES = 4 << 20
+INSTRUCTIONS = (
+    "rsi judges candidates of an optimisation campaign. Call describe_task first, then "
+    "submit_round with the editable files' full contents; read verdict, reasons, speedup, "
+    "review and accepted (a PASS counts only when its review passes). When the budget is used "
+    "or you are done, call stop (where allowed) and final."
+)
+
+
+class CallRefused(Exception):
+    """A malformed or refused call (turned into a tool error by the server)."""
+
+
+def _refusal(exc: RsiError) -> str:
+    code = getattr(exc, "code", None) or type(exc).__name__
+    text = f"{code}: {exc.message}"
+    if exc.hint:
+        text += f" (hint: {exc.hint})"
+    return text
+
+
+def clean_files(files: Any, scope: list[str], kind: str) -> dict[str, str]:
+    """The submission's files checked: relative, inside the editable scope, text, bounded."""
+    from rules.campaign.snapshot import in_scope
+
+    if not isinstance(files, dict) or not files:
+        raise CallRefused(
+            "bad_files: `files` must be a non-empty object {path: content} of the editable "
+            f"files ({', '.join(scope)})"
+        )
+    out = {}
+    for rel, content in files.items():
+        if not isinstance(rel, str) or not isinstance(content, str):
+            raise CallRefused("bad_files: every path and every content must be a string")
+        norm = os.path.normpath(rel)
+        if (
+            not rel
+            or "\0" in rel
+            or rel.startswith("/")
+            or norm != rel
+            or norm.startswith("..")
+            or "\\" in rel
+        ):
+            raise CallRefused(f"bad_path: {rel!r} is not a clean relative path")
+        inside = rel in scope if kind == "task" else in_scope(rel, scope)
+        if not inside:
+            raise CallRefused(
+                f"outside_scope: {rel} lies outside the editable scope ({', '.join(scope)}); "
+                "only those files may be submitted"
+            )
+        if len(content.encode()) > MAX_FILE_BYTES:
+            raise CallRefused(f"too_large: {rel} is over {MAX_FILE_BYTES} bytes")
+        out[rel] = content
+    return out
+
+
+class CampaignTools:
+    """The tools' logic, over one workspace (testable without a transport). Calls that write
+    (submit, retry, stop, final, report, knowledge) run one at a time."""
+
+    def __init__(self, ws, *, package: str = "") -> None:
+        from rules.campaign.service import Campaigns
+
+        self.ws = ws
+        self.service = Campaigns(ws, package=package)
+        self.lock = threading.Lock()
+
+    def _call(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RsiError as exc:
+            raise CallRefused(_refusal(exc)) from None
+
+    def _camp(self, campaign: str):
+        if not isinstance(campaign, str) or not campaign.strip():
+            raise CallRefused(
+                "bad_campaign: give the campaign's label, e.g. //tasks/softmax:campaign"
+            )
+        return self._call(self.service.open, campaign)
+
+    def describe_task(self, campaign: str) -> dict:
+        from rules.campaign.agents import task_description
+
+        return self._call(task_description, self._camp(campaign))
+
+    def submit_round(
+        self,
+        campaign: str,
+        files: dict,
+        hypothesis: str | None = None,
+        usage: dict | None = None,
+        session: str | None = None,
+    ) -> dict:
+        from rules.campaign.usage import validate_usage
+
+        camp = self._camp(campaign)
+        clean = clean_files(files, list(camp.scope), camp.kind)
+        self._call(validate_usage, usage or {}, "usage")
+        if session is not None:
+            from rules.campaign.agents import check_session
+
+            self._call(check_session, camp, session)
+        work = Path(tempfile.mkdtemp(prefix="rsi-mcp-"))
+        try:
+            for rel, content in clean.items():
+                path = work / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(content)
+            with self.lock:
+                return self._call(
+                    self.service.round,
+                    campaign,
+                    src=work,
+                    hypothesis=hypothesis,
+                    usage=usage,
+                    session=session,
+                )
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def retry_round(self, campaign: str, round: int) -> dict:
+        self._camp(campaign)
+        if isinstance(round, bool) or not isinstance(round, int) or round < 1:
+            raise CallRefused("bad_round: `round` must be a round number (1, 2, ...)")
+        with self.lock:
+            return self._call(self.service.round, campaign, number=round)
+
+    def status(self, campaign: str) -> dict:
+        self._camp(campaign)
+        return self._call(self.service.status, campaign)
+
+    def best(self, campaign: str) -> dict:
+        self._camp(campaign)
+        return self._call(self.service.best, campaign)
+
+    def stop(self, campaign: str) -> dict:
+        self._camp(campaign)
+        with self.lock:
+            return self._call(self.service.stop, campaign)
+
+    def final(self, campaign: str) -> dict:
+        self._camp(campaign)
+        with self.lock:
+            return self._call(self.service.final, campaign)
+
+    def report(self, campaign: str) -> dict:
+        self._camp(campaign)
+        with self.lock:
+            return self._call(self.service.report, campaign)
+
+    def knowledge(
+        self,
+        campaign: str,
+        query: str,
+        budget_chars: int | None = None,
+        session: str | None = None,
+    ) -> dict:
+        from rules.campaign.knowledge import query_knowledge
+
+        camp = self._camp(campaign)
+        with self.lock:
+            return self._call(
+                query_knowledge, camp, query, budget_chars=budget_chars, session=session
+            )
+
+    def sessions(self, campaign: str) -> dict:
+        from rules.campaign.agents import sessions_document
+
+        return self._call(sessions_document, self._camp(campaign))
+
+    def task_md(self, campaign: str) -> str:
+        label = campaign if campaign.startswith("//") else "//" + campaign
+        doc = self.describe_task(label)
+        if not doc.get("task_md"):
+            raise CallRefused(f"no_task_md: {label} has no TASK.md (an external project?)")
+        return doc["task_md"]
+
+    def evidence(self, hash: str, size: str) -> bytes:
+        from rsi.build import open_store
+        from rsi.digest import Digest
+
+        try:
+            digest = Digest.parse(f"{hash}/{size}")
+        except RsiError as exc:
+            raise CallRefused(f"bad_digest: {exc.message}") from None
+        return self._call(open_store(self.ws).read_bytes, digest)
+
+
+def make_server(ws, *, package: str = ""):
+    """The MCPServer over `ws` (tools and resources registered)."""
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    tools = CampaignTools(ws, package=package)
+    server = MCPServer("rsi", instructions=INSTRUCTIONS)
+
+    def wrap(fn):
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except CallRefused as exc:
+                raise ToolError(str(exc)) from None
+
+        return call
+
+    @server.tool(description="What the campaign asks: TASK.md, contract, editable scope, budget.")
+    def describe_task(campaign: str) -> dict[str, Any]:
+        return wrap(tools.describe_task)(campaign)
+
+    @server.tool(
+        description="Submit a candidate ({path: full content} of editable files) and judge "
+        "its round: the rsi.round/1 document (verdict, reasons, speedup, review, accepted, "
+        "budget, best). `session`: the dispatch id from `rsi agent prepare`, once bound."
+    )
+    def submit_round(
+        campaign: str,
+        files: dict[str, str],
+        hypothesis: str | None = None,
+        usage: dict[str, Any] | None = None,
+        session: str | None = None,
+    ) -> dict[str, Any]:
+        return wrap(tools.submit_round)(campaign, files, hypothesis, usage, session)
+
+    @server.tool(description="Build round N again (a retry after an infrastructure fault).")
+    def retry_round(campaign: str, round: int) -> dict[str, Any]:
+        return wrap(tools.retry_round)(campaign, round)
+
+    @server.tool(description="rsi.campaign.status/1: rounds, best, budget, final (runs nothing).")
+    def status(campaign: str) -> dict[str, Any]:
+        return wrap(tools.status)(campaign)
+
+    @server.tool(description="The best round so far (PASS and review passed; runs nothing).")
+    def best(campaign: str) -> dict[str, Any]:
+        return wrap(tools.best)(campaign)
+
+    @server.tool(description="End the campaign's rounds now (campaigns that accept `agent`).")
+    def stop(campaign: str) -> dict[str, Any]:
+        return wrap(tools.stop)(campaign)
+
+    @server.tool(description="The final: an independent re-measure of the selected round.")
+    def final(campaign: str) -> dict[str, Any]:
+        return wrap(tools.final)(campaign)
+
+    @server.tool(description="rsi.campaign.report_result/1 (never measures anything).")
+    def report(campaign: str) -> dict[str, Any]:
+        return wrap(tools.report)(campaign)
+
+    @server.tool(
+        description="Retrieve material for QUERY from the campaign's knowledge sources within "
+        "a character budget; the record (digests, sources, what was cut) is referenced by your "
+        "next round. Retrieval returns material; it never claims you used it."
+    )
+    def knowledge(
+        campaign: str,
+        query: str,
+        budget_chars: int | None = None,
+        session: str | None = None,
+    ) -> dict[str, Any]:
+        return wrap(tools.knowledge)(campaign, query, budget_chars, session)
+
+    @server.tool(description="The campaign's agent sessions: dispatches, bindings, rounds.")
+    def sessions(campaign: str) -> dict[str, Any]:
+        return wrap(tools.sessions)(campaign)
+
+    @server.resource(
+        "rsi://task/{+campaign}",
+        name="TASK.md",
+        description="The task's TASK.md for a campaign (label without the leading //)",
+        mime_type="text/markdown",
+    )
+    def task_md(campaign: str) -> str:
+        return wrap(tools.task_md)(campaign)
+
+    @server.resource(
+        "rsi://evidence/{hash}/{size}",
+        name="evidence",
+        description="A blob of the store by digest (hash/size): any evidence a document names",
+        mime_type="application/octet-stream",
+    )
+    def evidence(hash: str, size: str) -> bytes:
+        return wrap(tools.evidence)(hash, size)
+
+    return server
+
+
+@click.command("mcp")
+@click.option(
+    "--transport",
+    type=click.Choice(["stdio", "http"]),
+    default="stdio",
+    show_default=True,
+    help="stdio (an agent host spawns `rsi mcp`), or streamable HTTP on 127.0.0.1.",
+)
+@click.option("--port", type=int, default=8766, show_default=True, help="HTTP port.")
+@click.pass_context
+def mcp_cmd(ctx: click.Context, transport: str, port: int) -> None:
+    """Serve the campaign API over the Model Context Protocol (needs rsi[mcp])."""
+    from rsi.errors import UsageError
+    from rules.campaign_cli import _service
+
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        raise UsageError("rsi mcp needs the `mcp` package", hint="pip install 'rsi[mcp]'") from None
+    svc = _service(ctx)
+    server = make_server(svc.ws, package=svc.package)
+    if transport == "stdio":
+        server.run("stdio")
+    else:
+        # NB: loopback only: the API submits code to be run
+        server.run("streamable-http", host="127.0.0.1", port=port)
