@@ -195,6 +195,36 @@ def test_extra_threads_on_a_one_thread_binding_fail(tmp_path):
     assert not doc["invalid"]["baseline"]
 
 
+def test_helper_processes_are_caught_however_busy_the_host_is(tmp_path):
+    """The same hostile candidate while other processes keep both CPUs busy: its helpers then
+    get less than a CPU between them, so their CPU is no longer more than the calls' wall
+    time; what is not the calling thread's is counted on its own, and on a threads = 1
+    binding it must be nothing."""
+    import subprocess
+    import sys
+
+    burners = [
+        subprocess.Popen(
+            [sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<90: pass"]
+        )
+        for _ in range(3)
+    ]
+    try:
+        doc = measure(
+            tmp_path,
+            REFEREE / "extra_threads",
+            spec(measure=dict(MEASURE, pairs=2, samples=3, warmups=1)),
+        )
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    assert doc["status"] == "candidate_invalid", doc["invalid"]
+    (reason,) = doc["invalid"]["candidate"][:1]
+    assert reason["code"] == "cpu_overuse", reason
+    assert not doc["invalid"]["baseline"]
+
+
 def test_two_threads_on_a_one_thread_binding_never_pass(judge):
     """Two threads on calls of a few hundred microseconds: where a spare CPU lets them run at
     once, the worker's CPU clocks read around every call exceed threads x the call's wall

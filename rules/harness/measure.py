@@ -53,6 +53,12 @@ CPU_FACTOR, CPU_SLACK_NS = 1.1, 20_000_000
 # `threads` times that (the allowance only covers the two clocks' rounding). A fixed per-arm
 # allowance let a candidate split its short calls over two threads unseen (two_threads)
 CALL_CPU_FACTOR, CALL_CPU_SLACK_NS = 1.02, 20_000
+# NB: and the CPU of everything in the worker but its calling thread (other threads, helper
+# processes, reaped ones too) during its calls: at most `threads - 1` times the calls' wall,
+# so on a threads = 1 binding none, independent of wall time: on a host busy enough that
+# helpers get less than a CPU, the share of the wall above could not tell them apart
+# (extra_threads). Reaped helpers count in clock ticks: two ticks of allowance per arm.
+HELPER_TICKS = 2
 EARLY_STOP_PAIRS, EARLY_STOP_FACTOR = 8, 1.5
 REF_CACHE_BYTES = 512 << 20
 DEFER_BYTES = 256 << 20
@@ -305,6 +311,7 @@ class ArmRun:
         self.calls_wall = 0
         self.busy_wall = 0
         self.call_cpu = self.call_window = self.n_cpu_calls = 0
+        self.helper_cpu, self.n_helper_calls = 0, 0
         self.ok = False
         self.started = self.cpu0 = self.probe = None
         self.delay_before = self.delay_total = self.n_contended = 0
@@ -338,6 +345,9 @@ class ArmRun:
             self.call_cpu += call.cpu_ns
             self.call_window += call.cpu_window_ns
             self.n_cpu_calls += 1
+        if call.helper_cpu_ns is not None:
+            self.helper_cpu += call.helper_cpu_ns
+            self.n_helper_calls += 1
 
     def begin(self) -> bool:
         failed = self.role.dead or self.box.begin(self.role)
@@ -475,6 +485,20 @@ class ArmRun:
                 f"during its calls the worker used {self.call_cpu / 1e6:.2f} ms of CPU in "
                 f"{self.call_window / 1e6:.2f} ms: threads = {threads} allows "
                 f"{in_calls / 1e6:.2f} ms",
+            )
+        doc["helper_cpu_ns"] = self.helper_cpu if self.n_helper_calls else None
+        helpers_allowed = (
+            (threads - 1) * self.call_window * CALL_CPU_FACTOR
+            + self.n_helper_calls * CALL_CPU_SLACK_NS
+            + HELPER_TICKS * R.TICK_NS
+        )
+        if not self.cuda and self.n_helper_calls and self.helper_cpu > helpers_allowed:
+            return self._fail(
+                "cpu_overuse",
+                None,
+                f"during its calls the worker's other threads and processes (besides the "
+                f"calling thread) used {self.helper_cpu / 1e6:.2f} ms of CPU: threads = "
+                f"{threads} allows {helpers_allowed / 1e6:.2f} ms",
             )
         allowed = threads * self.busy_wall * CPU_FACTOR + CPU_SLACK_NS
         if not self.cuda and cpu > allowed:

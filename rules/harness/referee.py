@@ -42,7 +42,7 @@ SPIN_S = 0.02  # spin this long for a call to end, then poll every 50 us
 WORKER_UID = 65533
 ALIGN = 64
 SCRATCH_BYTES = 256 << 20  # the worker's /tmp and /dev/shm (tmpfs: counted against its memory)
-_TICK_NS = 1_000_000_000 // (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+TICK_NS = _TICK_NS = 1_000_000_000 // (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 
 
 class WorkerStartError(Exception):
@@ -207,6 +207,29 @@ def subtree_cpu(root: int) -> dict[int, int]:
         found[pid] = ns
         stack.extend(_children_of(pid))
     return found
+
+
+def reaped_cpu_ns(pids) -> dict[int, int]:
+    """{pid: CPU of its reaped children (cutime + cstime), ns at clock-tick resolution}: where
+    a helper process the worker forked, and waited for, within a call left its CPU time."""
+    found = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            found[pid] = (int(fields[13]) + int(fields[14])) * _TICK_NS
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def thread_cpu_ns(pid: int, tid: int) -> int | None:
+    """CPU time of one thread (schedstat's first field, ns), None where unreadable."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _has_children_files() -> bool:
@@ -806,6 +829,7 @@ class Call:
         "armed_ns",
         "cpu_ns",
         "cpu_window_ns",
+        "helper_cpu_ns",
         "reply",
         "output",
         "inputs_intact",
@@ -815,7 +839,7 @@ class Call:
     def __init__(self):
         self.elapsed_ns = None
         self.armed_ns = 0
-        self.cpu_ns = self.cpu_window_ns = None
+        self.cpu_ns = self.cpu_window_ns = self.helper_cpu_ns = None
         self.reply = None
         self.output = None
         self.inputs_intact = None
@@ -847,6 +871,11 @@ def timed_call(
     cpu_pid = getattr(worker, "child_pid", None) if worker.child_alive else None
     w0 = time.perf_counter_ns()
     c0 = subtree_cpu(cpu_pid) if cpu_pid else None
+    # NB: and what is not the calling thread's: helper processes reaped within the call (their
+    # parents' cutime) and every other thread or process; on a threads = 1 binding that must
+    # be nothing, however slow a busy host makes the call's wall time
+    r0 = reaped_cpu_ns(c0) if c0 else None
+    m0 = thread_cpu_ns(cpu_pid, cpu_pid) if c0 else None
     arm_sent = time.perf_counter_ns()
     armed = worker.request({"op": "arm", "i": index, "echo": echo}, timeout_s)
     if armed.get("op") != "armed" or armed.get("i") != index:
@@ -881,8 +910,13 @@ def timed_call(
     if c0 and _wait_blocked(cpu_pid, 0.005):
         c1 = subtree_cpu(cpu_pid)
         if c1:
-            call.cpu_ns = sum(ns - c0.get(pid, 0) for pid, ns in c1.items())
+            r1 = reaped_cpu_ns(c1)
+            reaped = sum(ns - r0.get(pid, 0) for pid, ns in r1.items())
+            call.cpu_ns = sum(ns - c0.get(pid, 0) for pid, ns in c1.items()) + reaped
             call.cpu_window_ns = clock() - w0
+            m1 = thread_cpu_ns(cpu_pid, cpu_pid)
+            if m0 is not None and m1 is not None:
+                call.helper_cpu_ns = max(0, call.cpu_ns - (m1 - m0))
     if unpack(ctl, DONE_AT)[0] != index:
         raise WorkerFault("crash", f"protocol: reply {str(reply)[:200]} before call {index} ended")
     call.reply = reply
