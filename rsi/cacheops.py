@@ -8,14 +8,12 @@ result without its blobs.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rsi.digest import Digest, digest_file
 from rsi.errors import StoreError, UsageError
-from rsi.fsutil import atomic_write_bytes
 from rsi.store import LocalStore, OutdatedEntry
 
 
@@ -275,10 +273,10 @@ def _rewrite(
     removed_actions: list[str],
 ) -> None:
     """The writes of gc, after its removals: the target index and this workspace's roots."""
-    path = store._target_index_path()
+    path = store.targets / "index"
     try:
         if new_index != index:
-            atomic_write_bytes(path, json.dumps(new_index).encode(), tmp_dir=store.tmp)
+            store.write_target_index(new_index)
         if workspace is not None and mine_path is not None and my_new != mine:
             path = mine_path
             store._write_registration(mine_path, workspace, my_new)

@@ -330,7 +330,7 @@ def _check_sources(
 def _check_index(store: Any, state: dict, p: Plan) -> None:
     dirty = p.dirty
     actions = state["actions"]
-    index_sig = _plain_sig(store.targets / "index.json")
+    index_sig = store.index_signature()
     if index_sig is None or index_sig != state.get("index_sig"):
         # NB: another build recorded other keys for some of these actions; the scheduler
         # records ours again so "why" compares against what this request last ran
@@ -555,7 +555,7 @@ def record(
         "actions": actions,
         "sources": sources,
         "blobs": {h: s for h, s in blobs.items() if h in live},
-        "index_sig": _plain_sig(store.targets / "index.json"),
+        "index_sig": store.index_signature(),
         "roots_sig": _plain_sig(roots_path),
     }
     save(store, state)

@@ -31,7 +31,7 @@ from rsi.executors.hoststep import HOST_STEPS, host_step_kind
 from rsi.executors.hoststep import present as host_step_present
 from rsi.host import Capabilities, Holder, HostLock, describe_holders, unmet_requirement
 from rsi.rule import ActionSpec
-from rsi.store import LocalStore
+from rsi.store import LazyIndex, LocalStore
 
 
 class RemoteCache(Protocol):
@@ -83,7 +83,8 @@ class Scheduler:
         self.salt = salt
         self.remote = remote
         self.remote_fallback = remote_fallback
-        self.index = store.load_target_index()
+        # NB: read shard by shard as actions are recorded or explained, never all of it
+        self.index = LazyIndex(store)
         self.index_updates: dict[str, dict] = {}
         self._pack: dict[str, dict] = {}
         self._targets_by_name: dict | None = None

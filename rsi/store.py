@@ -546,10 +546,34 @@ class LocalStore:
         ]
 
     # ------------------------------------------------------------------- target index (why)
-    # NB: one small file for all action ids, so a no-op build reads it once; a concurrent
-    # build may lose the other's index updates, which only weakens "why", never correctness.
+    # NB: what each action id was last built as (key, description pack, attributes), for
+    # "why" and `rsi cache`. Sharded by a hash of the id (targets/index/<xx>.json, 256
+    # shards), so a build reads and rewrites only the shards of the actions it ran: a one-file
+    # index of 100,000 actions is ~35 MB to parse and write again on every build. A concurrent
+    # build may lose the other's update of a shard, which only weakens "why", never
+    # correctness. `targets/index.json` is the one-file index of older stores: read as the
+    # base of every shard, and folded into the shards at the first write.
     def _target_index_path(self) -> Path:
         return self.targets / "index.json"
+
+    def _index_dir(self) -> Path:
+        return self.targets / "index"
+
+    @staticmethod
+    def index_shard(action_id: str) -> str:
+        return hashlib.sha256(action_id.encode()).hexdigest()[:2]
+
+    def index_signature(self) -> tuple | None:
+        """Changes whenever any index shard (or the old one-file index) is replaced."""
+        sig = []
+        for path in (self._index_dir(), self._target_index_path()):
+            try:
+                st = os.stat(path)
+            except OSError:
+                sig.append(None)
+                continue
+            sig.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        return None if sig == [None, None] else tuple(sig)
 
     def index_details(self, action_id: str, entry: dict) -> tuple[dict | None, dict | None]:
         """(description, attributes) recorded for an action's last build; None where gone."""
@@ -572,21 +596,95 @@ class LocalStore:
     def index_blobs(self, entry: dict) -> list[str]:
         return [Digest.parse(entry[k]).hash for k in ("pack", "description") if entry.get(k)]
 
-    def load_target_index(self) -> dict[str, dict]:
+    def _legacy_index(self) -> dict[str, dict]:
+        path = self._target_index_path()
         try:
-            return json.loads(self._target_index_path().read_bytes())
-        except (OSError, ValueError):
+            st = os.stat(path)
+        except OSError:
             return {}
+        sig = (st.st_ino, st.st_size, st.st_mtime_ns)
+        cached = getattr(self, "_legacy_cached", None)
+        if cached is None or cached[0] != sig:
+            cached = self._legacy_cached = (sig, _read_json(path))
+        return dict(cached[1])
+
+    def load_index_shard(self, shard: str) -> dict[str, dict]:
+        """The entries of one shard (with the old one-file index's entries for it beneath)."""
+        found = _read_json(self._index_dir() / f"{shard}.json")
+        entries = found if isinstance(found, dict) else {}
+        if self._target_index_path().exists():
+            old = {k: v for k, v in self._legacy_index().items() if self.index_shard(k) == shard}
+            entries = {**old, **entries}
+        return entries
+
+    def load_target_index(self) -> dict[str, dict]:
+        index = self._legacy_index()
+        for entry in _scan(self._index_dir()):
+            if entry.name.endswith(".json"):
+                found = _read_json(Path(entry.path))
+                if isinstance(found, dict):
+                    index.update(found)
+        return index
+
+    def _write_shard(self, shard: str, entries: dict) -> None:
+        path = self._index_dir() / f"{shard}.json"
+        if not entries:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            return
+        atomic_write_bytes(path, json.dumps(entries).encode(), fsync=False)
 
     def save_target_index(self, updates: dict[str, dict]) -> None:
+        """Update the entries of these action ids (rewriting only their shards)."""
         if not updates:
             return
-        index = self.load_target_index()
-        index.update(updates)
         try:
-            atomic_write_bytes(self._target_index_path(), json.dumps(index).encode(), fsync=False)
+            self._index_dir().mkdir(exist_ok=True)
+            if self._target_index_path().exists():
+                # NB: fold the old one-file index into the shards once
+                self.write_target_index({**self.load_target_index(), **updates})
+                return
+            by_shard: dict[str, dict] = {}
+            for action_id, entry in updates.items():
+                by_shard.setdefault(self.index_shard(action_id), {})[action_id] = entry
+            for shard, entries in by_shard.items():
+                self._write_shard(shard, {**self.load_index_shard(shard), **entries})
         except OSError as exc:
             raise store_write_error(self.root, exc) from exc
+
+    def write_target_index(self, index: dict[str, dict]) -> None:
+        """Replace the whole index with `index` (cache gc); raises OSError."""
+        self._index_dir().mkdir(exist_ok=True)
+        by_shard: dict[str, dict] = {}
+        for action_id, entry in index.items():
+            by_shard.setdefault(self.index_shard(action_id), {})[action_id] = entry
+        present = {e.name[:-5] for e in _scan(self._index_dir()) if e.name.endswith(".json")}
+        for shard in sorted(present | set(by_shard)):
+            self._write_shard(shard, by_shard.get(shard, {}))
+        with contextlib.suppress(FileNotFoundError):
+            self._target_index_path().unlink()
+
+
+class LazyIndex:
+    """The target index as a mapping read shard by shard on first use (a build that runs
+    three actions reads three shards), remembering what the build sets."""
+
+    def __init__(self, store: LocalStore) -> None:
+        self._store = store
+        self._shards: dict[str, dict] = {}
+
+    def _shard(self, action_id: str) -> dict:
+        shard = self._store.index_shard(action_id)
+        entries = self._shards.get(shard)
+        if entries is None:
+            entries = self._shards[shard] = self._store.load_index_shard(shard)
+        return entries
+
+    def get(self, action_id: str, default=None):
+        return self._shard(action_id).get(action_id, default)
+
+    def __setitem__(self, action_id: str, entry: dict) -> None:
+        self._shard(action_id)[action_id] = entry
 
 
 def _scan(folder: str | os.PathLike) -> list[os.DirEntry]:
