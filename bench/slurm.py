@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from slurm_support import SlurmCluster, missing  # noqa: E402
-from test_slurm import FAST, NAIVE, SOFTMAX, TASK  # noqa: E402
+from small_task import BUILD as TASK  # noqa: E402
+from small_task import FAST, NAIVE, SOFTMAX  # noqa: E402
 
 RSI = [sys.executable, "-m", "rsi.cli"]
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from eventlog import read_events
 from processes import live_pids
+from small_task import FAST, small_task_files
 
 from rsi.errors import DeclarationError
 from rsi.jobs import contain
@@ -629,63 +630,14 @@ def test_twenty_concurrent_submits(make_workspace, command, tmp_path, job_env, r
     assert len(listed) == len(finals) and {d["state"] for d in listed} == {"succeeded"}
 
 
-ROUND_TASK = {
-    "tasks/sm/BUILD.toml": """\
-[task]
-rule = "task"
-runtime = ["workloads.py", "oracle.py"]
-baseline = "baseline"
-framework = "numpy"
-entry = {module = "kernel", function = "softmax"}
-editable = ["kernel.py"]
-tolerances = {float32 = {atol = 1e-06, rtol = 1e-05}}
-cases = [{name = "normal_f32", shape = [16, 128], dtype = "float32", kind = "normal"}]
-
-[small]
-rule = "binding"
-task = ":task"
-measure.workload = {name = "bench", shape = [64, 256], dtype = "float32", kind = "normal"}
-measure.warmups = 1
-measure.samples = 3
-measure.pairs = 6
-measure.probes = 4
-measure.metric = "latency"
-measure.direction = "minimize"
-assess = {min_improvement = 0.05, confidence = 0.95, bootstrap_resamples = 200, min_pairs = 5}
-
-[campaign]
-rule = "campaign"
-binding = ":small"
-rounds = {up_to = 2}
-""",
-    "tasks/sm/baseline/kernel.py": (
-        "import numpy as np\n\n\ndef softmax(x):\n    out = np.empty_like(x)\n"
-        "    for i in range(x.shape[0]):\n        r = x[i].astype(np.float64)\n"
-        "        r = np.exp(r - r.max())\n        out[i] = r / r.sum()\n    return out\n"
-    ),
-}
-FAST_SOFTMAX = (
-    "import numpy as np\n\n\ndef softmax(x):\n    e = np.exp(x - x.max(axis=-1, keepdims=True))\n"
-    "    return e / e.sum(axis=-1, keepdims=True)\n"
-)
-
-
 @pytest.mark.e2e
 def test_a_round_job_judges_the_candidate_as_it_was_at_submit(tmp_path, make_workspace, job_env):
     env, stores = job_env
-    softmax = Path(__file__).resolve().parents[1] / "tasks" / "softmax"
-    ws = make_workspace(
-        tmp_path,
-        {
-            **ROUND_TASK,
-            "tasks/sm/oracle.py": (softmax / "oracle.py").read_bytes(),
-            "tasks/sm/workloads.py": (softmax / "workloads.py").read_bytes(),
-        },
-    )
+    ws = make_workspace(tmp_path, small_task_files())
     stores.append(ws / "cache")
     cand = tmp_path / "cand"
     cand.mkdir()
-    (cand / "kernel.py").write_text(FAST_SOFTMAX)
+    (cand / "kernel.py").write_text(FAST)
     sub = rsi_json(ws, env, "job", "submit", "round", "//tasks/sm:campaign", "--from", str(cand))
     # NB: the folder changes after the submit: the job judges what was submitted
     (cand / "kernel.py").write_text("def softmax(x):\n    return x\n")

@@ -16,9 +16,7 @@ from pathlib import Path
 
 import pytest
 from slurm_support import SlurmCluster, missing
-
-REPO = Path(__file__).resolve().parents[1]
-SOFTMAX = REPO / "tasks" / "softmax"
+from small_task import FAST, small_task_files
 
 
 @pytest.fixture(scope="module")
@@ -194,55 +192,6 @@ def test_a_node_drained_mid_build_is_an_infrastructure_failure_then_the_build_go
     assert (ws / "out" / "2.txt").read_text() == "1\n"
 
 
-TASK = """\
-[task]
-rule = "task"
-runtime = ["workloads.py", "oracle.py"]
-baseline = "baseline"
-framework = "numpy"
-entry = {module = "kernel", function = "softmax"}
-editable = ["kernel.py"]
-tolerances = {float32 = {atol = 1e-06, rtol = 1e-05}}
-cases = [{name = "normal_f32", shape = [16, 128], dtype = "float32", kind = "normal"}]
-
-[small]
-rule = "binding"
-task = ":task"
-measure.workload = {name = "bench", shape = [64, 256], dtype = "float32", kind = "normal"}
-measure.warmups = 1
-measure.samples = 3
-measure.pairs = 6
-measure.probes = 4
-measure.metric = "latency"
-measure.direction = "minimize"
-assess = {min_improvement = 0.05, confidence = 0.95, bootstrap_resamples = 200, min_pairs = 5}
-
-[fast]
-rule = "candidate"
-task = ":task"
-src = "cands/fast"
-
-[verdict]
-rule = "verdict"
-binding = ":small"
-candidate = ":fast"
-
-[campaign]
-rule = "campaign"
-binding = ":small"
-rounds = {up_to = 2}
-"""
-NAIVE = (
-    "import numpy as np\n\n\ndef softmax(x):\n    out = np.empty_like(x)\n"
-    "    for i in range(x.shape[0]):\n        r = x[i].astype(np.float64)\n"
-    "        r = np.exp(r - r.max())\n        out[i] = r / r.sum()\n    return out\n"
-)
-FAST = (
-    "import numpy as np\n\n\ndef softmax(x):\n    e = np.exp(x - x.max(axis=-1, keepdims=True))\n"
-    "    return e / e.sum(axis=-1, keepdims=True)\n"
-)
-
-
 @pytest.mark.e2e
 def test_a_verdict_and_a_campaign_round_through_slurm(
     slurm, make_workspace, tmp_path, build, run_rsi
@@ -250,13 +199,7 @@ def test_a_verdict_and_a_campaign_round_through_slurm(
     ws = slurm_ws(
         make_workspace,
         tmp_path,
-        {
-            "tasks/sm/BUILD.toml": TASK,
-            "tasks/sm/oracle.py": (SOFTMAX / "oracle.py").read_bytes(),
-            "tasks/sm/workloads.py": (SOFTMAX / "workloads.py").read_bytes(),
-            "tasks/sm/baseline/kernel.py": NAIVE,
-            "tasks/sm/cands/fast/kernel.py": FAST,
-        },
+        small_task_files(),
     )
     build(ws, "//tasks/sm:verdict", env=slurm.env, timeout=600)
     verdict = json.loads((ws / "out" / "tasks/sm/verdict/verdict.json").read_text())
