@@ -167,6 +167,44 @@ def make_executor(name: str, ws: Workspace):
     return make_local_executor(name, ws)
 
 
+class _Routed:
+    """The build's executor, except for actions whose platform names another one (a binding's
+    `executor = "slurm"`): those go to that executor, made when first needed."""
+
+    def __init__(self, executor: Any, ws: Workspace) -> None:
+        self._executor, self._ws = executor, ws
+        self._others: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def _for(self, action: Any) -> Any:
+        name = dict(action.platform).get("executor")
+        if not name or name == self._ws.executor:
+            return self._executor
+        with self._lock:
+            other = self._others.get(name)
+            if other is None:
+                other = self._others[name] = make_executor(name, self._ws)
+        return other
+
+    def run(self, action: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._for(action).run(action, *args, **kwargs)
+
+    def capabilities(self) -> dict:
+        """What the build's executor provides, and a configured Slurm cluster's nodes (an
+        action routed there asks them, not this host)."""
+        own = executor_capabilities(self._executor)
+        caps = {k: frozenset(v) for k, v in (own() if own else {}).items()}
+        if self._ws.slurm and self._ws.executor != "slurm":
+            from rsi.executors.slurm import SlurmExecutor
+
+            for k, v in SlurmExecutor(dict(self._ws.slurm)).capabilities().items():
+                caps[k] = caps.get(k, frozenset()) | v
+        return caps
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._executor, name)
+
+
 class _AfterWarmUp:
     """The executor, whose first action waits for the sandbox slot being started for it (then
     takes it) instead of starting a second one beside it."""
@@ -534,6 +572,8 @@ def _build(
 
     if executor is None:
         executor = make_executor(ws.executor, ws)
+    if ws.executor != "remote":  # NB: a remote engine's workers are chosen by their properties
+        executor = _Routed(executor, ws)
     remote_cache = _remote_cache(ws)
     if remote_cache is not None or ws.executor == "remote":
         from rsi.remote import bind_events  # type: ignore[import-not-found]

@@ -38,6 +38,9 @@ LOCK_FILE = "tasks/catalog.lock"
 EXIT_CATALOG = 1
 _SKIP = {"__pycache__", ".pytest_cache"}
 
+# NB: binding attributes newer than the lock format (left out of an entry while unset)
+LATER_ATTRS = ("ranks", "executor")
+
 
 class CatalogError(DeclarationError):
     """A catalog problem: the lock and the declarations disagree, or a task does not work."""
@@ -139,12 +142,14 @@ def descriptor(ws, entry: TaskEntry) -> dict:
     licenses = [d for d in a["docs"] if Path(d).name.upper().startswith(("LICENSE", "COPYING"))]
     bindings = {}
     for b in entry.bindings:
-        # NB: a single-process binding's empty `ranks` is left out (its entry is unchanged)
+        # NB: attributes added since entries were first locked are left out while unset (a
+        # single-process binding's `ranks`, the workspace's executor), so entries stay as
+        # they were
         ba = _jsonable(
             {
                 k: v
                 for k, v in b.attrs.items()
-                if k not in ("task", "doc", "tags") and not (k == "ranks" and not v)
+                if k not in ("task", "doc", "tags") and not (k in LATER_ATTRS and not v)
             }
         )
         bindings[b.label.name] = dict(ba, digest=digest_value(ba, "sha256").hash)

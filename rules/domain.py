@@ -243,6 +243,9 @@ def _hidden(ctx: RuleContext, hidden: dict) -> dict:
 # ---------------------------------------------------------------------------------- binding
 
 
+BINDING_EXECUTORS = ("local", "bwrap", "docker", "slurm")
+
+
 def _binding(ctx: RuleContext) -> Provider:
     a = ctx.attrs
     task = TaskInfo.of(ctx.dep(a["task"]))
@@ -256,6 +259,16 @@ def _binding(ctx: RuleContext) -> Provider:
         raise ctx.error(f"device must be cpu or cuda, not {device!r}", "device")
     if a["accelerator"] and device == "cpu":
         raise ctx.error('an accelerator needs device = "cuda"', "accelerator")
+    if a["executor"]:
+        if a["executor"] not in BINDING_EXECUTORS:
+            raise ctx.error(
+                f"unknown executor {a['executor']!r}",
+                "executor",
+                hint=f"use one of {', '.join(BINDING_EXECUTORS)} (empty: the workspace's)",
+            )
+        # NB: a platform property, so the binding's checks and measurements (not its
+        # bookkeeping) run there, and run elsewhere is another binding (other keys)
+        platform["executor"] = a["executor"]
     if device != "cpu":
         if spec["framework"] != "torch":
             raise ctx.error(f"device {device!r} needs a torch task", "device")
@@ -381,6 +394,13 @@ BINDING = Rule(
             "cpu or cuda; overrides the task's device (empty: the "
             "task's). A cuda binding's check and measure actions get the platform "
             "property `accelerator`, and the harness refuses to run without a GPU",
+            default="",
+        ),
+        "executor": attr(
+            "string",
+            "where the binding's checks and measurements run: local, bwrap, docker or slurm "
+            "(a [slurm] cluster: docs/slurm.md); empty: the workspace's executor. A platform "
+            "property, so another executor is another binding",
             default="",
         ),
         "accelerator": attr(

@@ -227,6 +227,24 @@ def test_a_verdict_and_a_campaign_round_through_slurm(
     assert not slurm.jobs()
 
 
+@pytest.mark.e2e
+def test_a_binding_can_send_only_its_checks_and_measurements_to_slurm(
+    slurm, make_workspace, tmp_path, build, run_rsi
+):
+    files = small_task_files()
+    files["tasks/sm/BUILD.toml"] = files["tasks/sm/BUILD.toml"].replace(
+        '[small]\nrule = "binding"\n', '[small]\nrule = "binding"\nexecutor = "slurm"\n'
+    )
+    # NB: the workspace's executor stays local; [slurm] says where the cluster is
+    ws = make_workspace(tmp_path, files, config="[slurm]\npoll_s = 0.1\n")
+    build(ws, "//tasks/sm:verdict", env=slurm.env, timeout=600)
+    judged = host_of(ws, run_rsi, slurm.env, "//tasks/sm:small#Calibrate")
+    assert judged["slurm"]["state"] == "COMPLETED", judged
+    assessed = host_of(ws, run_rsi, slurm.env, "//tasks/sm:verdict#Assess")
+    assert "slurm" not in assessed, "the assessment is bookkeeping: it stays local"
+    assert not slurm.jobs()
+
+
 @pytest.mark.fast
 def test_slurm_settings_are_checked_naming_the_file_and_the_key(tmp_path):
     from rsi.errors import DeclarationError
