@@ -42,7 +42,7 @@ esac
 
 ./scripts/setup.sh --test || exit 1
 if [ "$only_fast" = 0 ]; then
-  for extra in scripts/ci-docker.sh scripts/buildgrid/setup.sh; do
+  for extra in scripts/ci-docker.sh scripts/buildgrid/setup.sh scripts/setup_serving.sh; do
     if [ -x "$extra" ]; then
       "$extra" || { echo "test.sh: $extra failed" >&2; exit 1; }
     fi

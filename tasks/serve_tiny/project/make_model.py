@@ -1,0 +1,98 @@
+"""Build the served model from the binding's pinned config and seed (no download: nothing can be).
+
+Run by the serving environment's interpreter (transformers, tokenizers, torch):
+
+    python make_model.py --binding serve.json --out DIR [--reference]
+
+writes a Hugging Face model folder (config.json, model.safetensors, a character-level tokenizer)
+and prints {"weights_sha256": ...}. With --reference it also prints the greedy continuations
+of the binding's correctness prompts computed by transformers itself (the reference engine) and
+the smallest top-1/top-2 logit gap met on the way, which is how the binding's frozen expected
+tokens and their margin were made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+
+
+def tokenizer(alphabet: str):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>"]
+    vocab = {t: i for i, t in enumerate(specials + list(alphabet))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    return fast, len(vocab)
+
+
+def build(binding: dict, out: Path):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    m = binding["model"]
+    fast, vocab_size = tokenizer(m["alphabet"])
+    out.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(out)
+    cfg = LlamaConfig(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, **m["config"])
+    torch.manual_seed(int(m["seed"]))
+    model = LlamaForCausalLM(cfg)
+    model.save_pretrained(out, safe_serialization=True)
+    # NB: the engine loads the architecture the binding names (a registered class whose
+    # compute the candidate's model file defines); transformers keeps loading it as llama
+    conf = json.loads((out / "config.json").read_text())
+    conf["architectures"] = [m["architecture"]]
+    (out / "config.json").write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n")
+    return fast, model
+
+
+def weights_sha256(out: Path) -> str:
+    return hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
+
+
+def reference(binding: dict, fast, model) -> dict:
+    import torch
+
+    c = binding["correctness"]
+    outs, margin = [], float("inf")
+    with torch.no_grad():
+        for prompt in c["prompts"]:
+            ids = fast(prompt, add_special_tokens=False)["input_ids"]
+            x = torch.tensor([ids])
+            got = []
+            for _ in range(int(c["max_tokens"])):
+                logits = model(x).logits[0, -1]
+                top = torch.topk(logits, 2)
+                margin = min(margin, float(top.values[0] - top.values[1]))
+                nxt = int(top.indices[0])
+                got.append(nxt)
+                x = torch.cat([x, torch.tensor([[nxt]])], dim=1)
+            outs.append(got)
+    return {"expected_token_ids": outs, "min_logit_margin": margin}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--binding", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--reference", action="store_true")
+    args = p.parse_args()
+    binding = json.loads(args.binding.read_text())
+    fast, model = build(binding, args.out)
+    doc = {"weights_sha256": weights_sha256(args.out)}
+    if args.reference:
+        doc.update(reference(binding, fast, model))
+    print(json.dumps(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

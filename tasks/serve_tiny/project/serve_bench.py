@@ -1,0 +1,606 @@
+"""The serving task's judge (protocol file): one arm = one fresh OpenAI-compatible vLLM server.
+
+    python3 serve_bench.py quality   # prints {"ok": bool, ...}: correctness only
+    python3 serve_bench.py bench     # prints {"samples": [output tokens/s], "ok": ..., ...}
+
+Both run in the current folder (the frozen tree with the candidate's files over it) with the
+interpreter rsi runs actions on (standard library only). The engine runs in the serving
+environment built from requirements.lock (scripts/setup_serving.sh); its folder is named by the
+lock's digest, so the lock (a protocol file, part of every action key) decides the engine.
+
+Order of one arm: the candidate's engine flags are checked against the declared set; the model
+is built from the binding's config and seed and its weights' digest must equal the bound one;
+the server starts in its own session (a fresh HOME, port and log); the engine's own version
+must be the bound one; greedy continuations of the fixed prompts must equal the reference's
+token ids exactly. Only then (bench) AIPerf replays the pinned trace (an idle period first: the
+trace's first timestamp) and waits for the drain. The metric is output tokens over the whole
+window (schedule start, idle included, to the last response's end). Per-request records are
+reconciled with AIPerf's aggregates and with the server's own generation-token counter; any
+error, cancellation, short answer or mismatch makes the run invalid (exit 1), never faster.
+The server's whole process group is killed at the end, whatever happened, and checked gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+HERE = Path.cwd()
+ENV_ROOT = os.environ.get("RSI_SERVING_ROOT", "/usr/local/lib/rsi-serving")
+LOG_TAIL_LINES = 60
+
+
+class Invalid(Exception):
+    """The arm cannot count: a candidate failure (flags, weights, correctness) or a bad run."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code, self.detail = code, detail
+
+
+# ------------------------------------------------------------------------------- pure logic
+
+
+def check_flags(flags: dict, allowed: dict) -> list[str]:
+    """The engine flags as command-line arguments; Invalid unless every one is declared and in
+    range (`allowed`: name -> {type: int|bool|choice, min, max, choices})."""
+    if not isinstance(flags, dict):
+        raise Invalid("flag_not_allowed", "engine_flags.json must hold a JSON object")
+    argv: list[str] = []
+    for name in sorted(flags):
+        value, rule = flags[name], allowed.get(name)
+        if rule is None:
+            raise Invalid(
+                "flag_not_allowed", f"--{name} is not in the declared set {sorted(allowed)}"
+            )
+        kind = rule["type"]
+        if kind == "bool":
+            if not isinstance(value, bool):
+                raise Invalid("flag_not_allowed", f"--{name} takes true or false, not {value!r}")
+            argv.append(f"--{name}" if value else f"--no-{name}")
+            continue
+        if kind == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            ok = ok and rule.get("min", value) <= value <= rule.get("max", value)
+        else:
+            ok = value in rule["choices"]
+        if not ok:
+            raise Invalid("flag_not_allowed", f"--{name} = {value!r} is outside {rule}")
+        argv += [f"--{name}", str(value)]
+    return argv
+
+
+def compare_tokens(expected: list[list[int]], got: list[list[int]]) -> dict | None:
+    """None when every continuation matches token for token, else the first difference."""
+    for i, (e, g) in enumerate(zip(expected, got, strict=True)):
+        if list(e) != list(g):
+            at = next(
+                (k for k, (a, b) in enumerate(zip(e, g, strict=False)) if a != b),
+                min(len(e), len(g)),
+            )
+            return {"prompt": i, "position": at, "expected": e, "got": g}
+    return None
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    k = (len(s) - 1) * q / 100.0
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def _metric(rec: dict, name: str):
+    m = (rec.get("metrics") or {}).get(name)
+    return m.get("value") if isinstance(m, dict) else None
+
+
+def summarise(
+    records: list[dict],
+    aggregate: dict,
+    trace: list[dict],
+    idle_ms: float,
+    counter_delta: float | None,
+) -> dict:
+    """Throughput over the whole window and latency evidence from AIPerf's per-request records,
+    reconciled with its aggregate, the trace and the server's counter; Invalid on any gap."""
+    problems = []
+    if len(records) != len(trace):
+        problems.append(f"{len(records)} request records for {len(trace)} trace entries")
+    errors = [r for r in records if r.get("error")]
+    cancelled = [r for r in records if (r.get("metadata") or {}).get("was_cancelled")]
+    if errors:
+        first = errors[0].get("error")
+        problems.append(f"{len(errors)} request(s) errored, first: {str(first)[:300]}")
+    if cancelled:
+        problems.append(f"{len(cancelled)} request(s) cancelled")
+    if aggregate.get("was_cancelled") or aggregate.get("is_complete") is False:
+        problems.append("AIPerf reports the run cancelled or incomplete")
+    if aggregate.get("error_summary"):
+        problems.append(f"AIPerf error summary: {str(aggregate['error_summary'])[:300]}")
+    tokens = [_metric(r, "usage_completion_tokens") for r in records]
+    if any(t is None for t in tokens):
+        problems.append("a record has no server-reported completion token count")
+    want = [int(t["output_length"]) for t in trace]
+    if not problems and sorted(tokens) != sorted(want):
+        problems.append(f"output lengths {sorted(tokens)} differ from the trace's {sorted(want)}")
+    total = sum(t for t in tokens if t is not None)
+    agg_total = (aggregate.get("total_usage_completion_tokens") or {}).get("avg")
+    if agg_total is None or int(agg_total) != total:
+        problems.append(f"records sum to {total} output tokens, the aggregate says {agg_total}")
+    agg_count = aggregate.get("completed_request_count") or aggregate.get("request_count") or {}
+    if agg_count.get("avg") is None or int(agg_count["avg"]) != len(records):
+        problems.append(f"{len(records)} records, the aggregate counts {agg_count.get('avg')}")
+    if counter_delta is not None and int(counter_delta) != total:
+        problems.append(f"the server generated {counter_delta} tokens, the records say {total}")
+    if problems:
+        raise Invalid("run_invalid", "; ".join(problems))
+    starts = [r["metadata"]["credit_issued_ns"] for r in records]
+    ends = [r["metadata"]["request_end_ns"] for r in records]
+    first_ts = min(float(t["timestamp"]) for t in trace)
+    # NB: the schedule's zero is the first credit minus the first request's own offset, so the
+    # idle period before it is inside the window, and the window ends when the last answer did
+    window_start = min(starts) - int(first_ts * 1e6)
+    window_s = (max(ends) - window_start) / 1e9
+    ttft = [_metric(r, "time_to_first_token") for r in records]
+    itl = [_metric(r, "inter_token_latency") for r in records]
+    ttft = [v for v in ttft if v is not None]
+    itl = [v for v in itl if v is not None]
+    return {
+        "output_tokens": total,
+        "requests": len(records),
+        "window_s": round(window_s, 6),
+        "idle_ms": idle_ms,
+        "output_tokens_per_s": total / window_s,
+        "ttft_ms": {
+            "p50": percentile(ttft, 50),
+            "p90": percentile(ttft, 90),
+            "p99": percentile(ttft, 99),
+        },
+        "itl_ms": {
+            "p50": percentile(itl, 50),
+            "p90": percentile(itl, 90),
+            "p99": percentile(itl, 99),
+        },
+        "server_generation_tokens": counter_delta,
+        "aiperf_output_token_throughput": (aggregate.get("output_token_throughput") or {}).get(
+            "avg"
+        ),
+        "aiperf_benchmark_duration_s": (aggregate.get("benchmark_duration") or {}).get("avg"),
+    }
+
+
+def read_counter(text: str, name: str) -> float | None:
+    """The sum of a Prometheus counter's samples (every label set)."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            rest = line[len(name) :]
+            if rest[:1] in ("{", " ") and not rest.startswith("_created"):
+                try:
+                    total += float(line.rsplit(" ", 1)[1])
+                    seen = True
+                except ValueError:
+                    continue
+    return total if seen else None
+
+
+# ------------------------------------------------------------------------------- the engine
+
+
+def engine_env_dir() -> Path:
+    digest = hashlib.sha256((HERE / "requirements.lock").read_bytes()).hexdigest()
+    env = Path(ENV_ROOT) / digest[:16]
+    marker = env / "rsi-serving.json"
+    try:
+        ok = json.loads(marker.read_text()).get("lock_sha256") == digest
+    except (OSError, ValueError):
+        ok = False
+    if not ok:
+        print(
+            f"serve_bench: the serving environment {env} (from requirements.lock) is not built; "
+            f"run scripts/setup_serving.sh",
+            file=sys.stderr,
+        )
+        raise SystemExit(3)
+    return env
+
+
+def http(url: str, body: dict | None = None, timeout: float = 60.0):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        raw = resp.read()
+    return raw.decode("utf-8", "replace")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_plugin(folder: Path) -> None:
+    """A general vLLM plugin, found through its dist-info on PYTHONPATH (no install): it
+    registers the binding's architecture from the candidate's tiny_model.py in every engine
+    process that loads plugins."""
+    folder.mkdir(parents=True)
+    (folder / "rsi_serve_plugin.py").write_text(
+        "def register():\n"
+        "    from vllm import ModelRegistry\n"
+        "    if 'RsiTinyForCausalLM' not in ModelRegistry.get_supported_archs():\n"
+        "        ModelRegistry.register_model('RsiTinyForCausalLM', "
+        "'tiny_model:RsiTinyForCausalLM')\n"
+    )
+    info = folder / "rsi_serve_plugin-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rsi-serve-plugin\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\nrsi_tiny = rsi_serve_plugin:register\n"
+    )
+
+
+LSCPU_SHIM = """#!/usr/bin/env python3
+# NB: vLLM's CPU worker asks `lscpu --json --extended=CPU,CORE,NODE --online` for the CPUs it
+# may bind threads to; lscpu reads /sys, which a sandbox does not have. This answers the same
+# question from the CPUs the process may run on: each its own core, one node.
+import json, os
+cpus = sorted(os.sched_getaffinity(0))
+print(json.dumps({"cpus": [{"cpu": c, "core": c, "node": 0, "online": True} for c in cpus]}))
+"""
+
+
+def write_lscpu_shim(folder: Path) -> None:
+    """An `lscpu` for the engine where /sys/devices/system/cpu is missing (a sandbox)."""
+    folder.mkdir(exist_ok=True)
+    if os.path.isdir("/sys/devices/system/cpu"):
+        return  # NB: the real one works here
+    shim = folder / "lscpu"
+    shim.write_text(LSCPU_SHIM)
+    shim.chmod(0o755)
+
+
+class Server:
+    """One engine process group: started in its own session, killed whole at the end."""
+
+    def __init__(self, env_dir: Path, model: Path, work: Path, binding: dict, flags: list[str]):
+        self.work, self.binding = work, binding
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = work / "server.log"
+        e = binding["engine"]
+        home = work / "home"
+        home.mkdir()
+        plugin = work / "plugin"
+        write_plugin(plugin)
+        # NB: the engine binds ZeroMQ ipc sockets under TMPDIR, whose paths may not exceed
+        # 107 bytes (sockaddr_un): a scratch folder nested deep (a test's, a sandbox's) fails
+        # at start, so its temporary files go to a short folder of its own, removed by stop()
+        self.ipc = Path(tempfile.mkdtemp(prefix="rsv-", dir="/tmp"))
+        shims = work / "shims"
+        write_lscpu_shim(shims)
+        env = {
+            "PATH": f"{shims}:{env_dir}/bin:/usr/bin:/bin",
+            "HOME": str(home),
+            "TMPDIR": str(self.ipc),
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": f"{plugin}:{HERE}",
+            "VLLM_PLUGINS": "rsi_tiny",
+            **e["env"],
+        }
+        self.argv = [
+            str(env_dir / "bin" / "python"),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model),
+            "--served-model-name",
+            "tiny",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *e["base_args"],
+            *flags,
+        ]
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.argv,
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=open(self.log, "wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.pgid = self.proc.pid
+        self.start_s = None
+
+    def wait_ready(self) -> float:
+        limit = float(self.binding["engine"]["startup_timeout_s"])
+        while time.monotonic() - self.started < limit:
+            if self.proc.poll() is not None:
+                raise Invalid("server_failed", f"the server exited with {self.proc.returncode}")
+            try:
+                http(f"{self.url}/health", timeout=2)
+                self.start_s = round(time.monotonic() - self.started, 3)
+                return self.start_s
+            except (OSError, urllib.error.URLError):
+                time.sleep(0.5)
+        raise Invalid("server_failed", f"the server was not ready within {limit} s")
+
+    def members(self) -> list[int]:
+        """Live processes of the server's group (a zombie has ended: in a sandbox's pid
+        namespace nobody may be left to reap it)."""
+        pids = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.getpgid(int(entry)) != self.pgid:
+                        continue
+                    with open(f"/proc/{entry}/stat", "rb") as f:
+                        if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                            continue
+                    pids.append(int(entry))
+                except OSError:
+                    continue
+        return pids
+
+    def stop(self) -> dict:
+        """SIGTERM to the whole group, SIGKILL after 10 s; then no member may remain."""
+        for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline:
+                self.proc.poll()
+                if not self.members():
+                    break
+                time.sleep(0.1)
+            if not self.members():
+                break
+        self.proc.poll()
+        left = self.members()
+        if not left:
+            shutil.rmtree(self.ipc, ignore_errors=True)
+        return {"pgid": self.pgid, "left": left, "exit_code": self.proc.returncode}
+
+    def log_tail(self) -> list[str]:
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        return [line[:400] for line in lines[-LOG_TAIL_LINES:]]
+
+
+def greedy(server: Server, binding: dict) -> list[list[int]]:
+    c = binding["correctness"]
+    out = []
+    for prompt in c["prompts"]:
+        body = {
+            "model": "tiny",
+            "prompt": prompt,
+            "max_tokens": int(c["max_tokens"]),
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
+        doc = json.loads(http(f"{server.url}/v1/completions", body, timeout=120))
+        out.append([int(t) for t in doc["choices"][0]["token_ids"]])
+    return out
+
+
+def run_aiperf(env_dir: Path, server: Server, model: Path, work: Path, binding: dict) -> dict:
+    w = binding["workload"]
+    trace_path = HERE / w["trace"]
+    trace = [json.loads(line) for line in trace_path.read_text().splitlines() if line.strip()]
+    first = min(float(t["timestamp"]) for t in trace)
+    if first != float(w["idle_ms"]):
+        raise SystemExit(
+            f"serve_bench: the trace starts at {first} ms, the binding's idle is {w['idle_ms']}"
+        )
+    metrics_before = http(f"{server.url}/metrics")
+    art = work / "aiperf"
+    argv = [
+        str(env_dir / "bin" / "python"),
+        "-m",
+        "aiperf",
+        "profile",
+        "--model",
+        "tiny",
+        "--url",
+        server.url,
+        "--endpoint-type",
+        "completions",
+        "--streaming",
+        "--input-file",
+        str(trace_path),
+        "--custom-dataset-type",
+        "mooncake_trace",
+        "--fixed-schedule",
+        "--fixed-schedule-start-offset",
+        "0",
+        "--tokenizer",
+        str(model),
+        "--use-server-token-count",
+        "--extra-inputs",
+        "ignore_eos:true",
+        "--request-timeout-seconds",
+        str(w["request_timeout_s"]),
+        "--artifact-dir",
+        str(art),
+        "--ui-type",
+        "none",
+        "--no-server-metrics",
+        "--random-seed",
+        os.environ.get("RSI_SEED", "0"),
+    ]
+    # NB: AIPerf binds ZeroMQ ipc sockets under TMPDIR too (107-byte paths at most)
+    ipc = Path(tempfile.mkdtemp(prefix="rsa-", dir="/tmp"))
+    env = {
+        "PATH": f"{env_dir}/bin:/usr/bin:/bin",
+        "HOME": str(work / "home"),
+        "TMPDIR": str(ipc),
+        "LANG": "C.UTF-8",
+        # NB: no HF_HUB_OFFLINE here: with it, AIPerf 0.13.0 refuses a local tokenizer folder
+        # (HFValidationError); the sandbox has no network anyway
+    }
+    t0 = time.monotonic()
+    log = work / "aiperf.log"
+    proc = subprocess.Popen(
+        argv,
+        cwd=work,
+        env=env,
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        proc.wait(timeout=float(w["drain_timeout_s"]) + 300)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        shutil.rmtree(ipc, ignore_errors=True)
+    wall = round(time.monotonic() - t0, 3)
+    tail = [ln[:300] for ln in log.read_text(errors="replace").splitlines()[-30:]]
+    records_path = art / "profile_export.jsonl"
+    agg_path = art / "profile_export_aiperf.json"
+    if proc.returncode != 0 or not records_path.exists() or not agg_path.exists():
+        raise Invalid(
+            "run_invalid", f"AIPerf exited with {proc.returncode}: {' | '.join(tail[-5:])}"
+        )
+    records = [json.loads(x) for x in records_path.read_text().splitlines() if x.strip()]
+    aggregate = json.loads(agg_path.read_text())
+    metrics_after = http(f"{server.url}/metrics")
+    name = "vllm:generation_tokens_total"
+    before, after = read_counter(metrics_before, name), read_counter(metrics_after, name)
+    delta = None if before is None or after is None else after - before
+    summary = summarise(records, aggregate, trace, float(w["idle_ms"]), delta)
+    summary.update(aiperf_wall_s=wall, aiperf_version=aggregate.get("aiperf_version"))
+    return summary
+
+
+# --------------------------------------------------------------------------------- one arm
+
+
+def arm(step: str) -> dict:
+    binding = json.loads((HERE / "serve.json").read_text())
+    env_dir = engine_env_dir()
+    doc: dict = {"ok": False, "step": step, "engine": None, "reason": None}
+    work = Path(tempfile.mkdtemp(prefix="serve-", dir=os.environ.get("TMPDIR")))
+    server = None
+    try:
+        flags = check_flags(
+            json.loads((HERE / "engine_flags.json").read_text()), binding["flags"]["allowed"]
+        )
+        doc["engine_flags"] = flags
+        model = work / "model"
+        t0 = time.monotonic()
+        built = subprocess.run(
+            [
+                str(env_dir / "bin" / "python"),
+                str(HERE / "make_model.py"),
+                "--binding",
+                str(HERE / "serve.json"),
+                "--out",
+                str(model),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=work,
+            env={
+                "PATH": "/usr/bin:/bin",
+                "HOME": str(work),
+                "LANG": "C.UTF-8",
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "OMP_NUM_THREADS": "1",
+            },
+        )
+        if built.returncode != 0:
+            raise SystemExit(f"serve_bench: make_model.py failed: {built.stderr[-2000:]}")
+        weights = json.loads(built.stdout.strip().splitlines()[-1])["weights_sha256"]
+        doc["model"] = {"weights_sha256": weights, "build_s": round(time.monotonic() - t0, 3)}
+        if weights != binding["model"]["weights_sha256"]:
+            raise Invalid(
+                "weights_mismatch",
+                f"weights {weights} != bound {binding['model']['weights_sha256']}",
+            )
+        server = Server(env_dir, model, work, binding, flags)
+        doc["server_start_s"] = server.wait_ready()
+        version = json.loads(http(f"{server.url}/version")).get("version")
+        doc["engine"] = {
+            "distribution": binding["engine"]["distribution"],
+            "version": version,
+            "argv": server.argv[1:],
+        }
+        if version != binding["engine"]["version"]:
+            raise Invalid(
+                "engine_mismatch",
+                f"the server is vLLM {version}, bound {binding['engine']['version']}",
+            )
+        got = greedy(server, binding)
+        diff = compare_tokens(binding["correctness"]["expected_token_ids"], got)
+        doc["correctness"] = {"prompts": len(got), "tokens": sum(map(len, got)), "mismatch": diff}
+        if diff is not None:
+            raise Invalid("wrong_output", f"greedy tokens differ from the reference: {diff}")
+        if step == "bench":
+            doc["serving"] = run_aiperf(env_dir, server, model, work, binding)
+            doc["samples"] = [doc["serving"]["output_tokens_per_s"]]
+        doc["ok"] = True
+    except Invalid as exc:
+        doc["reason"] = {"code": exc.code, "detail": exc.detail[:2000]}
+    finally:
+        if server is not None:
+            doc["teardown"] = server.stop()
+            doc["server_log_tail"] = server.log_tail()
+            if doc["teardown"]["left"]:
+                doc["ok"] = False
+                doc["reason"] = {
+                    "code": "teardown_failed",
+                    "detail": f"left {doc['teardown']['left']}",
+                }
+        keep = os.environ.get("RSI_SERVE_KEEP")
+        if keep:
+            for name in ("server.log", "aiperf.log"):
+                if (work / name).exists():
+                    shutil.copy(work / name, Path(keep) / name)
+        shutil.rmtree(work, ignore_errors=True)
+    return doc
+
+
+def main() -> int:
+    step = sys.argv[1] if len(sys.argv) > 1 else ""
+    if step not in ("quality", "bench"):
+        print("usage: serve_bench.py quality|bench", file=sys.stderr)
+        return 2
+    doc = arm(step)
+    print(json.dumps(doc, sort_keys=True))
+    if step == "bench" and not doc["ok"]:
+        print(f"serve_bench: run invalid: {doc['reason']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
