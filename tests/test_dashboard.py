@@ -620,7 +620,8 @@ def test_in_a_real_browser_the_points_are_the_evidence_and_the_live_page_updates
                 )
                 other = browser.new_page(viewport={"width": 1250, "height": 1000})
                 other.goto(url + "campaign?c=" + urllib.request.quote("//tasks/sm:other", safe=""))
-                other.wait_for_selector("#round-1", timeout=30_000)
+                # NB: the page may first show the round as logged, then as judged
+                other.wait_for_selector("#round-1:not([data-verdict=pending])", timeout=60_000)
                 assert "reused from" in other.inner_text("#round-1")
                 other.close()
                 # NB: a round landing in this campaign updates the open page without a reload

@@ -162,11 +162,16 @@ def _run_arm(tmp_path: Path, step: str, overlay: Path | None = None, trace: list
 
 
 def _gone(pgid: int) -> bool:
+    """No live process of the group is left (a zombie has ended; whether its new parent reaps
+    it is that parent's business: this machine's pid 1 does not)."""
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.getpgid(int(entry)) == pgid:
-                    return False
+                if os.getpgid(int(entry)) != pgid:
+                    continue
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    if f.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                        return False
             except OSError:
                 continue
     return True
