@@ -263,7 +263,7 @@ KEEP_EVENT_BYTES = 256 << 20
 
 
 def _prune_event_logs(store: LocalStore, current: str) -> None:
-    from rsi.analysis_cache import prune
+    from rsi.fsutil import prune
 
     prune(
         store.events_dir,

@@ -6,7 +6,9 @@ import itertools
 import os
 import tempfile
 import threading
+import time
 from pathlib import Path
+from typing import Callable
 
 from rsi.errors import StoreError
 
@@ -96,3 +98,46 @@ def store_write_error(path: Path, exc: OSError) -> StoreError:
         f"cannot write to the store at {path}: {exc.strerror or exc}",
         hint="free disk space or fix permissions, or point the store elsewhere with --store",
     )
+
+
+def prune(
+    folder: Path, *, keep: int, keep_bytes: int, match: Callable[[str], bool], spare: str
+) -> list[str]:
+    """Remove the least recently used files of `folder` whose name `match`es beyond `keep`
+    of them or `keep_bytes`, never `spare` (the one just written). Returns the names removed."""
+    found = []
+    try:
+        with os.scandir(folder) as it:
+            for entry in it:
+                if not match(entry.name) or ".tmp" in entry.name:
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                found.append((max(st.st_atime_ns, st.st_mtime_ns), entry.name, st.st_size))
+    except OSError:
+        return []
+    found.sort(reverse=True)
+    kept = total = 0
+    removed = []
+    for _, name, size in found:
+        if name == spare or (kept < keep and total + size <= keep_bytes):
+            kept += 1
+            total += size
+            continue
+        try:
+            os.unlink(folder / name)
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
+def touch(path: Path) -> None:
+    """Mark an entry used now: its access time (what prune orders by, with the modification
+    time), leaving the modification time, which says when it was written, as it was."""
+    try:
+        os.utime(path, ns=(time.time_ns(), os.stat(path).st_mtime_ns))
+    except OSError:
+        pass

@@ -82,7 +82,7 @@ def _state_path(store: Any, request: str):
 
 
 def _load(store: Any, request: str) -> dict | None:
-    from rsi.analysis_cache import touch
+    from rsi.fsutil import touch
 
     path = _state_path(store, request)
     state = read_sealed(store, path)
@@ -95,7 +95,8 @@ def _load(store: Any, request: str) -> dict | None:
 
 
 def save(store: Any, state: dict) -> None:
-    from rsi.analysis_cache import KEEP_BYTES, KEEP_STATES, prune
+    from rsi.analysis_cache import KEEP_BYTES, KEEP_STATES
+    from rsi.fsutil import prune
 
     path = _state_path(store, state["request"])
     write_sealed(store, path, state)

@@ -157,6 +157,8 @@ class LocalStore:
         self._empty: Digest | None = None
         self._dev: int | None = None
         self._packs: dict[str, dict] = {}
+        # NB: an older store's one-file target index, parsed once per (inode, size, mtime)
+        self._legacy_cached: tuple | None = None
         # NB: True: every blob and entry is fsynced before its rename. A scheduler turns it off
         # for a run and group-commits instead: one `sync()` before each batch of action-cache
         # entries makes the blobs they name durable first, and one more at the end.
@@ -603,7 +605,7 @@ class LocalStore:
         except OSError:
             return {}
         sig = (st.st_ino, st.st_size, st.st_mtime_ns)
-        cached = getattr(self, "_legacy_cached", None)
+        cached = self._legacy_cached
         if cached is None or cached[0] != sig:
             cached = self._legacy_cached = (sig, _read_json(path))
         return dict(cached[1])

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rsi import analysis_cache
+from rsi import analysis_cache, fsutil
 from rsi.build import _prune_event_logs
 
 
@@ -26,8 +26,8 @@ def _files(folder, names_sizes, start_ns=1_000_000_000_000_000_000):
 def test_prune_keeps_the_most_recently_used_and_never_the_one_just_written(tmp_path):
     folder = tmp_path / "analysis"
     _files(folder, [(f"a{i}", 10) for i in range(6)] + [("state-x", 10), ("a9.tmp-1", 10)])
-    analysis_cache.touch(folder / "a0")  # NB: used just now: the newest
-    removed = analysis_cache.prune(
+    fsutil.touch(folder / "a0")  # NB: used just now: the newest
+    removed = fsutil.prune(
         folder, keep=3, keep_bytes=1 << 20, match=lambda n: not n.startswith("state-"), spare="a1"
     )
     left = sorted(p.name for p in folder.iterdir())
@@ -41,7 +41,7 @@ def test_prune_keeps_the_most_recently_used_and_never_the_one_just_written(tmp_p
 def test_prune_respects_the_byte_budget(tmp_path):
     folder = tmp_path / "analysis"
     _files(folder, [("old", 600), ("mid", 600), ("new", 600)])
-    analysis_cache.prune(folder, keep=10, keep_bytes=1000, match=lambda n: True, spare="new")
+    fsutil.prune(folder, keep=10, keep_bytes=1000, match=lambda n: True, spare="new")
     assert sorted(p.name for p in folder.iterdir()) == ["new"]
 
 
@@ -58,7 +58,7 @@ def test_a_store_keeps_a_bounded_number_of_analyses_and_event_logs(tmp_path, mon
     left = sorted(p.name for p in (store.root / "analysis").iterdir())
     assert left == ["key3", "key4"], left
     # NB: reading an entry marks it used: it outlives a newer one that was not read
-    analysis_cache.touch(store.root / "analysis" / "key3")
+    fsutil.touch(store.root / "analysis" / "key3")
     analysis_cache.save(store, "key5", [], {"n": 5}, tracker=None)
     assert sorted(p.name for p in (store.root / "analysis").iterdir()) == ["key3", "key5"]
 
