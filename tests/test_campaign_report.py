@@ -154,3 +154,83 @@ def test_a_projects_samples_keep_their_own_unit_and_still_assess():
     text = (HARNESS / "project.py").read_text()
     assert 'record["samples_ns"]' not in text and '"sample_unit"' in text
     json.dumps(seen)
+
+
+@pytest.mark.fast
+def test_a_bench_runs_printed_evidence_is_kept_per_arm_also_when_the_run_is_invalid(tmp_path):
+    """Latency percentiles, an engine's version and a server log tail printed beside the samples
+    are each arm's evidence in the measure document; an invalid run keeps its printed reason and
+    says why in the pair's reason; output too large to keep is named, not kept."""
+    import subprocess
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "bench.py").write_text(
+        "import json, os, sys\n"
+        "mode = open('mode').read().strip()\n"
+        "doc = {'samples': [1.5, 1.25], 'ttft_ms': {'p50': 15.2, 'p99': 22.8},\n"
+        "       'engine': {'version': '0.32.0'}, 'server_log_tail': ['ready'], 'ok': True}\n"
+        "if mode == 'bad':\n"
+        "    doc = {'ok': False, 'reason': {'code': 'run_invalid', 'detail': '1 errored'}}\n"
+        "    print(json.dumps(doc)); print('bench: run invalid: 1 errored', file=sys.stderr)\n"
+        "    sys.exit(1)\n"
+        "if mode == 'huge':\n"
+        "    doc['server_log_tail'] = ['x' * 1000] * 100\n"
+        "print(json.dumps(doc))\n"
+    )
+    (base / "mode").write_text("good\n")
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    spec = {
+        "schema": "rsi.project.spec/1",
+        "editable": ["mode"],
+        "protocol": ["bench.py"],
+        "quality": {"cmd": "true", "field": "ok", "timeout_s": 30},
+        "benchmark": {"cmd": "python3 bench.py", "timeout_s": 30},
+        "measure": {"pairs": 2, "metric": "tokens_per_s", "direction": "maximize"},
+        "assess": {},
+        "env": {},
+        "seed": 7,
+        "threads": None,
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+
+    def bench(mode: str) -> dict:
+        (overlay / "mode").write_text(mode + "\n")
+        out = tmp_path / f"samples-{mode}.json"
+        proc = subprocess.run(
+            [sys.executable, "-I", str(HARNESS / "project.py"), "bench"]
+            + ["--spec", str(tmp_path / "spec.json"), "--base", str(base)]
+            + ["--overlay", str(overlay), "--out", str(out)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(out.read_text())
+
+    good = bench("good")
+    assert good["status"] == "ok" and good["n_complete_pairs"] == 2
+    for pair in good["pairs"]:
+        for arm in pair["arms"].values():
+            assert arm["samples"] == [1.5, 1.25]
+            assert arm["output"]["ttft_ms"] == {"p50": 15.2, "p99": 22.8}
+            assert arm["output"]["engine"] == {"version": "0.32.0"}
+            assert arm["output"]["server_log_tail"] == ["ready"]
+            assert "samples" not in arm["output"]  # kept once, as the samples
+
+    bad = bench("bad")
+    assert bad["status"] == "candidate_invalid" and bad["n_complete_pairs"] == 0
+    arm = bad["pairs"][0]["arms"]["candidate"]
+    assert arm["valid"] is False and arm["samples"] == []
+    assert arm["output"]["reason"] == {"code": "run_invalid", "detail": "1 errored"}
+    assert arm["reasons"][0]["code"] == "bench_command_failed"
+    assert "run invalid: 1 errored" in arm["reasons"][0]["detail"]
+    assert bad["pairs"][0]["arms"]["baseline"]["output"]["ttft_ms"]["p99"] == 22.8
+
+    huge = bench("huge")
+    arm = huge["pairs"][0]["arms"]["candidate"]
+    assert arm["valid"] is True and arm["samples"] == [1.5, 1.25]
+    assert "not_kept" in arm["output"] and "server_log_tail" in arm["output"]["keys"]

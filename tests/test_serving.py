@@ -233,3 +233,13 @@ def test_a_campaign_round_judges_a_flag_candidate_end_to_end(tmp_path, make_work
     # NB: the flag candidate keeps the model's outputs: its correctness passes
     assert "candidate_check_failed" not in json.dumps(doc.get("reasons")), doc
     assert "baseline_check_failed" not in json.dumps(doc.get("reasons")), doc
+    # every bench arm's serving evidence is kept beside its samples: percentiles, engine, log
+    samples = json.loads(Path(doc["evidence"]["samples"]["path"]).read_text())
+    arms = [a for p in samples["pairs"] for a in p["arms"].values() if a["valid"]]
+    assert arms, samples
+    for arm in arms:
+        serving = arm["output"]["serving"]
+        assert serving["output_tokens_per_s"] == arm["samples"][0]
+        assert {"p50", "p99"} <= set(serving["ttft_ms"]) and {"p50", "p99"} <= set(serving["itl_ms"])
+        assert arm["output"]["engine"]["version"] == "0.32.0"
+        assert arm["output"]["server_log_tail"]

@@ -174,6 +174,25 @@ def parse_json_output(text: str):
     raise ValueError("the output holds no JSON object")
 
 
+def bench_output(text: str) -> dict | None:
+    """What a benchmark run printed beside its samples, kept as the arm's evidence: the fields of
+    a JSON object on stdout other than `samples` (latency percentiles, the engine's version, a
+    server log tail), also when the run failed. Output over MAX_KEPT_OUTPUT is named, not kept."""
+    try:
+        doc = parse_json_output(text)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    fields = {k: v for k, v in doc.items() if k != "samples"}
+    if not fields:
+        return None
+    size = len(json.dumps(fields, sort_keys=True))
+    if size > MAX_KEPT_OUTPUT:
+        return {"not_kept": f"{size} bytes of JSON, over {MAX_KEPT_OUTPUT}", "keys": sorted(fields)}
+    return fields
+
+
 def lookup(doc, dotted: str):
     cur = doc
     for part in dotted.split("."):
@@ -330,6 +349,7 @@ def bench(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
                 "wall_s": run["wall_s"],
                 "exit_code": run["exit_code"],
                 "log_tail": run["stderr_tail"],
+                "output": bench_output(run["stdout"]),
             }
             if run["timed_out"]:
                 record["reasons"].append(
@@ -337,7 +357,11 @@ def bench(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
                 )
             elif run["exit_code"] != 0:
                 record["reasons"].append(
-                    {"code": "bench_command_failed", "detail": f"exit {run['exit_code']}"}
+                    {
+                        "code": "bench_command_failed",
+                        "detail": f"exit {run['exit_code']}: "
+                        + ((run["stderr_tail"] or "").splitlines()[-1:] or [""])[0][:300],
+                    }
                 )
             else:
                 try:
