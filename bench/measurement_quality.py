@@ -62,6 +62,10 @@ def _overlap(speedups: list) -> dict:
     }
 
 
+def _median(xs: list):
+    return sorted(xs)[len(xs) // 2] if xs else None
+
+
 def bench_task(task: str, reps: int, gain_reps: int, work: Path) -> dict:
     tdir = TASKS / task
     base, gain = tdir / "baseline", tdir / "candidates" / "gain20"
@@ -153,6 +157,21 @@ def bench_task(task: str, reps: int, gain_reps: int, work: Path) -> dict:
             for v in aa_verdicts
             if v["speedup"] and v["speedup"]["lo"] <= 1.0 <= v["speedup"]["hi"]
         ),
+        # NB: an A/A verdict without an interval (host_busy, too few pairs) says nothing of
+        # coverage either way: counted apart, never as a hit
+        "aa_intervals": sum(1 for v in aa_verdicts if v["speedup"]),
+        # NB: the same intervals before the run shift was added (docs/evidence.md)
+        "aa_plain_interval_contains_1": sum(
+            1
+            for v in aa_verdicts
+            if v["speedup"]
+            and v["speedup"]["lo"] * (1 + v["speedup"].get("run_shift", 0.0))
+            <= 1.0
+            <= v["speedup"]["hi"] / (1 + v["speedup"].get("run_shift", 0.0))
+        ),
+        "run_shift_median": _median(
+            [v["speedup"].get("run_shift", 0.0) for v in aa_verdicts if v["speedup"]]
+        ),
         "ipc_overhead_us_median": sorted(
             json.loads(p.read_text())["referee"]["ipc_overhead_ns"]["candidate"] / 1e3
             for p in aa_runs + gain_runs
@@ -193,7 +212,9 @@ def main() -> int:
             results.append(bench_task(task, args.reps, args.gain_reps, Path(tmp)))
         r = results[-1]
         print(
-            f"{task:8s} A/A interval holds 1.0 {r['aa_interval_contains_1']:2d}/{r['reps']}  "
+            f"{task:8s} A/A interval holds 1.0 {r['aa_interval_contains_1']:2d}/"
+            f"{r['aa_intervals']} (plain {r['aa_plain_interval_contains_1']}, run shift "
+            f"median {r['run_shift_median'] or 0:.4f}; {r['reps']} A/A runs)  "
             f"IPC {r['ipc_overhead_us_median']:.0f} us/call  "
             f"A/A false PASS {r['aa_false_pass']:2d}/{r['reps']}  gain20 detected "
             f"{r['gain20_detected']:2d}/{r['gain_reps']}  gain intervals overlapping "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -208,7 +209,9 @@ def assess(
         inconclusive = True
         add("too_few_pairs", f"{len(ratios)} complete pairs (< {a['min_pairs']})")
     else:
-        speed = S.speedup(ratios, a["confidence"], a["bootstrap_resamples"], seed)
+        # NB: the A/A calibration's own median is the run-to-run shift this binding shows
+        shift = abs(math.log(noise["aa_point"])) if noise else 0.0
+        speed = S.speedup(ratios, a["confidence"], a["bootstrap_resamples"], seed, shift)
 
     threshold = S.pass_threshold(noise["delta"], a["min_improvement"]) if noise else None
     # NB: a baseline failing its own check means the judge is broken; no candidate is failed by it.

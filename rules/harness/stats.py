@@ -14,7 +14,8 @@ import statistics
 
 METHOD = (
     "distribution-free interval of the median per-pair log ratio from order statistics "
-    "(sign-test inversion; exact binomial coverage >= the stated confidence)"
+    "(sign-test inversion; exact binomial coverage >= the stated confidence), widened on each "
+    "side by the run-to-run shift the binding's A/A calibration shows (|log of its point|)"
 )
 
 
@@ -74,14 +75,31 @@ def median_interval(log_ratios: Sequence[float], confidence: float) -> tuple[flo
     return float(x[k - 1]), float(x[n - k]), float(1.0 - 2.0 * below)
 
 
-def speedup(log_ratios: Sequence[float], confidence: float, resamples: int, seed: int) -> dict:
-    """Point estimate exp(median log ratio) and its interval, as factors (1.0 = same)."""
+def speedup(
+    log_ratios: Sequence[float],
+    confidence: float,
+    resamples: int,
+    seed: int,
+    run_shift: float = 0.0,
+) -> dict:
+    """Point estimate exp(median log ratio) and its interval, as factors (1.0 = same).
+
+    `run_shift` (log scale, >= 0) widens the interval on both sides. The order-statistic
+    interval holds for pairs that are independent draws; the pairs of one run share that run's
+    state (its workers' sandboxes, heap layouts, where the host's caches and clocks stand), so
+    a whole run can sit off the truth by more than its pairs scatter. An A/A run of the same
+    binding shows the size of that shift (its median log ratio, where the truth is 0); it is
+    added on each side. bench/measurement_quality.py measures the coverage this gives."""
     x = [float(v) for v in log_ratios]
+    shift = float(run_shift)
+    if not math.isfinite(shift) or shift < 0:
+        raise ValueError(f"run_shift must be finite and >= 0, not {run_shift!r}")
     lo, hi, coverage = median_interval(x, confidence)
     return {
         "point": math.exp(statistics.median(x)),
-        "lo": math.exp(lo),
-        "hi": math.exp(hi),
+        "lo": math.exp(lo - shift),
+        "hi": math.exp(hi + shift),
+        "run_shift": math.expm1(shift),
         "confidence": float(confidence),
         "coverage": coverage,
         "method": METHOD,
