@@ -48,7 +48,77 @@ def _current_package(ws) -> str:
     return "" if str(rel) == "." else rel.as_posix()
 
 
+def _error_doc(ctx: click.Context, code: str, message: str, exit_code: int, **where: Any) -> dict:
+    """The JSON an engine command prints under --json when it refuses or fails: an agent reads
+    the same fields a person reads on stderr, never has to parse text."""
+    names = []
+    while ctx.parent is not None:  # NB: not the program's name: `rsi`, `python -m rsi.cli`
+        names.append(ctx.info_name)
+        ctx = ctx.parent
+    return {
+        "schema": "rsi.error/1",
+        "command": " ".join(reversed(names)),
+        "state": "error",
+        "exit_code": exit_code,
+        "error": {"code": code, "message": message, **where},
+    }
+
+
+class RsiCommand(click.Command):
+    """An engine command: under --json, a refusal (a bad option, an unknown label, a wrong
+    declaration) or a failure before the report is also an `rsi.error/1` document on stdout,
+    with the same exit code; stderr keeps the line a person reads."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        wants_json = "--json" in args
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            if not wants_json or ctx.resilient_parsing:
+                raise
+            _emit(
+                _error_doc(
+                    ctx,
+                    "UsageError",
+                    exc.format_message(),
+                    EXIT_USAGE,
+                    hint=f"see {ctx.command_path} --help",
+                ),
+                True,
+            )
+            click.echo(f"rsi: error: {exc.format_message()}", err=True)
+            ctx.exit(EXIT_USAGE)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except RsiError as exc:
+            if not ctx.params.get("as_json"):
+                raise
+            where = {
+                k: getattr(exc, k)
+                for k in ("file", "target", "field")
+                if getattr(exc, k, None) is not None
+            }
+            _emit(
+                _error_doc(
+                    ctx,
+                    getattr(exc, "code", None) or type(exc).__name__,
+                    getattr(exc, "detail", None) or exc.message,
+                    exc.exit_code,
+                    hint=exc.hint,
+                    **where,
+                ),
+                True,
+            )
+            click.echo(f"rsi: error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+
 class RsiGroup(click.Group):
+    command_class = RsiCommand
+    group_class = type  # NB: subgroups (cache, toolchain) are RsiGroups with RsiCommands
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)

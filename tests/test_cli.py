@@ -100,6 +100,50 @@ def test_usage_errors_exit_2(run_rsi, ws, args, needle):
     assert "Traceback" not in run.stderr
 
 
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["build", "//:nope"], "no target //:nope"),
+        (["build", "//missing:x"], "no package //missing"),
+        (["build", "--no-such-option", "//:gen"], "No such option"),
+        (["build"], "Missing argument"),
+        (["build", "--jobs", "0", "//:gen"], "--jobs"),
+        (["query", "deps(//:gen"], "cannot parse query"),
+        (["cache", "show", "nothing-matches"], "nothing in the cache matches"),
+    ],
+)
+def test_under_json_a_refusal_is_a_json_error_document_too(run_rsi, ws, args, needle):
+    """An agent asking for --json gets the refusal as rsi.error/1 on stdout, with the same exit
+    code; a person still reads the line on stderr; nothing is built or lost."""
+    run_rsi(ws, "build", "//:gen")
+    before = _store_files(ws)
+    run = run_rsi(ws, *args, "--json")
+    assert run.returncode == 2, run
+    doc = json.loads(run.stdout)
+    assert doc["schema"] == "rsi.error/1" and doc["state"] == "error"
+    assert doc["exit_code"] == 2 and doc["command"] == " ".join(
+        args[:2] if args[0] == "cache" else args[:1]
+    )
+    assert needle in doc["error"]["message"] and doc["error"]["code"]
+    assert needle in run.stderr and "Traceback" not in run.stderr
+    assert _store_files(ws) == before
+
+
+def test_under_json_a_declaration_error_names_its_file_target_and_field(run_rsi, ws):
+    build_file = ws / "sub" / "BUILD.toml"
+    build_file.write_text(
+        build_file.read_text() + '\n[broken]\nrule = "command"\ncmd = 3\nouts = ["b.txt"]\n'
+    )
+    run = run_rsi(ws, "build", "//sub:final", "--json")
+    assert run.returncode == 2, run
+    err = json.loads(run.stdout)["error"]
+    assert err["code"] == "DeclarationError"
+    assert err["file"].endswith("sub/BUILD.toml") and err["target"] == "//sub:broken"
+    assert err["field"] == "cmd" and "sub/BUILD.toml" not in err["message"]
+    run = run_rsi(ws, "build", "//sub:final")  # NB: without --json: text only, as before
+    assert run.returncode == 2 and run.stdout == "" and "field 'cmd'" in run.stderr
+
+
 def test_outside_a_workspace_is_a_usage_error(run_rsi, tmp_path):
     run = run_rsi(tmp_path, "build", "//:x", cwd=tmp_path)
     assert run.returncode == 2 and "not inside an rsi workspace" in run.stderr
