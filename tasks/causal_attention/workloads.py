@@ -2,7 +2,12 @@
 
 make_inputs(case, seed): the problem's get_inputs() with torch's RNG seeded by `seed` (the
 referee's secret) and the free sizes (VARIED, in order) set from case["shape"]; kinds: normal,
-large (x100), tiny (x1e-3), transposed (the same values as non-contiguous views)."""
+large (x4), tiny (x1e-3), transposed (the same values as non-contiguous views).
+
+NB: "large" is x4 here, not the importer's x100: q and k both scale, so the scores grow with
+the square. At x100 they spread ~1e4 apart, the softmax is an argmax, and near-ties are decided
+by float32 rounding: a correct float32 kernel (the library's own fused attention) missed the
+float64 oracle on 17 of 30 seeds. At x4 it missed on 0 of 300 (x30: 26 of 30)."""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ VARIED = ["batch", "heads", "seq", "head_dim"]
 NAMES = ["q", "k", "v"]
 INIT = []
 INIT_SEED = 0
-SCALE = {"normal": 1.0, "large": 100.0, "tiny": 1e-3, "transposed": 1.0}
+SCALE = {"normal": 1.0, "large": 4.0, "tiny": 1e-3, "transposed": 1.0}
 
 
 def _load():
