@@ -33,6 +33,9 @@ from rsi.host import Capabilities, Holder, HostLock, describe_holders, unmet_req
 from rsi.rule import ActionSpec
 from rsi.store import LazyIndex, LocalStore
 
+# NB: descriptions per "why" pack blob: bounded, so reading one action's costs the same at any N
+PACK_ACTIONS = 64
+
 
 class RemoteCache(Protocol):
     def get(self, action: Action, store: LocalStore) -> ActionResult | None: ...
@@ -228,18 +231,23 @@ class Scheduler:
         self.index_updates[spec.id] = entry
 
     def _write_pack(self) -> None:
+        """The run's descriptions, in packs of at most `PACK_ACTIONS`: "why" for one action
+        then parses one small pack, not every description a cold build of 100,000 wrote."""
         if not self._pack:
             return
-        try:
-            digest = str(self.store.put_bytes(canonical_bytes(self._pack), fsync=False))
-        except RsiError:
-            for action_id in self._pack:  # NB: "why" then says the description is gone
-                self.index_updates.pop(action_id, None)
-            return
-        for action_id in self._pack:
-            if action_id in self.index_updates:
-                self.index_updates[action_id]["pack"] = digest
+        items = list(self._pack.items())
         self._pack = {}
+        for start in range(0, len(items), PACK_ACTIONS):
+            chunk = dict(items[start : start + PACK_ACTIONS])
+            try:
+                digest = str(self.store.put_bytes(canonical_bytes(chunk), fsync=False))
+            except RsiError:
+                for action_id in chunk:  # NB: "why" then says the description is gone
+                    self.index_updates.pop(action_id, None)
+                continue
+            for action_id in chunk:
+                if action_id in self.index_updates:
+                    self.index_updates[action_id]["pack"] = digest
 
     # ---------------------------------------------------------------------------- lookup
     def lookup(self, graph: BuildGraph, wanted: set[str]) -> dict[str, Outcome]:
