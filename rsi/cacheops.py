@@ -240,10 +240,7 @@ def cache_gc(
         for name in removed_blobs:
             store._quarantine(store.cas / name[:2] / name)
         for gone in dropped:
-            try:
-                os.unlink(gone["file"])
-            except OSError:
-                pass
+            store.drop_registration(Path(gone["file"]))
         try:
             os.unlink(store.root / "blob-memo.json")
         except OSError:

@@ -43,6 +43,8 @@ STORE_MARKER = "STORE.json"
 # NB: version 2 hashes the key with the content: an entry moved to another key never verifies
 AC_SCHEMA = "rsi.ac/2"
 ROOT_SCHEMA = "rsi.gcroot/1"
+# NB: a registration's journal is folded into it past this size (see `update_registration`)
+JOURNAL_BYTES = 256 << 10
 _SMALL_COPY = 1 << 20
 # NB: files an empty folder may hold in a repository (the default `cache/` ships with one);
 # rsi never touches them
@@ -512,9 +514,125 @@ class LocalStore:
         name = hashlib.sha256(os.fsencode(str(workspace))).hexdigest()[:32]
         return self.roots / f"{name}.json"
 
+    # NB: a registration is `roots/<name>.json` and, beside it, a journal `<name>.journal`:
+    # a first line naming the registration file it extends (its stat signature), then one
+    # JSON line of updates per build. A one-change build appends its few new keys instead of
+    # rewriting the keys of every action; a journal naming another file (the registration was
+    # rewritten since, folding it in) is stale and ignored, so a crash at any point leaves
+    # either the old registration or the new one.
+    @staticmethod
+    def _journal_path(path: Path) -> Path:
+        return path.with_suffix(".journal")
+
+    def registration_signature(self, workspace: Path) -> tuple | None:
+        """Changes whenever the registration file is rewritten or its journal grows."""
+        path = self._registration_path(workspace)
+        sigs = []
+        for p in (path, self._journal_path(path)):
+            try:
+                st = os.stat(p)
+            except OSError:
+                sigs.append(None)
+                continue
+            sigs.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        return None if sigs[0] is None else tuple(sigs)
+
+    def _read_registration(self, path: Path) -> dict:
+        """The registration document with its journal (when it extends this file) applied."""
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                doc = json.loads(f.read())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(doc, dict):
+            return {}
+        actions = doc.get("actions")
+        if isinstance(actions, dict):
+            for update in self._journal_updates(path, _stat_sig(st)):
+                actions.update(update)
+        return doc
+
+    def _journal_updates(self, path: Path, base_sig: list) -> list[dict]:
+        try:
+            lines = self._journal_path(path).read_bytes().splitlines()
+        except OSError:
+            return []
+        updates: list[dict] = []
+        for n, line in enumerate(lines):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue  # NB: a line cut short by a crash
+            if not isinstance(doc, dict):
+                continue
+            if n == 0:
+                if doc.get("extends") != base_sig:
+                    return []  # NB: stale: the registration was rewritten with it folded in
+                continue
+            if isinstance(doc.get("actions"), dict):
+                updates.append(doc["actions"])
+        return updates
+
     def register_workspace(self, workspace: Path, actions: dict[str, dict]) -> None:
         """Add `actions` (action id -> {"key", "label"}) to what `workspace` references."""
         path = self._registration_path(workspace)
+        with self._roots_lock():
+            doc = self._read_registration(path)
+            known = doc.get("actions") if doc.get("workspace") == str(workspace) else None
+            known = known if isinstance(known, dict) else {}
+            merged = {**known, **actions}
+            if path.exists() and merged == known:
+                return  # NB: a no-op build writes nothing
+            self._write_registration(path, workspace, merged)
+
+    def update_registration(self, workspace: Path, actions: dict[str, dict]) -> None:
+        """Add `actions` to what `workspace` references, known to be registered already but
+        for these: appended to the journal, without reading or rewriting the registration
+        (folded into it once the journal outgrows `JOURNAL_BYTES`)."""
+        if not actions:
+            return
+        path = self._registration_path(workspace)
+        journal = self._journal_path(path)
+        with self._roots_lock():
+            try:
+                base = _stat_sig(os.stat(path))
+            except OSError:
+                base = None
+            try:
+                size = os.stat(journal).st_size
+            except OSError:
+                size = 0
+            fresh = size == 0 or self._journal_header(journal) != base
+            if base is None or size > JOURNAL_BYTES:
+                doc = self._read_registration(path) if base is not None else {}
+                known = doc.get("actions") if doc.get("workspace") == str(workspace) else None
+                known = known if isinstance(known, dict) else {}
+                self._write_registration(path, workspace, {**known, **actions})
+                return
+            line = json.dumps({"actions": actions}, sort_keys=True) + "\n"
+            try:
+                if fresh:
+                    head = json.dumps({"schema": ROOT_SCHEMA, "extends": base}) + "\n"
+                    atomic_write_bytes(journal, (head + line).encode(), tmp_dir=self.tmp)
+                else:
+                    with open(journal, "a", encoding="utf-8") as f:
+                        f.write(line)
+                        f.flush()
+                        os.fsync(f.fileno())
+            except OSError as exc:
+                raise store_write_error(self.root, exc) from exc
+
+    @staticmethod
+    def _journal_header(journal: Path) -> list | None:
+        try:
+            with open(journal, "rb") as f:
+                return json.loads(f.readline()).get("extends")
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    @contextmanager
+    def _roots_lock(self) -> Iterator[None]:
         try:
             self.roots.mkdir(exist_ok=True)
             fd = os.open(self.root / "roots.lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -522,13 +640,7 @@ class LocalStore:
             raise store_write_error(self.root, exc) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            doc = _read_json(path)
-            known = doc.get("actions") if doc.get("workspace") == str(workspace) else None
-            known = known if isinstance(known, dict) else {}
-            merged = {**known, **actions}
-            if path.exists() and merged == known:
-                return  # NB: a no-op build writes nothing
-            self._write_registration(path, workspace, merged)
+            yield
         finally:
             os.close(fd)
 
@@ -538,11 +650,20 @@ class LocalStore:
             atomic_write_bytes(path, json.dumps(doc, sort_keys=True).encode(), tmp_dir=self.tmp)
         except OSError as exc:
             raise store_write_error(self.root, exc) from exc
+        # NB: stale now (it names the file just replaced); removed so it is not read again
+        with contextlib.suppress(OSError):
+            os.unlink(self._journal_path(path))
+
+    def drop_registration(self, path: Path) -> None:
+        for p in (path, self._journal_path(path)):
+            with contextlib.suppress(OSError):
+                os.unlink(p)
 
     def registrations(self) -> list[tuple[Path, dict]]:
-        """Every workspace registration: (its file, its document; {} when unreadable)."""
+        """Every workspace registration: (its file, its document with its journal; {} when
+        unreadable)."""
         return [
-            (Path(e.path), _read_json(Path(e.path)))
+            (Path(e.path), self._read_registration(Path(e.path)))
             for e in sorted(_scan(self.roots), key=lambda e: e.name)
             if e.name.endswith(".json")
         ]
@@ -705,6 +826,10 @@ def _entries(folder: Path) -> Iterator[tuple[str, Path]]:
         for entry in sorted(_scan(shard.path), key=lambda e: e.name):
             if _ENTRY.fullmatch(entry.name):
                 yield entry.name, Path(entry.path)
+
+
+def _stat_sig(st: os.stat_result) -> list[int]:
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _read_json(path: Path) -> dict:
