@@ -256,32 +256,39 @@ def cache_key(
 def read_sealed(store, path: Path) -> Any | None:
     """The object pickled at `path` under its own digest (write_sealed); None when the file is
     missing, altered or unreadable in any way: the callers' memos are speed-ups only."""
+    return read_sealed_head(store, path)[1]
+
+
+def read_sealed_head(store, path: Path) -> tuple[str | None, Any | None]:
+    """(the payload's digest, the object) as `read_sealed`; (None, None) when unusable."""
     try:
         raw = path.read_bytes()
     except OSError:
-        return None
+        return None, None
     head, _, payload = raw.partition(b"\n")
-    if head.decode(errors="replace") != digest_bytes(payload, store.function).hash:
-        return None
+    seal = head.decode(errors="replace")
+    if seal != digest_bytes(payload, store.function).hash:
+        return None, None
     try:
         with quiet_gc():
-            return pickle.loads(payload)
+            return seal, pickle.loads(payload)
     except Exception:  # NB: any unpickling failure just means "no memo"
-        return None
+        return None, None
 
 
-def write_sealed(store, path: Path, obj: Any) -> None:
-    """Pickle `obj` to `path`, preceded by the payload's digest; nothing on any failure (an
-    unpicklable object, a full disk): the memo is a speed-up only."""
+def write_sealed(store, path: Path, obj: Any) -> str | None:
+    """Pickle `obj` to `path`, preceded by the payload's digest (returned); nothing on any
+    failure (an unpicklable object, a full disk): the memo is a speed-up only."""
     try:
         payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # NB: a rule holding something unpicklable just goes uncached
-        return
-    head = digest_bytes(payload, store.function).hash.encode()
+        return None
+    head = digest_bytes(payload, store.function).hash
     try:
-        atomic_write_bytes(path, head + b"\n" + payload, fsync=False)
+        atomic_write_bytes(path, head.encode() + b"\n" + payload, fsync=False)
     except OSError:
-        pass
+        return None
+    return head
 
 
 # NB: the analysis folder gets an entry per version of the declarations and rule code, and a

@@ -603,15 +603,28 @@ def _build(
     outcomes: Mapping[str, Outcome] = ran
     if plan is not None:
         outcomes = incremental.Overlay(ran, known or {})
-        refs = plan.refs(clean)
         # NB: `ran` also holds the state's outcomes the run looked at (a consumer's inputs):
-        # those are in `refs` already, and reading their specs would unpickle each
-        refs.update(
-            (i, {"key": str(o.key), "label": graph.actions[i].label})
+        # those are registered already, and reading their specs would unpickle each
+        recorded = plan.actions
+        changed = {
+            i: {"key": str(o.key), "label": graph.actions[i].label}
             for i, o in ran.items()
-            if i not in refs and o.ok and o.key is not None and i in graph.actions
-        )
-        _register_refs(ws, store, refs, events, root_event)
+            if o.ok
+            and o.key is not None
+            and (i not in recorded or plan.key_of(i) != str(o.key))
+            and i in graph.actions
+        }
+        if store.registration_signature(ws.root) == plan.state.get("roots_sig"):
+            # NB: the registration holds what the state recorded: only the new keys go in
+            try:
+                store.update_registration(ws.root, changed)
+            except RsiError as exc:
+                message = f"workspace not registered as a gc root: {exc}"
+                events.emit("warning", root_event, message=message)
+        else:
+            refs = plan.refs(clean)
+            refs.update((i, r) for i, r in changed.items() if i not in refs)
+            _register_refs(ws, store, refs, events, root_event)
     else:
         _register_roots(ws, store, graph, ran, events, root_event)
     report = BuildReport(
@@ -676,7 +689,7 @@ def _build(
                 observed=scheduler.sources_seen,
                 previous=plan,
                 rerun=todo,
-                roots_path=store._registration_path(ws.root),
+                roots_sig=store.registration_signature(ws.root),
             )
     c = events.counts
     not_built = ("skipped", "not_started", "incompatible")
@@ -755,8 +768,7 @@ def _build_unchanged(
             outputs=outputs,
             failed=[],
         )
-    registration = store._registration_path(ws.root)
-    sig = incremental._plain_sig(registration)
+    sig = store.registration_signature(ws.root)
     if sig is None or sig != state["roots_sig"]:
         refs = {
             i: {"key": f"{a[incremental.KEY_HASH]}/{a[incremental.KEY_SIZE]}", "label": a[0]}
@@ -764,14 +776,14 @@ def _build_unchanged(
         }
         try:
             store.register_workspace(ws.root, refs)
-            state["roots_sig"] = incremental._plain_sig(registration)
+            state["roots_sig"] = store.registration_signature(ws.root)
             plan.changed = True
         except RsiError as exc:
             message = f"workspace not registered as a gc root: {exc}"
             events.emit("warning", root_event, message=message)
     store.save_memos()
     if plan.worth_saving:
-        incremental.save(store, state)
+        incremental.save_changes(store, plan)
     report.counts = {
         "actions": len(order),
         "cached": len(order),

@@ -24,15 +24,18 @@ from typing import Any
 
 from rsi import __version__
 from rsi.analysis_cache import quiet_gc  # noqa: F401 - NB: build.py uses it from here
-from rsi.analysis_cache import read_sealed, write_sealed
+from rsi.analysis_cache import read_sealed_head, write_sealed
 from rsi.digest import Digest, FileDigestMemo, digest_file, digest_value
 
-SCHEMA = "rsi.incremental/2"
+SCHEMA = "rsi.incremental/3"
 RACY_NS = FileDigestMemo.RACY_NS
 # NB: a build that only found a few small sources touched leaves the state as it is (each is
 # hashed again next time, as now): at 100,000 actions, writing the state costs seconds
 TOUCHED_MAX = 64
 TOUCHED_BYTES = 1 << 20
+# NB: what a build changed in the state goes to a small delta file beside it, folded into the
+# state (rewritten whole) once it holds more than this many entries or an eighth of the actions
+DELTA_MIN = 512
 
 # NB: what the state keeps of the analysis it was built from
 ANALYSIS_FIELDS = ("analysis_key", "code_roots", "code_packages", "code", "tracker")
@@ -47,14 +50,6 @@ def _sig(st: os.stat_result) -> tuple[int, int, int, int]:
 def _trusted(st: os.stat_result, now_ns: int) -> tuple[int, int, int, int] | None:
     """The signature, when the file's last change is old enough for it to stand for content."""
     return _sig(st) if now_ns - max(st.st_mtime_ns, st.st_ctime_ns) > RACY_NS else None
-
-
-def _plain_sig(path) -> tuple[int, int, int, int] | None:
-    """For files rsi only ever replaces by rename (index, gc roots): a new file, a new inode."""
-    try:
-        return _sig(os.stat(path))
-    except OSError:
-        return None
 
 
 def request_key(ws: Any, patterns: list[str], current: str, store: Any) -> str | None:
@@ -81,40 +76,93 @@ def _state_path(store: Any, request: str):
     return store.root / "analysis" / f"state-{request}"
 
 
-def _load(store: Any, request: str) -> dict | None:
+def _delta_path(store: Any, request: str):
+    return store.root / "analysis" / f"delta-{request}"
+
+
+# NB: the parts of a state a delta replaces entry by entry; the rest of its fields are whole
+DELTA_PARTS = ("actions", "sources", "blobs")
+DELTA_FIELDS = ("index_sig", "roots_sig")
+
+
+def _load(store: Any, request: str) -> tuple[dict, str, dict] | None:
+    """(the state, its seal, what its delta changed: part -> keys), the delta applied."""
     from rsi.fsutil import touch
 
     path = _state_path(store, request)
-    state = read_sealed(store, path)
-    if not isinstance(state, dict) or state.get("schema") != SCHEMA:
+    seal, state = read_sealed_head(store, path)
+    if seal is None or not isinstance(state, dict) or state.get("schema") != SCHEMA:
         return None
+    # NB: a delta extends the state file it names (by seal); any other is stale and ignored
+    changed: dict[str, set] = {part: set() for part in DELTA_PARTS}
+    _, delta = read_sealed_head(store, _delta_path(store, request))
+    if isinstance(delta, dict) and delta.get("extends") == seal:
+        for part in DELTA_PARTS:
+            state[part].update(delta[part])
+            changed[part].update(delta[part])
+        for name in DELTA_FIELDS:
+            state[name] = delta[name]
     # NB: in use: neither this state nor the analysis it names is the oldest to prune
     touch(path)
     touch(path.parent / str(state.get("analysis_key")))
-    return state
+    return state, seal, changed
 
 
-def save(store: Any, state: dict) -> None:
+def save(store: Any, state: dict) -> str | None:
+    """Write the whole state (its delta, folded in, is removed); returns its seal."""
     from rsi.analysis_cache import KEEP_BYTES, KEEP_STATES
     from rsi.fsutil import prune
 
+    live = {h for a in state["actions"].values() for _, h, _n, _x in a[OUTPUTS]}
+    blobs = state["blobs"]
+    if len(blobs) > len(live):
+        state["blobs"] = {h: sig for h, sig in blobs.items() if h in live}
     path = _state_path(store, state["request"])
-    write_sealed(store, path, state)
-    prune(
+    seal = write_sealed(store, path, state)
+    try:
+        os.unlink(_delta_path(store, state["request"]))
+    except OSError:
+        pass
+    removed = prune(
         path.parent,
         keep=KEEP_STATES,
         keep_bytes=KEEP_BYTES,
         match=lambda name: name.startswith("state-"),
         spare=path.name,
     )
+    for name in removed:
+        try:
+            os.unlink(path.parent / f"delta-{name[len('state-') :]}")
+        except OSError:
+            pass
+    return seal
+
+
+def save_changes(store: Any, p: Plan) -> None:
+    """Write what changed since the state file was written (the plan's `updated` entries) as
+    its delta, or the whole state once the delta would be large."""
+    state = p.state
+    count = sum(len(keys) for keys in p.updated.values())
+    if p.seal is None or count > max(DELTA_MIN, len(state["actions"]) // 8):
+        p.seal = save(store, state)
+        p.updated = {part: set() for part in DELTA_PARTS}
+        return
+    delta: dict[str, Any] = {"schema": SCHEMA, "extends": p.seal}
+    for part in DELTA_PARTS:
+        whole = state[part]
+        delta[part] = {k: whole[k] for k in p.updated[part] if k in whole}
+    for name in DELTA_FIELDS:
+        delta[name] = state.get(name)
+    write_sealed(store, _delta_path(store, p.request), delta)
 
 
 def forget(store: Any, request: str | None) -> None:
     if request is not None:
-        try:
-            os.unlink(_state_path(store, request))
-        except OSError:
-            pass
+        for path in (_state_path(store, request), _delta_path(store, request)):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 @dataclass
@@ -124,6 +172,10 @@ class Plan:
 
     request: str
     state: dict
+    # NB: the seal of the state file, and the entries changed since it was written (by part:
+    # actions, sources, blobs), which its delta holds
+    seal: str | None = None
+    updated: dict[str, set] = field(default_factory=lambda: {k: set() for k in DELTA_PARTS})
     dirty: set[str] = field(default_factory=set)
     changed: bool = False  # NB: signatures were refreshed: save the state again
     # NB: sources touched (same content, new signature): worth saving the state for only when
@@ -168,6 +220,10 @@ class Plan:
             i: {"key": f"{actions[i][KEY_HASH]}/{actions[i][KEY_SIZE]}", "label": actions[i][LABEL]}
             for i in ids
         }
+
+    def key_of(self, action_id: str) -> str:
+        a = self.actions[action_id]
+        return f"{a[KEY_HASH]}/{a[KEY_SIZE]}"
 
     def output(self, producer: str, path: str) -> tuple[Digest, bool] | None:
         for p, h, n, x in self.actions[producer][OUTPUTS]:
@@ -252,9 +308,10 @@ def _plan(
     request = request_key(ws, patterns, current, store)
     if request is None:
         return None
-    state = _load(store, request)
-    if state is None:
+    loaded = _load(store, request)
+    if loaded is None:
         return None
+    state, seal, updated = loaded
     memo = store.meta_memo
     # NB: the engine and rule code, then every read analysis made (declarations, folder
     # listings, sources' existence, mode and real path): any change means analyse again
@@ -273,7 +330,7 @@ def _plan(
             pass
     # NB: the sources first: an edited one is reported at once (the caller starts what the
     # build will run on), before the analysis' reads are checked
-    p = Plan(request, state)
+    p = Plan(request, state, seal, updated)
     _check_sources(store, sources, lstats, p, on_edit)
     tracker = state["tracker"]
     tracker.memo = memo
@@ -321,6 +378,7 @@ def _check_sources(
             continue
         if new_sig != sig:  # NB: touched, same content: remember the new signature
             entry[0] = new_sig
+            p.updated["sources"].add(path)
             if sig is None and new_sig is not None:
                 p.changed = True  # NB: settled at last: from now on a stat stands for it
             else:
@@ -366,7 +424,7 @@ def _check_entries(store: Any, actions: dict, blobs: dict, p: Plan) -> None:
         sig = a[AC_SIG]
         if (
             sig is None or sig != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        ) and not _entry_verified(store, a, st, p):
+        ) and not _entry_verified(store, action_id, a, st, p):
             dirty.add(action_id)
             continue
         good = True
@@ -409,7 +467,7 @@ def _check_entries(store: Any, actions: dict, blobs: dict, p: Plan) -> None:
             dirty.add(action_id)
 
 
-def _entry_verified(store: Any, a: list, st: os.stat_result, p: Plan) -> bool:
+def _entry_verified(store: Any, action_id: str, a: list, st: os.stat_result, p: Plan) -> bool:
     """The entry read and checked as a cache hit reads it, and holding what was recorded."""
     result = store.get_action_result(Digest(a[KEY_HASH], a[KEY_SIZE]))
     if result is None or not result.ok:
@@ -419,6 +477,7 @@ def _entry_verified(store: Any, a: list, st: os.stat_result, p: Plan) -> bool:
     if outputs != tuple(a[OUTPUTS]) or logs != tuple(a[LOGS]):
         return False
     a[AC_SIG] = _trusted(st, time.time_ns())
+    p.updated["actions"].add(action_id)
     p.changed = True
     return True
 
@@ -429,6 +488,7 @@ def _blob_verified(store: Any, st: os.stat_result, h: str, n: int, blobs: dict, 
     if not store.has_verified(Digest(h, n)):
         return False
     blobs[h] = _trusted(st, time.time_ns())
+    p.updated["blobs"].add(h)
     p.changed = True
     return True
 
@@ -462,76 +522,33 @@ def record(
     observed: Mapping[str, tuple],
     previous: Plan | None,
     rerun: set[str],
-    roots_path: Any,
+    roots_sig: Any,
 ) -> None:
     """Save the state of a build in which every wanted action succeeded. `observed` is what
     the scheduler saw of each source it keyed ((signature or None, hash, size), or
     (None, None, None) when two reads disagreed); `rerun` are the actions it looked at (the
-    others kept their entries from `previous`)."""
+    others kept their entries from `previous`, which is then updated in place and saved as a
+    delta: a build that ran three actions writes three entries, not the state of all)."""
+    if previous is not None:
+        _record_changes(store, previous, outcomes, observed, rerun, roots_sig)
+        return
     now = time.time_ns()
     wanted = [i for i in outcomes]
-    old_actions = previous.actions if previous is not None else {}
-    old_sources = previous.state["sources"] if previous is not None else {}
-    blobs: dict = dict(previous.state["blobs"]) if previous is not None else {}
+    blobs: dict = {}
     actions: dict[str, list] = {}
     sources: dict[str, list] = {}
-    if previous is not None:
-        # NB: the same analysis as the previous state's (the plan checked it), so the same
-        # sources with the same consumers: only what the run saw of them is new, and no spec
-        # of an action that did not run is read
-        for path, old in old_sources.items():
-            seen = observed.get(path)
-            if seen is None:
-                seen = (old[0], old[1], old[2])
-            elif any(c not in rerun for c in old[3]) and (old[1], old[2]) != seen[1:]:
-                seen = (None, None, None)  # NB: an unchanged consumer was keyed with the old
-            sources[path] = [seen[0], seen[1], seen[2], old[3]]
     # NB: the tracker's own strings as keys, so each path is pickled once
     same_path = {p: p for p in getattr(analysis.get("tracker"), "stats", {})}
     # NB: one object for equal values many actions hold (their mnemonic, their logs: most
     # are empty), pickled and unpickled once
     shared: dict = {}
-    for a in old_actions.values():  # NB: the kept entries' own, so new entries share them
-        shared.setdefault(a[LOGS], a[LOGS])
-        shared.setdefault(a[MNEMONIC], a[MNEMONIC])
-        break
     for action_id in wanted:
-        if previous is None:
-            spec = graph.actions[action_id]
-            _add_sources(spec, action_id, sources, same_path, observed)
-        elif action_id not in rerun and action_id in old_actions:
-            actions[action_id] = old_actions[action_id]
-            continue
-        else:
-            spec = graph.actions[action_id]
+        spec = graph.actions[action_id]
+        _add_sources(spec, action_id, sources, same_path, observed)
         o = outcomes[action_id]
-        result = o.result
-        outputs = tuple(
-            (x.path, x.digest.hash, x.digest.size, x.executable) for x in result.outputs
-        )
-        logs = tuple((d.hash, d.size) if d else None for d in (result.stdout, result.stderr))
-        logs = shared.setdefault(logs, logs)
-        try:
-            ac_sig = _trusted(os.stat(f"{store._ac_s}/{o.key.hash[:2]}/{o.key.hash}"), now)
-        except OSError:
-            ac_sig = None
-        for _, h, _n, _x in outputs:
-            if h not in blobs or blobs[h] is None:
-                try:
-                    blobs[h] = _trusted(os.stat(f"{store._cas_s}/{h[:2]}/{h}"), now)
-                except OSError:
-                    blobs[h] = None
-        actions[action_id] = [
-            spec.label,
-            shared.setdefault(spec.mnemonic, spec.mnemonic),
-            o.key.hash,
-            o.key.size,
-            ac_sig,
-            outputs,
-            logs,
-        ]
-    targets = [] if previous is None else previous.state["targets"]
-    for label in labels if previous is None else ():
+        actions[action_id] = _entry(store, spec.label, spec.mnemonic, o, blobs, shared, now)
+    targets = []
+    for label in labels:
         provider = graph.providers[label]
         targets.append(
             {
@@ -546,7 +563,6 @@ def record(
                 "show": provider.info.get("show"),
             }
         )
-    live = {h for a in actions.values() for _, h, _n, _x in a[OUTPUTS]}
     state = {
         "schema": SCHEMA,
         "request": request,
@@ -555,8 +571,92 @@ def record(
         "order": wanted,
         "actions": actions,
         "sources": sources,
-        "blobs": {h: s for h, s in blobs.items() if h in live},
+        "blobs": blobs,
         "index_sig": store.index_signature(),
-        "roots_sig": _plain_sig(roots_path),
+        "roots_sig": roots_sig,
     }
     save(store, state)
+
+
+def _entry(
+    store: Any,
+    label: str,
+    mnemonic: str,
+    o: Any,
+    blobs: dict,
+    shared: dict,
+    now: int,
+    new_blobs: set | None = None,
+) -> list:
+    """An action's entry in the state, the signatures of its blobs not yet known (or racy)
+    entered in `blobs` (and their hashes in `new_blobs`)."""
+    result = o.result
+    outputs = tuple((x.path, x.digest.hash, x.digest.size, x.executable) for x in result.outputs)
+    logs = tuple((d.hash, d.size) if d else None for d in (result.stdout, result.stderr))
+    logs = shared.setdefault(logs, logs)
+    try:
+        ac_sig = _trusted(os.stat(f"{store._ac_s}/{o.key.hash[:2]}/{o.key.hash}"), now)
+    except OSError:
+        ac_sig = None
+    for _, h, _n, _x in outputs:
+        if blobs.get(h) is None:
+            try:
+                blobs[h] = _trusted(os.stat(f"{store._cas_s}/{h[:2]}/{h}"), now)
+            except OSError:
+                blobs[h] = None
+            if new_blobs is not None:
+                new_blobs.add(h)
+    return [
+        label,
+        shared.setdefault(mnemonic, mnemonic),
+        o.key.hash,
+        o.key.size,
+        ac_sig,
+        outputs,
+        logs,
+    ]
+
+
+def _record_changes(
+    store: Any,
+    p: Plan,
+    outcomes: Mapping,
+    observed: Mapping[str, tuple],
+    rerun: set[str],
+    roots_sig: Any,
+) -> None:
+    """The same analysis as the previous state's (the plan checked it), so the same sources
+    with the same consumers and the same actions: only what the run saw of the sources it
+    keyed and the entries of the actions it looked at are new; no other spec is read."""
+    now = time.time_ns()
+    state = p.state
+    sources, actions = state["sources"], state["actions"]
+    updated = p.updated
+    for path, seen in observed.items():
+        old = sources.get(path)
+        if old is None:
+            continue
+        if any(c not in rerun for c in old[3]) and (old[1], old[2]) != seen[1:]:
+            seen = (None, None, None)  # NB: an unchanged consumer was keyed with the old
+        if (old[0], old[1], old[2]) != seen:
+            old[0], old[1], old[2] = seen
+            updated["sources"].add(path)
+    # NB: one object for equal values many actions hold, shared with the kept entries
+    shared: dict = {}
+    for a in actions.values():
+        shared.setdefault(a[LOGS], a[LOGS])
+        shared.setdefault(a[MNEMONIC], a[MNEMONIC])
+        break
+    blobs = state["blobs"]
+    for action_id in rerun:
+        old = actions.get(action_id)
+        if old is None or action_id not in outcomes:
+            continue
+        o = outcomes[action_id]
+        entry = _entry(store, old[LABEL], old[MNEMONIC], o, blobs, shared, now, updated["blobs"])
+        if entry != old:
+            actions[action_id] = entry
+            updated["actions"].add(action_id)
+    state["index_sig"] = store.index_signature()
+    state["roots_sig"] = roots_sig
+    save_changes(store, p)

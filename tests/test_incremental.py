@@ -310,3 +310,33 @@ def test_a_touched_source_is_hashed_again_without_writing_the_state_again(build,
     _rewrite_same_size_same_mtime(fanin / "in" / "a.txt", "ALPHA\n")
     assert build(fanin, "//:top").executed == {"//:leaf_a", "//:top"}
     assert (fanin / "out" / "top.out").read_text() == "ALPHA\na\nbravo\nb\n"
+
+
+def test_a_one_change_build_writes_a_delta_beside_the_state_not_the_state(build, fanin):
+    """What a build changed goes to `delta-<request>`, which extends the state file it names:
+    the state file itself is not rewritten, and a delta naming another state is ignored."""
+    build(fanin, "//:top")
+    _settle(build, fanin)
+    (state,) = _state_files(fanin)
+    before = (state.stat().st_ino, state.stat().st_mtime_ns)
+    (fanin / "in" / "a.txt").write_text("alpha 2\n")
+    assert build(fanin, "//:top").executed == {"//:leaf_a", "//:top"}
+    assert (state.stat().st_ino, state.stat().st_mtime_ns) == before
+    delta = state.parent / ("delta-" + state.name[len("state-") :])
+    assert delta.is_file()
+    assert build(fanin, "//:top").executed == set()
+    (fanin / "in" / "b.txt").write_text("bravo 2\n")
+    assert build(fanin, "//:top").executed == {"//:leaf_b", "//:top"}
+    assert build(fanin, "//:top").executed == set()
+    assert (fanin / "out" / "top.out").read_text() == "alpha 2\na\nbravo 2\nb\n"
+    # NB: the state without its delta is older, never wrong: every claim is checked again
+    stale = delta.read_bytes()
+    delta.unlink()
+    assert build(fanin, "//:top").executed == set()
+    assert (fanin / "out" / "top.out").read_text() == "alpha 2\na\nbravo 2\nb\n"
+    delta.write_bytes(stale)
+    (fanin / "in" / "a.txt").write_text("alpha\n")
+    (fanin / "in" / "b.txt").write_text("bravo\n")
+    run = build(fanin, "//:top")
+    assert run.executed == set() and run.cached == ALL
+    assert (fanin / "out" / "top.out").read_text() == "alpha\na\nbravo\nb\n"
