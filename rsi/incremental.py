@@ -27,7 +27,7 @@ from rsi.analysis_cache import quiet_gc  # noqa: F401 - NB: build.py uses it fro
 from rsi.analysis_cache import read_sealed_head, write_sealed
 from rsi.digest import Digest, FileDigestMemo, digest_file, digest_value
 
-SCHEMA = "rsi.incremental/3"
+SCHEMA = "rsi.incremental/4"
 RACY_NS = FileDigestMemo.RACY_NS
 # NB: a build that only found a few small sources touched leaves the state as it is (each is
 # hashed again next time, as now): at 100,000 actions, writing the state costs seconds
@@ -81,7 +81,7 @@ def _delta_path(store: Any, request: str):
 
 
 # NB: the parts of a state a delta replaces entry by entry; the rest of its fields are whole
-DELTA_PARTS = ("actions", "sources", "blobs")
+DELTA_PARTS = ("actions", "sources", "blobs", "ac_dirs")
 DELTA_FIELDS = ("index_sig", "roots_sig")
 
 
@@ -412,21 +412,42 @@ def _check_entries(store: Any, actions: dict, blobs: dict, p: Plan) -> None:
     # ones), so a pair of logs found good is checked once, by identity
     logs_ok: set[int] = set()
     stat_of = os.stat
+    # NB: an entry is only ever added, replaced or removed by a rename or an unlink in its
+    # shard folder, which changes the folder's signature: in a shard whose folder is as
+    # recorded, every entry is (a stat of 256 folders, not one per action). The folders are
+    # stat'ed before their entries, so a change made while they are checked is seen next time
+    ac_dirs = p.state["ac_dirs"]
+    now = time.time_ns()
+    shard_ok: dict[str, bool] = {}
+    shard_new: dict[str, Any] = {}
+    for shard, want in ac_dirs.items():
+        try:
+            st = stat_of(f"{ac_root}/{shard}")
+        except OSError:
+            shard_ok[shard] = False
+            shard_new[shard] = None
+            continue
+        shard_ok[shard] = want is not None and want == _sig(st)
+        if not shard_ok[shard]:
+            shard_new[shard] = _trusted(st, now)
     for action_id, a in actions.items():
         if action_id in dirty:
             continue
         h = a[KEY_HASH]
-        try:
-            st = stat_of(f"{ac_root}/{h[:2]}/{h}")
-        except OSError:
-            dirty.add(action_id)
-            continue
-        sig = a[AC_SIG]
-        if (
-            sig is None or sig != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        ) and not _entry_verified(store, action_id, a, st, p):
-            dirty.add(action_id)
-            continue
+        if not shard_ok.get(h[:2], False):
+            try:
+                st = stat_of(f"{ac_root}/{h[:2]}/{h}")
+            except OSError:
+                dirty.add(action_id)
+                shard_new[h[:2]] = None
+                continue
+            sig = a[AC_SIG]
+            if (
+                sig is None or sig != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            ) and not _entry_verified(store, action_id, a, st, p):
+                dirty.add(action_id)
+                shard_new[h[:2]] = None
+                continue
         good = True
         for _, bh, n, _x in a[OUTPUTS]:
             ok = checked.get(bh)
@@ -465,6 +486,13 @@ def _check_entries(store: Any, actions: dict, blobs: dict, p: Plan) -> None:
                 logs_ok.add(id(logs))
         if not good:
             dirty.add(action_id)
+    # NB: a shard whose entries all held: its folder's signature stands for them next time
+    # (one with a failed entry is re-checked: the action runs again and writes into it)
+    for shard, sig in shard_new.items():
+        if ac_dirs.get(shard) != sig:
+            ac_dirs[shard] = sig
+            p.updated["ac_dirs"].add(shard)
+            p.changed = True
 
 
 def _entry_verified(store: Any, action_id: str, a: list, st: os.stat_result, p: Plan) -> bool:
@@ -563,6 +591,14 @@ def record(
                 "show": provider.info.get("show"),
             }
         )
+    ac_dirs: dict[str, Any] = {}
+    for a in actions.values():
+        shard = a[KEY_HASH][:2]
+        if shard not in ac_dirs:
+            try:
+                ac_dirs[shard] = _trusted(os.stat(f"{store._ac_s}/{shard}"), now)
+            except OSError:
+                ac_dirs[shard] = None
     state = {
         "schema": SCHEMA,
         "request": request,
@@ -572,6 +608,7 @@ def record(
         "actions": actions,
         "sources": sources,
         "blobs": blobs,
+        "ac_dirs": ac_dirs,
         "index_sig": store.index_signature(),
         "roots_sig": roots_sig,
     }
@@ -657,6 +694,11 @@ def _record_changes(
         if entry != old:
             actions[action_id] = entry
             updated["actions"].add(action_id)
+        # NB: written into by this build: its entries are stat'ed next time, which settles it
+        shard = entry[KEY_HASH][:2]
+        if state["ac_dirs"].get(shard, 0) is not None:
+            state["ac_dirs"][shard] = None
+            updated["ac_dirs"].add(shard)
     state["index_sig"] = store.index_signature()
     state["roots_sig"] = roots_sig
     save_changes(store, p)

@@ -134,6 +134,25 @@ def test_a_deleted_action_cache_entry_is_rebuilt(build, fanin):
     assert (fanin / "out" / "top.out").read_text() == "alpha\na\nbravo\nb\n"
 
 
+def test_an_action_cache_entry_altered_in_place_is_never_trusted(build, fanin):
+    """A no-op stats the action cache's 256 shard folders, not every entry: an entry removed
+    or replaced (always by unlink or rename) changes its folder. One altered in place by
+    something else is not looked at by a build the state serves (the state holds the result,
+    whose blobs are checked), and any build that reads it verifies it and runs the action."""
+    first = build(fanin, "//:top")
+    _settle(build, fanin)
+    key = next(e["key"] for e in first.finished() if e["label"] == "//:leaf_a").split("/")[0]
+    entry = fanin / "cache" / "ac" / key[:2] / key
+    raw = entry.read_bytes()
+    os.chmod(entry, 0o644)
+    entry.write_bytes(raw.replace(b"alpha", b"ALPHA") if b"alpha" in raw else b"X" * len(raw))
+    assert build(fanin, "//:top").executed == set()
+    assert (fanin / "out" / "top.out").read_text() == "alpha\na\nbravo\nb\n"
+    run = build(fanin, "//:top", env={"RSI_INCREMENTAL": "0"})
+    assert run.executed == {"//:leaf_a"}
+    assert (fanin / "out" / "top.out").read_text() == "alpha\na\nbravo\nb\n"
+
+
 def test_a_corrupted_output_blob_is_never_served(build, fanin):
     first = build(fanin, "//:top")
     _settle(build, fanin)
