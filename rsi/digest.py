@@ -267,6 +267,11 @@ class FileDigestMemo:
         if st is None:
             st = os.stat(key)
         sig = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        if self._loaded is None and self._racy(st):
+            # NB: a file changed within RACY_NS can neither be found in the memo (no entry is
+            # made for a racy signature, and time moves on) nor be entered: the memo (an
+            # entry per file ever read) is not loaded for it
+            return digest_file(key, self.function)
         hit = self._entries.get(key)
         if hit is not None and hit[:4] == sig:
             return Digest(hit[4], st.st_size)
@@ -292,10 +297,15 @@ class FileDigestMemo:
         if st is None:
             st = os.stat(key)
         digest = self.digest(key, st)
+        if self._loaded is None and self._racy(st):
+            return digest, None
         sig = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         hit = self._entries.get(key)
         trusted = hit is not None and tuple(hit[:4]) == sig and hit[4] == digest.hash
         return digest, (sig if trusted else None)
+
+    def _racy(self, st: os.stat_result) -> bool:
+        return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) <= self.RACY_NS
 
     def forget(self, path: str | os.PathLike) -> None:
         if self._entries.pop(os.fspath(path), None) is not None:

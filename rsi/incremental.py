@@ -497,7 +497,8 @@ def _check_entries(store: Any, actions: dict, blobs: dict, p: Plan) -> None:
 
 def _entry_verified(store: Any, action_id: str, a: list, st: os.stat_result, p: Plan) -> bool:
     """The entry read and checked as a cache hit reads it, and holding what was recorded."""
-    result = store.get_action_result(Digest(a[KEY_HASH], a[KEY_SIZE]))
+    # NB: its blobs are checked next, by `_check_entries`, as a cache hit checks them
+    result = store.get_action_result(Digest(a[KEY_HASH], a[KEY_SIZE]), check_blobs=False)
     if result is None or not result.ok:
         return False
     outputs = tuple((o.path, o.digest.hash, o.digest.size, o.executable) for o in result.outputs)
