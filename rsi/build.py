@@ -534,9 +534,11 @@ def _build(
     else:
         plan = None
         labels, graph, analysis = _analyse(ws, patterns, store, current)
-    wanted = graph.actions_for(labels)
+    # NB: the state's actions are those this analysis' labels need (it recorded them from the
+    # same analysis): no walk of the whole graph
+    wanted = set(plan.state["order"]) if plan is not None else graph.actions_for(labels)
     todo, clean, known = wanted, [], None
-    if plan is not None and set(plan.actions) == wanted:
+    if plan is not None and len(plan.actions) == len(wanted):
         todo = set()
         for action_id in plan.dirty:
             if action_id not in todo:
@@ -547,7 +549,11 @@ def _build(
     else:
         plan = None
     named = _named_labels(ws, patterns)
-    required = graph.actions_for([lb for lb in labels if lb in named])
+    required = (
+        wanted
+        if plan is not None and all(lb in named for lb in labels)
+        else graph.actions_for([lb for lb in labels if lb in named])
+    )
     if plan is not None:
         # NB: as the state recorded them: a target's rule is not looked at (nor imported)
         for t in plan.state["targets"]:
@@ -638,8 +644,15 @@ def _build(
     )
     settled = _settled_hit()
     for label in labels:
-        ids = sorted(graph.actions_for([label]))
-        mine = [ran.get(i) or settled for i in ids if i in outcomes]
+        if len(labels) == 1 and known is not None:
+            # NB: the one target needs every wanted action: those the run saw, and the ones
+            # the state vouched for (hits, all alike), without walking the graph for them
+            mine = [ran[i] for i in sorted(ran) if i in wanted]
+            if len(mine) < len(wanted):
+                mine.append(settled)
+        else:
+            ids = sorted(graph.actions_for([label]))
+            mine = [ran.get(i) or settled for i in ids if i in outcomes]
         ok = all(o.ok for o in mine)
         needs = sorted({o.needs for o in mine if o.needs})
         broken = any(o.status in ("failed", "error") for o in mine)
