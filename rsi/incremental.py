@@ -27,7 +27,7 @@ from rsi.analysis_cache import quiet_gc  # noqa: F401 - NB: build.py uses it fro
 from rsi.analysis_cache import read_sealed_head, write_sealed
 from rsi.digest import Digest, FileDigestMemo, digest_file, digest_value
 
-SCHEMA = "rsi.incremental/4"
+SCHEMA = "rsi.incremental/5"
 RACY_NS = FileDigestMemo.RACY_NS
 # NB: a build that only found a few small sources touched leaves the state as it is (each is
 # hashed again next time, as now): at 100,000 actions, writing the state costs seconds
@@ -81,7 +81,7 @@ def _delta_path(store: Any, request: str):
 
 
 # NB: the parts of a state a delta replaces entry by entry; the rest of its fields are whole
-DELTA_PARTS = ("actions", "sources", "blobs", "ac_dirs")
+DELTA_PARTS = ("actions", "sources", "blobs", "logs", "ac_dirs")
 DELTA_FIELDS = ("index_sig", "roots_sig")
 
 
@@ -117,6 +117,7 @@ def save(store: Any, state: dict) -> str | None:
     blobs = state["blobs"]
     if len(blobs) > len(live):
         state["blobs"] = {h: sig for h, sig in blobs.items() if h in live}
+    state["logs"] = _logs_of(state["actions"].values())
     path = _state_path(store, state["request"])
     seal = write_sealed(store, path, state)
     try:
@@ -143,7 +144,7 @@ def save_changes(store: Any, p: Plan) -> None:
     its delta, or the whole state once the delta would be large."""
     state = p.state
     count = sum(len(keys) for keys in p.updated.values())
-    if p.seal is None or count > max(DELTA_MIN, len(state["actions"]) // 8):
+    if p.seal is None or p.compact or count > max(DELTA_MIN, len(state["actions"]) // 8):
         p.seal = save(store, state)
         p.updated = {part: set() for part in DELTA_PARTS}
         return
@@ -188,6 +189,7 @@ class Plan:
         return self.changed or self.touched > TOUCHED_MAX or self.touched_bytes > TOUCHED_BYTES
 
     edited: bool = False  # NB: a source's content differs: some action will likely run
+    compact: bool = False  # NB: the state names blobs no action has: write it whole
 
     @property
     def actions(self) -> dict[str, list]:
@@ -404,88 +406,66 @@ def _check_index(store: Any, state: dict, p: Plan) -> None:
 def _check_entries(store: Any, actions: dict, blobs: dict, p: Plan) -> None:
     """Every action not yet dirty keeps its cache entry and blobs as recorded (by signature);
     a racy or differing one is verified by content as a cache hit would be, and an action
-    whose entry or blobs fail is dirty."""
+    whose entry or blobs fail is dirty. The checks go by distinct folder and blob, not by
+    action: the actions are walked only when something failed (to find whose it was) or an
+    entry's shard changed."""
     dirty = p.dirty
     ac_root, cas_root = store._ac_s, store._cas_s
-    checked: dict[str, bool] = {}
-    # NB: record() shares one tuple among the actions with the same logs (most have empty
-    # ones), so a pair of logs found good is checked once, by identity
-    logs_ok: set[int] = set()
     stat_of = os.stat
+    now = time.time_ns()
     # NB: an entry is only ever added, replaced or removed by a rename or an unlink in its
     # shard folder, which changes the folder's signature: in a shard whose folder is as
     # recorded, every entry is (a stat of 256 folders, not one per action). The folders are
     # stat'ed before their entries, so a change made while they are checked is seen next time
     ac_dirs = p.state["ac_dirs"]
-    now = time.time_ns()
-    shard_ok: dict[str, bool] = {}
+    recheck: set[str] = set()
     shard_new: dict[str, Any] = {}
     for shard, want in ac_dirs.items():
         try:
             st = stat_of(f"{ac_root}/{shard}")
         except OSError:
-            shard_ok[shard] = False
+            recheck.add(shard)
             shard_new[shard] = None
             continue
-        shard_ok[shard] = want is not None and want == _sig(st)
-        if not shard_ok[shard]:
+        if want is None or want != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+            recheck.add(shard)
             shard_new[shard] = _trusted(st, now)
-    for action_id, a in actions.items():
-        if action_id in dirty:
+    # NB: every output blob once (a blob many actions output is stat'ed once); a racy or
+    # differing one is verified by content (its hash names it, size included)
+    bad: set[str] = set()
+    for h, want in blobs.items():
+        try:
+            st = stat_of(f"{cas_root}/{h[:2]}/{h}")
+        except OSError:
+            bad.add(h)
             continue
-        h = a[KEY_HASH]
-        if not shard_ok.get(h[:2], False):
-            try:
-                st = stat_of(f"{ac_root}/{h[:2]}/{h}")
-            except OSError:
+        if want is None or want != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+            if not _blob_verified(store, st, h, st.st_size, blobs, p):
+                bad.add(h)
+    # NB: logs are checked by size, as a cache hit does
+    for h, n in p.state["logs"].items():
+        try:
+            if stat_of(f"{cas_root}/{h[:2]}/{h}").st_size != n:
+                bad.add(h)
+        except OSError:
+            bad.add(h)
+    if bad or recheck:
+        owned: set[str] = set()
+        for action_id, a in actions.items():
+            if bad:
+                mine = [o[1] for o in a[OUTPUTS] if o[1] in bad]
+                mine += [d[0] for d in a[LOGS] if d and d[0] in bad]
+                if mine:
+                    dirty.add(action_id)
+                    owned.update(mine)
+            if action_id in dirty:
+                continue
+            h = a[KEY_HASH]
+            if h[:2] in recheck and not _entry_held(store, action_id, a, p):
                 dirty.add(action_id)
                 shard_new[h[:2]] = None
-                continue
-            sig = a[AC_SIG]
-            if (
-                sig is None or sig != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-            ) and not _entry_verified(store, action_id, a, st, p):
-                dirty.add(action_id)
-                shard_new[h[:2]] = None
-                continue
-        good = True
-        for _, bh, n, _x in a[OUTPUTS]:
-            ok = checked.get(bh)
-            if ok is None:
-                try:
-                    bst = stat_of(f"{cas_root}/{bh[:2]}/{bh}")
-                except OSError:
-                    bst = None
-                if bst is None or bst.st_size != n:
-                    ok = False
-                else:
-                    want = blobs.get(bh)
-                    ok = (
-                        want is not None
-                        and (bst.st_ino, bst.st_size, bst.st_mtime_ns, bst.st_ctime_ns) == want
-                    ) or _blob_verified(store, bst, bh, n, blobs, p)
-                checked[bh] = ok
-            if not ok:
-                good = False
-                break
-        logs = a[LOGS]
-        if good and id(logs) not in logs_ok:
-            for d in logs:
-                if d:
-                    ok = checked.get(d[0])
-                    if ok is None:  # NB: logs are checked by size, as a cache hit does
-                        try:
-                            ok = stat_of(f"{cas_root}/{d[0][:2]}/{d[0]}").st_size == d[1]
-                        except OSError:
-                            ok = False
-                        checked[d[0]] = ok
-                    if not ok:
-                        good = False
-                        break
-            if good:
-                logs_ok.add(id(logs))
-        if not good:
-            dirty.add(action_id)
+        if bad - owned:  # NB: gone, but no action has them any more: dropped at the next save
+            p.compact = p.changed = True
     # NB: a shard whose entries all held: its folder's signature stands for them next time
     # (one with a failed entry is re-checked: the action runs again and writes into it)
     for shard, sig in shard_new.items():
@@ -493,6 +473,19 @@ def _check_entries(store: Any, actions: dict, blobs: dict, p: Plan) -> None:
             ac_dirs[shard] = sig
             p.updated["ac_dirs"].add(shard)
             p.changed = True
+
+
+def _entry_held(store: Any, action_id: str, a: list, p: Plan) -> bool:
+    """The action's entry is there with its recorded signature, or verified by content."""
+    h = a[KEY_HASH]
+    try:
+        st = os.stat(f"{store._ac_s}/{h[:2]}/{h}")
+    except OSError:
+        return False
+    sig = a[AC_SIG]
+    if sig is not None and sig == (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+        return True
+    return _entry_verified(store, action_id, a, st, p)
 
 
 def _entry_verified(store: Any, action_id: str, a: list, st: os.stat_result, p: Plan) -> bool:
@@ -609,11 +602,26 @@ def record(
         "actions": actions,
         "sources": sources,
         "blobs": blobs,
+        "logs": _logs_of(actions.values()),
         "ac_dirs": ac_dirs,
         "index_sig": store.index_signature(),
         "roots_sig": roots_sig,
     }
     save(store, state)
+
+
+def _logs_of(entries) -> dict[str, int]:
+    """{hash: size} of every log blob these action entries name."""
+    logs: dict[str, int] = {}
+    seen: set[int] = set()
+    for a in entries:
+        pair = a[LOGS]
+        if id(pair) not in seen:  # NB: most actions share one pair (empty logs)
+            seen.add(id(pair))
+            for d in pair:
+                if d:
+                    logs[d[0]] = d[1]
+    return logs
 
 
 def _entry(
@@ -695,6 +703,10 @@ def _record_changes(
         if entry != old:
             actions[action_id] = entry
             updated["actions"].add(action_id)
+            for d in entry[LOGS]:
+                if d and d[0] not in state["logs"]:
+                    state["logs"][d[0]] = d[1]
+                    updated["logs"].add(d[0])
         # NB: written into by this build: its entries are stat'ed next time, which settles it
         shard = entry[KEY_HASH][:2]
         if state["ac_dirs"].get(shard, 0) is not None:
