@@ -230,31 +230,60 @@ def _warm_sandbox(executor: Any) -> Any:
     for the first action to take instead of starting its own (tens of ms). Where the
     executor uses none, only the sweep runs (here); on any error, nothing more. The slot is
     the one every action of the default platform runs in; an unused one is closed at exit."""
-    if (
-        getattr(executor, "name", "") != "local"
-        or getattr(executor, "sandbox", "") != "bwrap"
-        or not getattr(executor, "pool", False)
-    ):
+    if not _uses_slots(executor):
         _clean_stale_sandboxes()
         return executor
-
-    def warm() -> None:
-        try:
-            _clean_stale_sandboxes()
-            from rsi.executors.local import _pool_shape
-            from rsi.executors.pool import POOL, pool_supported
-
-            if not pool_supported():
-                return
-            shape = _pool_shape(executor.limits.for_action({}).scratch_bytes)
-            slot = POOL.acquire(shape)
-            POOL.release(shape, slot, True)
-        except Exception:  # noqa: BLE001 - NB: a speed-up only; the executor starts its own
-            pass
-
-    warming = threading.Thread(target=warm, name="rsi-warm-sandbox", daemon=True)
+    warming = threading.Thread(
+        target=_warm_slot, args=(executor,), name="rsi-warm-sandbox", daemon=True
+    )
     warming.start()
     return _AfterWarmUp(executor, warming)
+
+
+def _uses_slots(executor: Any) -> bool:
+    return (
+        getattr(executor, "name", "") == "local"
+        and getattr(executor, "sandbox", "") == "bwrap"
+        and bool(getattr(executor, "pool", False))
+    )
+
+
+def _warm_slot(executor: Any) -> None:
+    try:
+        _clean_stale_sandboxes()
+        from rsi.executors.local import _pool_shape
+        from rsi.executors.pool import POOL, pool_supported
+
+        if not pool_supported():
+            return
+        shape = _pool_shape(executor.limits.for_action({}).scratch_bytes)
+        slot = POOL.acquire(shape)
+        POOL.release(shape, slot, True)
+    except Exception:  # noqa: BLE001 - NB: a speed-up only; the executor starts its own
+        pass
+
+
+def _warm_in_background(ws: Workspace) -> threading.Thread:
+    """`_warm_sandbox`, the executor made on the background thread too: what the build does
+    meanwhile (the state's checks, loading the graph) does not wait for its imports. The
+    build makes its own executor later; the slot is the pool's, so it takes it all the same."""
+
+    def work() -> None:
+        try:
+            executor = make_executor(ws.executor, ws)
+        except Exception:  # noqa: BLE001 - NB: the build makes it again, and says what failed
+            executor = None
+        if executor is not None and _uses_slots(executor):
+            _warm_slot(executor)
+        else:
+            try:
+                _clean_stale_sandboxes()
+            except Exception:  # noqa: BLE001 - NB: the build's own sweep is gone; best effort
+                pass
+
+    warming = threading.Thread(target=work, name="rsi-warm-sandbox", daemon=True)
+    warming.start()
+    return warming
 
 
 # NB: a build's event log stays for `rsi why` and for people; the newest are kept, bounded
@@ -505,16 +534,13 @@ def _build(
 
     current = _current_package(ws)
     request = incremental.request_key(ws, patterns, current, store)
-    warmed: list = []
+    warmed: list[threading.Thread] = []
 
     def on_edit() -> None:
         # NB: a source changed, so something will likely run: the executor's sandbox starts
         # (after the sweep of killed builds' sandboxes) while the plan, the graph and the
         # scheduler get to it
-        try:
-            warmed.append(_warm_sandbox(make_executor(ws.executor, ws)))
-        except Exception:  # noqa: BLE001 - NB: the build makes it again, and says what failed
-            pass
+        warmed.append(_warm_in_background(ws))
 
     plan = incremental.plan(ws, store, patterns, current, on_edit) if request else None
     if plan is not None and not plan.dirty:
@@ -522,8 +548,7 @@ def _build(
             ws, patterns, store, events, root_event, build_id, materialise, t0, plan
         )
     found = None
-    executor = warmed[0] if warmed else None
-    if executor is None:
+    if not warmed:
         _clean_stale_sandboxes()
     if plan is not None:
         # NB: the state checked this analysis' reads already; only the graph is needed
@@ -576,8 +601,9 @@ def _build(
     from rsi.host import HostLock
     from rsi.scheduler import Scheduler
 
-    if executor is None:
-        executor = make_executor(ws.executor, ws)
+    executor = make_executor(ws.executor, ws)
+    if warmed:
+        executor = _AfterWarmUp(executor, warmed[0])
     if ws.executor != "remote":  # NB: a remote engine's workers are chosen by their properties
         executor = _Routed(executor, ws)
     remote_cache = _remote_cache(ws)

@@ -315,12 +315,6 @@ def _plan(
         return None
     state, seal, updated = loaded
     memo = store.meta_memo
-    # NB: the engine and rule code, then every read analysis made (declarations, folder
-    # listings, sources' existence, mode and real path): any change means analyse again
-    if not analysis_cache.packages_still_at(state["code_packages"]):
-        return None  # NB: another copy of the engine or a rule family is on the path now
-    if analysis_cache.code_digest(memo, state["code_roots"]) != state["code"]:
-        return None
     # NB: one lstat per source serves both the analysis' check of its existence, mode and
     # real path and the check of its content's signature below
     sources = state["sources"]
@@ -331,9 +325,16 @@ def _plan(
         except OSError:
             pass
     # NB: the sources first: an edited one is reported at once (the caller starts what the
-    # build will run on), before the analysis' reads are checked
+    # build will run on), before the code and the analysis' reads are checked (a change
+    # there means analysing again, which runs something all the same)
     p = Plan(request, state, seal, updated)
     _check_sources(store, sources, lstats, p, on_edit)
+    # NB: the engine and rule code, then every read analysis made (declarations, folder
+    # listings, sources' existence, mode and real path): any change means analyse again
+    if not analysis_cache.packages_still_at(state["code_packages"]):
+        return None  # NB: another copy of the engine or a rule family is on the path now
+    if analysis_cache.code_digest(memo, state["code_roots"]) != state["code"]:
+        return None
     tracker = state["tracker"]
     tracker.memo = memo
     walker = lambda package: packages_under(ws.root, package)  # noqa: E731

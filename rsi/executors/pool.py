@@ -307,20 +307,22 @@ class _Slot:
         finally:
             os.close(status_write)
         try:
-            line = self._read_line(30.0, None)
+            # NB: bwrap names the runner as soon as it is spawned: it is moved into its cgroup
+            # (a move waits for an RCU grace period, milliseconds) while its Python starts
             runner = _child_pid(status_read)
+            if runner is not None and cgroup_support().version:
+                try:
+                    self.cgroup = Cgroup(memory_bytes=host_memory_bytes())
+                    self.cgroup.add(runner)
+                except OSError as exc:
+                    raise ExecutionError(f"cannot make the slot's memory cgroup: {exc}") from exc
+            line = self._read_line(30.0, None)
             if not line or not json.loads(line).get("ready") or runner is None:
                 err = self._stderr_text()
                 raise ExecutionError(f"sandbox slot failed to start: {err or 'no answer'}")
             self._root_fd = os.open(f"/proc/{runner}/root{SLOT_ROOT}", os.O_PATH | os.O_DIRECTORY)
             if not self.alive():  # NB: the pid was the runner's when it opened
                 raise ExecutionError("sandbox slot ended while starting")
-            if cgroup_support().version:
-                try:
-                    self.cgroup = Cgroup(memory_bytes=host_memory_bytes())
-                    self.cgroup.add(runner)
-                except OSError as exc:
-                    raise ExecutionError(f"cannot make the slot's memory cgroup: {exc}") from exc
         except BaseException:
             self.close()
             raise
