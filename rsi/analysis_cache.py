@@ -340,6 +340,6 @@ def save(store, key: str, labels, graph, tracker: Tracker) -> None:
         store.root / "analysis",
         keep=KEEP_ANALYSES,
         keep_bytes=KEEP_BYTES,
-        match=lambda name: not name.startswith("state-"),
+        match=lambda name: not name.startswith(("state-", "delta-")),
         spare=key,
     )

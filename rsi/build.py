@@ -655,7 +655,11 @@ def _build(
                 events.emit("warning", root_event, message=message)
         else:
             refs = plan.refs(clean)
-            refs.update((i, r) for i, r in changed.items() if i not in refs)
+            refs.update(
+                (i, {"key": str(o.key), "label": graph.actions[i].label})
+                for i, o in ran.items()
+                if i not in refs and o.ok and o.key is not None and i in graph.actions
+            )
             _register_refs(ws, store, refs, events, root_event)
     else:
         _register_roots(ws, store, graph, ran, events, root_event)

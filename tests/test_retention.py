@@ -68,3 +68,27 @@ def test_a_store_keeps_a_bounded_number_of_analyses_and_event_logs(tmp_path, mon
     left = sorted(p.name for p in store.events_dir.iterdir())
     # NB: the current log is kept beside the newest three
     assert left == ["b0.jsonl", "b3.jsonl", "b4.jsonl", "b5.jsonl", "notes.txt"], left
+
+
+@pytest.mark.fast
+def test_a_state_s_delta_is_no_analysis_and_goes_with_its_state(tmp_path, monkeypatch):
+    """`delta-<request>` (rsi/incremental.py) beside `state-<request>`: pruning analyses
+    neither counts nor removes it; pruning states removes a state's delta with it."""
+    from rsi import incremental
+    from rsi.store import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    folder = store.root / "analysis"
+    monkeypatch.setattr(analysis_cache, "KEEP_ANALYSES", 1)
+    monkeypatch.setattr(analysis_cache, "KEEP_STATES", 1)
+    _files(folder, [("delta-r0", 5), ("delta-r1", 5)])
+    analysis_cache.save(store, "key0", [], {"n": 0}, tracker=None)
+    assert sorted(p.name for p in folder.iterdir()) == ["delta-r0", "delta-r1", "key0"]
+    state = {"request": "r0", "actions": {}, "blobs": {}}
+    assert incremental.save(store, state) is not None
+    assert not (folder / "delta-r0").exists()  # NB: folded into the state just written
+    t = 1_000_000_000_000_000_000
+    os.utime(folder / "state-r0", ns=(t, t))
+    (folder / "delta-r0").write_bytes(b"x")  # NB: as a later build of r0 would leave it
+    incremental.save(store, {"request": "r1", "actions": {}, "blobs": {}})
+    assert sorted(p.name for p in folder.iterdir()) == ["key0", "state-r1"]
