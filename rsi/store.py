@@ -227,7 +227,7 @@ class LocalStore:
         except OSError:
             return False
 
-    def _read_small_verified(self, digest: Digest) -> bytes | None:
+    def read_small_verified(self, digest: Digest) -> bytes | None:
         """A small blob's content, when present and hashing to its name; None otherwise (a
         corrupt one is quarantined)."""
         path = _shard(self._cas_s, digest.hash)
@@ -377,7 +377,7 @@ class LocalStore:
         mode = 0o755 if executable else 0o644
         if not atomic and digest.size <= SMALL_BLOB:
             # NB: one read serves both the check and the copy (a sandbox's many small inputs)
-            data = self._read_small_verified(digest)
+            data = self.read_small_verified(digest)
             if data is None:
                 raise CorruptEntry(f"blob {digest} is missing or corrupt in {self.cas}")
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL

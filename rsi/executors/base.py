@@ -24,7 +24,7 @@ from typing import Callable, Protocol
 from rsi.action import Action, ActionResult, OutputFile
 from rsi.digest import FileNode, SymlinkNode, digest_bytes, digest_file
 from rsi.limits import Cgroup, Limits, cgroup_support
-from rsi.store import LocalStore
+from rsi.store import SMALL_BLOB, LocalStore
 
 
 class Executor(Protocol):
@@ -45,32 +45,69 @@ def materialise_inputs(
     """
     sources = dict(action.sources)
     made: set[str] = set()
-    for rel, node in action.inputs:
-        dest = exec_dir / rel
-        parent = rel.rpartition("/")[0]
-        if parent and parent not in made:
-            os.makedirs(exec_dir / parent, exist_ok=True)
-            made.add(parent)
-        if isinstance(node, SymlinkNode):
-            os.symlink(node.target, dest)
-            continue
-        src = sources.get(rel)
-        if src is not None and not store.has(node.digest):
-            copy_source(src, dest, node, store)
-            continue
-        if link and not node.executable and store.has_verified(node.digest):
-            try:
-                os.link(store.blob_path(node.digest), dest)
+    # NB: small blobs are written through a descriptor of `exec_dir` (a slot's is reached
+    # through /proc, a slow path to resolve for every file): read and checked once, created
+    # with their final mode
+    dir_fd: int | None = None
+    try:
+        for rel, node in action.inputs:
+            dest = exec_dir / rel
+            parent = rel.rpartition("/")[0]
+            if parent and parent not in made:
+                os.makedirs(exec_dir / parent, exist_ok=True)
+                made.add(parent)
+            if isinstance(node, SymlinkNode):
+                os.symlink(node.target, dest)
                 continue
-            except OSError:
-                pass  # NB: another file system, or a link limit: fall back to a copy
-        store.export_file(node.digest, dest, node.executable)
-        os.chmod(dest, 0o555 if node.executable else 0o444)
+            src = sources.get(rel)
+            if src is not None and not store.has(node.digest):
+                copy_source(src, dest, node, store)
+                continue
+            if link and not node.executable and store.has_verified(node.digest):
+                try:
+                    os.link(store.blob_path(node.digest), dest)
+                    continue
+                except OSError:
+                    pass  # NB: another file system, or a link limit: fall back to a copy
+            if not link and node.digest.size <= SMALL_BLOB:
+                data = store.read_small_verified(node.digest)
+                if data is not None:
+                    if dir_fd is None:
+                        dir_fd = os.open(exec_dir, os.O_RDONLY | os.O_DIRECTORY)
+                    if _write_new(dir_fd, rel, data, 0o555 if node.executable else 0o444):
+                        continue
+            store.export_file(node.digest, dest, node.executable)
+            os.chmod(dest, 0o555 if node.executable else 0o444)
+    finally:
+        if dir_fd is not None:
+            os.close(dir_fd)
     for out in action.outputs:
         parent = out.rpartition("/")[0]
         if parent and parent not in made:
             os.makedirs(exec_dir / parent, exist_ok=True)
             made.add(parent)
+
+
+def _write_new(dir_fd: int, rel: str, data: bytes, mode: int) -> bool:
+    """A new file `rel` under `dir_fd` holding `data`, with `mode`; False when one is there."""
+    from rsi.errors import StoreError
+
+    try:
+        fd = os.open(rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode, dir_fd=dir_fd)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise StoreError(f"cannot write {rel}: {exc.strerror or exc}") from exc
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fchmod(fd, mode)
+    except OSError as exc:
+        raise StoreError(f"cannot write {rel}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+    return True
 
 
 def copy_source(src: str, dest: Path, node: FileNode, store: LocalStore) -> None:
