@@ -265,7 +265,11 @@ def read_sealed_head(store, path: Path) -> tuple[str | None, Any | None]:
         raw = path.read_bytes()
     except OSError:
         return None, None
-    head, _, payload = raw.partition(b"\n")
+    cut = raw.find(b"\n")
+    if cut < 0:
+        return None, None
+    # NB: a view, not a copy (an analysis of 100,000 targets is ~130 MB)
+    head, payload = raw[:cut], memoryview(raw)[cut + 1 :]
     seal = head.decode(errors="replace")
     if seal != digest_bytes(payload, store.function).hash:
         return None, None
