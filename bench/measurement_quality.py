@@ -33,7 +33,7 @@ def run(script: str, *args: str, cwd: Path) -> None:
         text=True,
         timeout=900,
     )
-    if proc.returncode != 0:
+    if proc.returncode not in (0, 75):  # NB: 75: measured on a busy host (host_busy)
         raise SystemExit(f"{script} failed: {proc.stderr}")
 
 

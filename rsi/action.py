@@ -109,6 +109,14 @@ class Action:
         return "exclusive" in self.tags
 
 
+# NB: an action whose env sets this to an exit code N says: "exiting N means my outputs are
+# good for this build, but were made under a transient condition (a busy host) and must not be
+# cached": the build goes on with them, nothing is written to the action cache, and the next
+# build runs the action again. Opt-in per action (part of its key), so a command's ordinary
+# exit codes keep their meaning.
+UNCACHED_EXIT_ENV = "RSI_UNCACHED_EXIT"
+
+
 @dataclass(frozen=True)
 class OutputFile:
     path: str
@@ -129,6 +137,9 @@ class ActionResult:
     executor: str = ""
     host: Mapping[str, Any] = field(default_factory=dict)
     timing: Mapping[str, Any] = field(default_factory=dict)
+    # NB: False for a run whose outputs serve this build but must never be served again (the
+    # action said so: `UNCACHED_EXIT_ENV`); such a result is never written to a cache
+    cacheable: bool = True
 
     @property
     def ok(self) -> bool:

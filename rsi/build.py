@@ -720,7 +720,12 @@ def _build(
             **extra,
         )
     store.save_memos()
-    if request is not None and all(o.status in ("hit", "executed") for o in ran.values()):
+    uncached = any(o.result is not None and not o.result.cacheable for o in ran.values())
+    if request is not None and uncached:
+        # NB: an action's result must not be served again (its action said so), and the state
+        # would vouch for it: the next build goes the whole way (its entry is not cached)
+        incremental.forget(store, request)
+    elif request is not None and all(o.status in ("hit", "executed") for o in ran.values()):
         with incremental.quiet_gc():
             incremental.record(
                 store,

@@ -649,7 +649,13 @@ class Scheduler:
             ):
                 waiter.acquired()
                 result = runner.run(action, self.store, self.cancel)
-        if result.ok:
+        if result.ok and not result.cacheable:
+            # NB: the action said its outputs must not be served again: nothing is written to
+            # the action cache (nor uploaded); the "finished" event needs no commit to wait for
+            done: Future = Future()
+            done.set_result(None)
+            self._commit_of[spec.id] = done
+        elif result.ok:
             # NB: the action-cache entry (temp, fsync, rename) is written by one committer
             # thread, off the critical path; dependents use the in-memory result meanwhile.
             self._commit_of[spec.id] = self._committer.submit(self._commit, action, result)

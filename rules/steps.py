@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from rsi.action import UNCACHED_EXIT_ENV
 from rsi.rule import Artifact, RuleContext
 
 HARNESS_DIR = Path(__file__).resolve().parent / "harness"
@@ -86,6 +87,9 @@ class Step:
     exclusive: bool = False
     outs: tuple[str, ...] = ("out",)
     stdlib: bool = False
+    # NB: the exit code with which the step says "good documents, never to be cached" (a
+    # measurement on a busy host: rules/harness/_core.py BUSY_EXIT; rsi/action.py)
+    uncached_exit: int | None = None
 
     def argv(self, py: Iterable[str] = PY, **values: str | None) -> list[str]:
         unknown = set(values) - set(self.flags)
@@ -104,6 +108,12 @@ class Step:
 
     def files(self) -> tuple[Artifact, ...]:
         return harness_files(self.scripts)
+
+    @property
+    def env(self) -> dict[str, str]:
+        if self.uncached_exit is None:
+            return ENV
+        return {**ENV, UNCACHED_EXIT_ENV: str(self.uncached_exit)}
 
     def run(
         self,
@@ -147,7 +157,7 @@ class Step:
             inputs=[*self.files(), *inputs],
             outputs=list(outs.values()),
             mnemonic=mnemonic,
-            env=ENV,
+            env=self.env,
             platform=platform,
             timeout_s=timeout_s,
             **({"tags": ["exclusive"]} if self.exclusive else {}),
@@ -157,12 +167,16 @@ class Step:
 
 # NB: a catalog task's steps
 CHECK = Step("check", "check.py", ("task", "impl", "spec", "out"), "check")
+# NB: a measurement on a busy host exits BUSY_EXIT (75) after writing its documents: the
+# verdict says INCONCLUSIVE host_busy, and nothing of it is cached (building again re-measures)
+BUSY_EXIT = 75
 MEASURE = Step(
     "measure",
     "measure.py",
     ("task", "baseline", "candidate", "spec", "out"),
     "measure",
     exclusive=True,
+    uncached_exit=BUSY_EXIT,
 )
 # NB: the assessment writes the verdict and its table (`text`, render.py) in one action: the
 # table is a function of the verdict and the check alone, and a regrade re-runs both
@@ -246,4 +260,7 @@ STEPS = {
 
 def plan_step(name: str, step: Step, **values: Any) -> dict:
     """A step of the final's plan: its argv with the plan's placeholders."""
-    return {"name": name, "argv": step.argv(PLAN_PY, **values)}
+    doc = {"name": name, "argv": step.argv(PLAN_PY, **values)}
+    if step.uncached_exit is not None:
+        doc["uncached_exit"] = step.uncached_exit
+    return doc

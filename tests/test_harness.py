@@ -35,7 +35,8 @@ def measure(
     tmp_path: Path, task: str, baseline: Path, candidate: Path, spec: dict, name: str = "measure"
 ) -> dict:
     proc, out = run_measure(tmp_path, task, baseline, candidate, spec, name)
-    assert proc.returncode == 0, proc.stderr
+    # NB: 75: measured while the host was busy (documents written, judged host_busy, not cached)
+    assert proc.returncode in (0, 75), proc.stderr
     return json.loads(out.read_text())
 
 

@@ -359,3 +359,42 @@ def test_a_one_change_build_writes_a_delta_beside_the_state_not_the_state(build,
     run = build(fanin, "//:top")
     assert run.executed == set() and run.cached == ALL
     assert (fanin / "out" / "top.out").read_text() == "alpha\na\nbravo\nb\n"
+
+
+def test_an_action_that_says_uncached_serves_its_build_and_runs_again_next_time(
+    build, command, make_workspace, tmp_path
+):
+    """An action whose env sets RSI_UNCACHED_EXIT=75 and exits 75 (a measurement on a busy
+    host does) has good outputs for this build: its dependents run and out/ gets them. Nothing
+    of it is cached, so the next build runs it again, with or without the build state; the same
+    exit without the opt-in is a failure, as any other non-zero exit."""
+    counter = tmp_path / "runs"
+    counter.mkdir()
+    ws = make_workspace(
+        tmp_path,
+        {
+            "BUILD.toml": command(
+                "busy",
+                cmd="echo measured > $(OUT); exit 75",
+                outs=["busy.out"],
+                env={"RSI_UNCACHED_EXIT": "75"},
+            )
+            + command(
+                "judge",
+                cmd="cat $(location :busy) > $(OUT); echo judged >> $(OUT)",
+                deps=[":busy"],
+                outs=["judge.out"],
+            )
+            + command("plain", cmd="echo x > $(OUT); exit 75", outs=["plain.out"]),
+        },
+    )
+    first = build(ws, "//:judge")
+    assert first.executed == {"//:busy", "//:judge"}
+    assert (ws / "out" / "judge.out").read_text() == "measured\njudged\n"
+    assert not _state_files(ws)  # NB: the state would vouch for it: none is kept
+    time.sleep(1.1)
+    second = build(ws, "//:judge")
+    assert "//:busy" in second.executed  # NB: not served from the cache
+    assert second.cached == {"//:judge"}  # NB: same outputs, so the judge's key is the same
+    failed = build(ws, "//:plain", expect=None)
+    assert failed.returncode == 1

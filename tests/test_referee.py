@@ -46,7 +46,8 @@ def _run(script: str, tmp: Path, name: str, args: list[str], spec_doc: dict) -> 
     spec_path.write_text(json.dumps(spec_doc))
     out = tmp / f"{name}.json"
     proc = run_harness(script, [*args, "--spec", str(spec_path), "--out", str(out)], tmp)
-    assert proc.returncode == 0, proc.stderr
+    # NB: a measurement on a busy host exits 75 (host_busy, never cached) with its documents
+    assert proc.returncode in ((0, 75) if script == "measure.py" else (0,)), proc.stderr
     return json.loads(out.read_text())
 
 

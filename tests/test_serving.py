@@ -240,6 +240,8 @@ def test_a_campaign_round_judges_a_flag_candidate_end_to_end(tmp_path, make_work
     for arm in arms:
         serving = arm["output"]["serving"]
         assert serving["output_tokens_per_s"] == arm["samples"][0]
-        assert {"p50", "p99"} <= set(serving["ttft_ms"]) and {"p50", "p99"} <= set(serving["itl_ms"])
+        assert {"p50", "p99"} <= set(serving["ttft_ms"]) and {"p50", "p99"} <= set(
+            serving["itl_ms"]
+        )
         assert arm["output"]["engine"]["version"] == "0.32.0"
         assert arm["output"]["server_log_tail"]

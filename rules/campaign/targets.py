@@ -13,6 +13,7 @@ import json
 import os
 from typing import Any, Mapping
 
+from rsi.action import UNCACHED_EXIT_ENV
 from rsi.attrs import attr
 from rsi.digest import Digest
 from rsi.errors import RsiError
@@ -897,7 +898,8 @@ def _final(ctx: RuleContext) -> Provider:
         inputs=_union(harness_files("final"), tuple(inputs), (plan_file, best), tuple(cand_files)),
         outputs=[f"{name}/{o}" for o in plan["outputs"]],
         mnemonic="Final",
-        env=ENV,
+        # NB: final.py exits 75 when a step's documents must not be cached (a busy host)
+        env={**ENV, UNCACHED_EXIT_ENV: str(steps.BUSY_EXIT)},
         platform=info.platform,
         timeout_s=float(info.timeout_s) * 4,
         tags=["exclusive"],

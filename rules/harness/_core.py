@@ -19,6 +19,16 @@ SPEC_SCHEMA = "rsi.harness.spec/1"
 FRAMEWORKS = ("numpy", "torch")
 DEVICES = ("cpu", "cuda")
 INFRA_EXIT = 2
+# NB: a measurement made while other work had the host's CPUs (busy_reason): its documents are
+# written and judged (INCONCLUSIVE host_busy), and the step exits with this code, which its
+# action declares (RSI_UNCACHED_EXIT, rules/steps.py): the build goes on with it, but it is never
+# cached, so building again measures again (EX_TEMPFAIL)
+BUSY_EXIT = 75
+# NB: a pair in which more than this share of either arm's timed calls were contended (the
+# referee or the worker waited for a CPU another process had for over half the call, from
+# schedstat) measured the host's other work, not the candidate: when most pairs are, the host
+# was busy and the measurement says nothing (host_busy)
+CONTENTION_MAX = 0.5
 
 
 class HarnessError(Exception):
@@ -133,3 +143,30 @@ def tolerance_for(spec: dict, dtype: str) -> tuple[float, float]:
     if tol is None:
         raise HarnessError(f"spec has no tolerance for dtype {dtype}")
     return float(tol["atol"]), float(tol["rtol"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Contention
+
+
+def contended(pair: dict) -> bool:
+    return any(
+        (pair["arms"][arm].get("contention") or 0.0) > CONTENTION_MAX
+        for arm in ("baseline", "candidate")
+    )
+
+
+def busy_reason(doc: dict) -> str | None:
+    """Why a measurement says nothing about the implementations (None: it does): most of its
+    complete pairs are contended (most of an arm's calls waited for a CPU another process had)."""
+    complete = [p for p in doc.get("pairs") or [] if p.get("complete")]
+    busy = [p for p in complete if contended(p)]
+    if complete and 2 * len(busy) > len(complete):
+        return (
+            f"{len(busy)} of {len(complete)} pairs had an arm with more than "
+            f"{CONTENTION_MAX:.0%} of its timed calls contended (the referee or the worker "
+            "waited for a CPU another process had): other work had the host's CPUs; measure "
+            "again on a quiet host (a busy measurement is never cached: building again "
+            "measures again)"
+        )
+    return None

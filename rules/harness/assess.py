@@ -26,18 +26,8 @@ S = _load_sibling("stats")
 SCHEMA = "rsi.assess/1"
 
 
-# NB: a pair in which more than this share of either arm's timed calls were contended (the
-# referee or the worker waited for a CPU another process had for over half the call, from
-# schedstat) measured the host's other work, not the candidate: when most pairs are, the host
-# was busy and the measurement says nothing (host_busy)
-CONTENTION_MAX = 0.5
-
-
-def contended(pair: dict) -> bool:
-    return any(
-        (pair["arms"][arm].get("contention") or 0.0) > CONTENTION_MAX
-        for arm in ("baseline", "candidate")
-    )
+CONTENTION_MAX = C.CONTENTION_MAX
+contended = C.contended
 
 
 def pair_log_ratios(doc: dict, measure: dict) -> list[float]:
@@ -59,18 +49,7 @@ def pair_log_ratios(doc: dict, measure: dict) -> list[float]:
 
 
 def _busy(doc: dict) -> str | None:
-    """Why a measurement says nothing about the implementations (None: it does): most of its
-    complete pairs are contended (most of an arm's calls waited for a CPU another process had)."""
-    complete = [p for p in doc["pairs"] if p.get("complete")]
-    busy = [p for p in complete if contended(p)]
-    if complete and 2 * len(busy) > len(complete):
-        return (
-            f"{len(busy)} of {len(complete)} pairs had an arm with more than "
-            f"{CONTENTION_MAX:.0%} of its timed calls contended (the referee or the worker "
-            "waited for a CPU another process had): other work had the host's CPUs; measure "
-            "again on a quiet host"
-        )
-    return None
+    return C.busy_reason(doc)
 
 
 def _policy(measure: dict) -> dict:

@@ -62,13 +62,24 @@ def placeholders(out_dir: Path, outputs: list[str], reason: str) -> None:
             path.write_text(reason + "\n")
 
 
-def run_steps(plan: dict, subst: dict[str, str]) -> None:
+# NB: the final says "never cache me" (its action declares this code) when a step did: a
+# measurement made on a busy host (rules/harness/_core.py BUSY_EXIT)
+UNCACHED_EXIT = 75
+
+
+def run_steps(plan: dict, subst: dict[str, str]) -> list[str]:
+    """Run the plan's steps in order; returns the names of those that exited with their own
+    `uncached_exit` (good documents, not to be cached)."""
+    uncached = []
     for step in plan["steps"]:
         argv = [sys.executable if a == "{python}" else a.format(**subst) for a in step["argv"]]
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-        if proc.returncode != 0:
+        if proc.returncode != 0 and proc.returncode == step.get("uncached_exit"):
+            uncached.append(step["name"])
+        elif proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
             raise RuntimeError(f"step {step['name']} exited with {proc.returncode}:\n{tail}")
+    return uncached
 
 
 def final(plan: dict, best: dict, final_seed: int, out_dir: Path) -> dict:
@@ -106,7 +117,7 @@ def final(plan: dict, best: dict, final_seed: int, out_dir: Path) -> dict:
         dest = out_dir / f"{name}.json"
         write_json(dest, spec)
         subst[name] = str(dest)
-    run_steps(plan, subst)
+    uncached = run_steps(plan, subst)
     verdict = json.loads((out_dir / "verdict.json").read_text())
     check = json.loads((out_dir / "check.json").read_text())
     noise = verdict.get("noise_floor")
@@ -139,6 +150,8 @@ def final(plan: dict, best: dict, final_seed: int, out_dir: Path) -> dict:
         "final_seed": final_seed,
         "reseeded": reseeded,
         "confirms_selection": verdict["verdict"] == "PASS",
+        # NB: steps whose documents must not be cached (a busy host): nor is this final
+        "uncached_steps": uncached,
     }
 
 
@@ -171,6 +184,9 @@ def main() -> int:
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
         print(f"rsi harness fault (final): {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    if doc.get("uncached_steps"):
+        print(f"rsi final: not to be cached: {doc['uncached_steps']}", file=sys.stderr)
+        return UNCACHED_EXIT
     return 0
 
 

@@ -904,12 +904,16 @@ def main() -> int:
         doc["host"]["loadavg_start"] = load_start
         C.kill_descendants()
         C.write_json(out_path, doc)
+        busy = C.busy_reason(doc)
     except C.HarnessError as exc:
         print(f"rsi harness fault (measure): {exc}", file=sys.stderr)
         return C.INFRA_EXIT
     finally:
         C.kill_descendants()
         shutil.rmtree(work_dir, ignore_errors=True)
+    if busy:
+        print(f"rsi measure: the host was busy, not to be cached: {busy}", file=sys.stderr)
+        return C.BUSY_EXIT
     return 0
 
 
