@@ -62,20 +62,15 @@ def placeholders(out_dir: Path, outputs: list[str], reason: str) -> None:
             path.write_text(reason + "\n")
 
 
-# NB: the final says "never cache me" (its action declares this code) when a step did: a
-# measurement made on a busy host (rules/harness/_core.py BUSY_EXIT)
-UNCACHED_EXIT = 75
-
-
-def run_steps(plan: dict, subst: dict[str, str]) -> list[str]:
-    """Run the plan's steps in order; returns the names of those that exited with their own
-    `uncached_exit` (good documents, not to be cached)."""
-    uncached = []
+def run_steps(plan: dict, subst: dict[str, str]) -> dict[str, int]:
+    """Run the plan's steps in order; returns {name: code} of those that exited with their own
+    `uncached_exit` (good documents, not to be cached: a measurement on a busy host)."""
+    uncached = {}
     for step in plan["steps"]:
         argv = [sys.executable if a == "{python}" else a.format(**subst) for a in step["argv"]]
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
         if proc.returncode != 0 and proc.returncode == step.get("uncached_exit"):
-            uncached.append(step["name"])
+            uncached[step["name"]] = proc.returncode
         elif proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
             raise RuntimeError(f"step {step['name']} exited with {proc.returncode}:\n{tail}")
@@ -185,8 +180,9 @@ def main() -> int:
         print(f"rsi harness fault (final): {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     if doc.get("uncached_steps"):
-        print(f"rsi final: not to be cached: {doc['uncached_steps']}", file=sys.stderr)
-        return UNCACHED_EXIT
+        # NB: the step's own code, which the Final's action declares too (rules/steps.py)
+        print(f"rsi final: not to be cached: {sorted(doc['uncached_steps'])}", file=sys.stderr)
+        return next(iter(doc["uncached_steps"].values()))
     return 0
 
 
