@@ -64,11 +64,20 @@ def sandbox_mode() -> str:
         return forced
     bwrap = shutil.which("bwrap")
     if bwrap:
-        probe = subprocess.run(
-            [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
-            capture_output=True,
-        )
-        if probe.returncode == 0:
+        from rsi.executors import probes
+
+        def works() -> bool:
+            probe = subprocess.run(
+                [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
+                capture_output=True,
+            )
+            return probe.returncode == 0
+
+        # NB: kept between builds under the binary's and the host's signatures (a process
+        # start saved on every build that runs something); only a working bwrap is kept
+        binary = probes.binary_key("bwrap")
+        key = None if binary is None else [binary, probes.host_key()]
+        if probes.cached("bwrap-works", key, works, keep=bool):
             return "bwrap"
     unshare = shutil.which("unshare")
     if unshare:

@@ -213,22 +213,34 @@ def pool_supported() -> bool:
 @lru_cache(maxsize=1)
 def bwrap_has_perms() -> bool:
     """bubblewrap 0.5+ (it has --perms); older ones (Ubuntu 20.04) reject the option."""
-    try:
-        out = subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout
-        version = tuple(int(x) for x in out.split()[-1].split(".")[:2])
-    except (OSError, ValueError, IndexError):
-        return False
-    return version >= (0, 5)
+    from rsi.executors import probes
+
+    def ask() -> bool:
+        try:
+            out = subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout
+            version = tuple(int(x) for x in out.split()[-1].split(".")[:2])
+        except (OSError, ValueError, IndexError):
+            return False
+        return version >= (0, 5)
+
+    return bool(probes.cached("bwrap-perms", probes.binary_key("bwrap"), ask, keep=bool))
 
 
 @lru_cache(maxsize=1)
 def bwrap_has_size() -> bool:
     """bubblewrap 0.7+ (it has --size, the size of the next --tmpfs)."""
-    try:
-        out = subprocess.run(["bwrap", "--help"], capture_output=True, text=True).stdout
-    except OSError:
-        return False
-    return "--size" in out
+    from rsi.executors import probes
+
+    def ask() -> bool:
+        try:
+            out = subprocess.run(["bwrap", "--help"], capture_output=True, text=True).stdout
+        except OSError:
+            return False
+        return "--size" in out
+
+    # NB: an answer about the binary: kept whatever it is, until the binary changes
+    key = probes.binary_key("bwrap")
+    return bool(probes.cached("bwrap-size", key, ask, keep=lambda _: True))
 
 
 def tmpfs_args(dest: str, perms: str, size: int | None) -> list[str]:
@@ -319,6 +331,10 @@ class _Slot:
             line = self._read_line(30.0, None)
             if not line or not json.loads(line).get("ready") or runner is None:
                 err = self._stderr_text()
+                # NB: the kept host probes vouched for bwrap here: ask them again next time
+                from rsi.executors import probes
+
+                probes.forget()
                 raise ExecutionError(f"sandbox slot failed to start: {err or 'no answer'}")
             self._root_fd = os.open(f"/proc/{runner}/root{SLOT_ROOT}", os.O_PATH | os.O_DIRECTORY)
             if not self.alive():  # NB: the pid was the runner's when it opened
