@@ -476,7 +476,7 @@ def finish_run(
         failure = f"timed out after {action.timeout_s:g}s; {killed}"
     elif cut_short:
         failure = cut_short
-    uncached = _uncached_exit(action)
+    uncached = uncached_exit(action)
     if uncached is not None and exit_code == uncached and not timed_out and failure is None:
         # NB: the action's own word: good outputs, made under a transient condition
         result["host"] = {**dict(result.get("host") or {}), "uncached_exit": exit_code}  # type: ignore[dict-item]
@@ -502,7 +502,8 @@ def finish_run(
     )
 
 
-def _uncached_exit(action: Action) -> int | None:
+def uncached_exit(action: Action) -> int | None:
+    """The exit code `action` declares as "good, never cache" (`RSI_UNCACHED_EXIT`), if any."""
     value = dict(action.env).get(UNCACHED_EXIT_ENV)
     try:
         code = int(value) if value is not None else None

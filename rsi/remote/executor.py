@@ -14,6 +14,7 @@ from typing import Any
 
 from rsi.action import Action, ActionResult
 from rsi.errors import ExecutionError, RemoteError
+from rsi.executors.base import uncached_exit
 from rsi.remote.cache import RemoteCache, RemoteSession
 from rsi.remote.client import BlobMismatch, QueueTimeout, status_text
 from rsi.remote.mapping import ACCELERATOR, CONTAINER_IMAGE, from_remote_result, to_remote_action
@@ -84,6 +85,7 @@ class RemoteExecutor:
                 }
             )
 
+        uncached = uncached_exit(action)
         try:
             response = client.execute(
                 remote.digest,
@@ -92,6 +94,32 @@ class RemoteExecutor:
                 cancel=cancel,
                 on_stage=on_stage,
             )
+            if (
+                uncached is not None
+                and response.cached_result
+                and response.status.code == 0
+                and response.result.exit_code == uncached
+            ):
+                # NB: a server that caches failures served a result its action said must never
+                # be served again (a measurement on a busy host): run it again, past the cache
+                session.emit(
+                    {
+                        "event": "remote.uncached_result_served",
+                        "severity": "warning",
+                        "label": action.label,
+                        "remote_action": str(remote.digest),
+                        "message": f"the server served a cached exit {uncached}, which the "
+                        "action declares uncacheable; executing it again (skip_cache_lookup)",
+                    }
+                )
+                response = client.execute(
+                    remote.digest,
+                    queue_timeout_s=session.config.queue_timeout_s,
+                    execution_timeout_s=action.timeout_s + session.config.execution_margin_s,
+                    skip_cache_lookup=True,
+                    cancel=cancel,
+                    on_stage=on_stage,
+                )
         except QueueTimeout as exc:
             raise UnmetPlatform(
                 f"{action.label or 'action'}: {exc}; it needs platform "
@@ -131,16 +159,28 @@ class RemoteExecutor:
                 "exit_code": result.exit_code,
             }
         )
+        exit_code, host, cacheable = result.exit_code, dict(result.host), True
+        if (
+            uncached is not None
+            and exit_code == uncached
+            and not result.timed_out
+            and not result.failure
+        ):
+            # NB: as the local executor does: good outputs made under a transient condition,
+            # used by this build and never cached (the scheduler uploads nothing for it)
+            exit_code, cacheable = 0, False
+            host["uncached_exit"] = uncached
         return ActionResult(
-            exit_code=result.exit_code,
+            exit_code=exit_code,
             outputs=result.outputs,
             stdout=result.stdout,
             stderr=result.stderr,
             timed_out=result.timed_out,
             failure=result.failure,
             executor=f"remote:{result.executor}",
-            host=result.host,
+            host=host,
             timing=timing,
+            cacheable=cacheable,
         )
 
 

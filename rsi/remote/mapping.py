@@ -232,7 +232,7 @@ def to_remote_result(result: ActionResult, worker: str | None = None) -> re_pb2.
             )
             for o in result.outputs
         ],
-        exit_code=result.exit_code,
+        exit_code=_wire_exit_code(result),
         execution_metadata=execution,
     )
     if result.stdout is not None:
@@ -240,6 +240,18 @@ def to_remote_result(result: ActionResult, worker: str | None = None) -> re_pb2.
     if result.stderr is not None:
         proto.stderr_digest.CopyFrom(to_proto_digest(result.stderr))
     return proto
+
+
+def _wire_exit_code(result: ActionResult) -> int:
+    """The exit code a server sees. A result its action declared not to be cached (it exited
+    with its `RSI_UNCACHED_EXIT` code, which the local executor turned into a success marked
+    `cacheable = False`) goes back with that code, not 0: a server caches only successes (as
+    BuildGrid with `cache-failed-actions: false`), and the client maps the code back."""
+    if not result.cacheable:
+        code = dict(result.host or {}).get("uncached_exit")
+        if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+            return code
+    return result.exit_code
 
 
 def _jsonable(value: Any) -> Any:

@@ -14,6 +14,7 @@ from rsi.action import Action
 from rsi.digest import FileNode
 from rsi.executors.local import LocalExecutor, host_python_identity
 from rsi.remote import RemoteConfig, RemoteExecutor, RemoteSession, UnmetPlatform
+from rsi.remote.mapping import to_remote_action
 from rsi.store import LocalStore
 
 pytestmark = pytest.mark.e2e
@@ -141,3 +142,42 @@ def test_cli_build_with_remote_executor_runs_on_the_worker(exec_server, worker, 
     assert run.executed == {"//:up"}
     assert (ws / "out" / "a.out").read_text() == "ALPHA\n"
     assert any(e["event"] == "worker.lease" for e in worker.events[before:])
+
+
+def test_an_uncached_exit_runs_remotely_every_time_and_is_never_cached(
+    exec_server, worker, tmp_path
+):
+    """An action that declares RSI_UNCACHED_EXIT=75 and exits 75 (a measurement on a busy
+    host) is a success for its build on a worker too, and nothing caches it: the worker sends
+    the server exit 75 (BuildGrid keeps no failures), the client maps it back to a success
+    marked uncacheable, and asking again executes it again. The same exit without the opt-in
+    is a failure."""
+    store = LocalStore(tmp_path / "s", "sha256")
+    events: list = []
+    nonce = str(time.time_ns()).encode()  # NB: a fresh action digest for this session's server
+
+    def action(env: tuple) -> Action:
+        return Action(
+            argv=("sh", "-c", "cat in.txt > out/m.txt; echo measured >> out/m.txt; exit 75"),
+            inputs=(("in.txt", FileNode(store.put_bytes(nonce))),),
+            outputs=("out/m.txt",),
+            env=env,
+            platform=(("toolchain", "host"),),
+            digest_function="sha256",
+            label="//r:busy",
+        )
+
+    busy = action((("RSI_UNCACHED_EXIT", "75"),))
+    executor = _executor(exec_server.url, store, events, queue_timeout_s=30)
+    leases = len(worker.events)
+    for round_ in range(2):
+        result = executor.run(busy, store)
+        assert result.ok and result.exit_code == 0, result
+        assert result.cacheable is False and result.host["uncached_exit"] == 75
+        assert store.read_bytes(result.outputs[0].digest) == nonce + b"measured\n"
+        assert result.timing["remote"] == "remote-execution", round_  # NB: never the cache
+    assert len(worker.events) - leases == 2
+    session = executor.session
+    assert session.client.get_action_result(to_remote_action(busy).digest) is None
+    plain = executor.run(action(()), store)
+    assert not plain.ok and plain.exit_code == 75 and plain.cacheable
