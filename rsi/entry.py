@@ -99,6 +99,14 @@ def run() -> None:
     if len(argv) >= 2 and argv[0] == "build" and not any(a.startswith("-") for a in argv[1:]):
         # NB: the incremental build's own path: `rsi build TARGET...` with no option needs no
         # option parser, and a no-op build should not pay for loading one
+        if os.environ.get("RSI_SERVER") == "1":
+            # NB: opt-in: a long-lived rsi serves the build (rsi/server.py); None means no
+            # server answered (one is started for next time) and this process builds
+            from rsi.server import via_server
+
+            code = via_server(argv[1:])
+            if code is not None:
+                sys.exit(code)
         from rsi.buildcmd import plain_build
 
         sys.exit(plain_build(argv[1:]))

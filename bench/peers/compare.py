@@ -179,15 +179,21 @@ def measure_interleaved(entries: list, key: str, runs: int) -> dict:
             "interleaved": True,
         }
         print(f"    {name}: median {row['cells'][key]['median_s']:.3f}s")
-    ours = samples.get("rsi")
-    if ours:
+    for rsi_row, *_ in entries:
+        if not is_rsi(rsi_row["tool"]):
+            continue
+        ours = samples[rsi_row["tool"]]
         for row, *_ in entries:
-            if row["tool"] != "rsi":
+            if not is_rsi(row["tool"]):
                 theirs = samples[row["tool"]]
                 paired = statistics.median([a / b for a, b in zip(ours, theirs, strict=True)])
-                rsi_row = next(e[0] for e in entries if e[0]["tool"] == "rsi")
                 rsi_row.setdefault("paired", {}).setdefault(key, {})[row["tool"]] = paired
     return samples
+
+
+def is_rsi(tool: str) -> bool:
+    """rsi, in process or with its build server (`rsi-server`)."""
+    return tool == "rsi" or tool.startswith("rsi-")
 
 
 def bench_tool(
@@ -308,15 +314,23 @@ def render(doc: dict) -> str:
 
 
 def _ratios(rows: list) -> list[str]:
+    out = []
+    for row in rows:
+        if is_rsi(row["tool"]) and "error" not in row:
+            out += _ratios_of(row["tool"], rows)
+    return out
+
+
+def _ratios_of(name: str, rows: list) -> list[str]:
     get = {r["tool"]: r["cells"] for r in rows if "error" not in r}
-    rsi, nix, bazel = get.get("rsi"), get.get("nix"), get.get("bazel")
+    rsi, nix, bazel = get.get(name), get.get("nix"), get.get("bazel")
     out = []
 
     def med(cells, k):
         c = (cells or {}).get(k)
         return c["median_s"] if c and "error" not in c else None
 
-    paired = next((r.get("paired") or {} for r in rows if r["tool"] == "rsi"), {})
+    paired = next((r.get("paired") or {} for r in rows if r["tool"] == name), {})
     for key, peer, cells, goal in (
         ("noop", "Nix", nix, 0.8),
         ("change1", "Nix", nix, 0.8),
@@ -333,15 +347,15 @@ def _ratios(rows: list) -> list[str]:
         ratio = (paired.get(key) or {}).get(peer.lower(), a / b)
         how = ", per-round median" if peer.lower() in (paired.get(key) or {}) else ""
         if goal is None:
-            out.append(f"{LABELS[key]} rsi/{peer} = {ratio:.2f}{how}")
+            out.append(f"{LABELS[key]} {name}/{peer} = {ratio:.2f}{how}")
             continue
         ok = "met" if ratio <= goal else "MISSED"
-        out.append(f"{LABELS[key]} rsi/{peer} = {ratio:.2f}{how} (goal ≤ {goal}: {ok})")
+        out.append(f"{LABELS[key]} {name}/{peer} = {ratio:.2f}{how} (goal ≤ {goal}: {ok})")
     for key in ("startup", "help"):
         a = med(rsi, key)
         if a is not None:
             out.append(
-                f"rsi {LABELS[key]} {a * 1000:.0f} ms (goal ≤ 30 ms: "
+                f"{name} {LABELS[key]} {a * 1000:.0f} ms (goal ≤ 30 ms: "
                 f"{'met' if a <= 0.030 else 'MISSED'})"
             )
     return out
@@ -353,6 +367,11 @@ def main() -> None:
     ap.add_argument("--peers", default="nix,bazel")
     ap.add_argument("--peers-at", default="1000")
     ap.add_argument("--rsi-at", default="1000,10000,100000")
+    ap.add_argument(
+        "--rsi-tools",
+        default="rsi,rsi-server",
+        help="rsi in process, and with its build server (RSI_SERVER=1)",
+    )
     ap.add_argument("--runs", type=int, default=int(os.environ.get("RUNS", 7)))
     ap.add_argument("--budget", type=float, default=float(os.environ.get("BUDGET", 30)))
     ap.add_argument(
@@ -388,7 +407,7 @@ def main() -> None:
     peers_at = {int(x) for x in args.peers_at.split(",") if x}
     rsi_at = {int(x) for x in args.rsi_at.split(",") if x}
     for n in sizes:
-        names = (["rsi"] if n in rsi_at else []) + (
+        names = ([t for t in args.rsi_tools.split(",") if t] if n in rsi_at else []) + (
             [p for p in args.peers.split(",") if p] if n in peers_at else []
         )
         # NB: with more than one tool at this N, the scenarios on a built workspace run in
@@ -400,7 +419,7 @@ def main() -> None:
             if cls is None:
                 doc["rows"].append({"tool": name, "n": n, "error": "no adapter", "cells": {}})
                 continue
-            if name != "rsi" and shutil.which({"nix": "nix-build"}.get(name, name)) is None:
+            if not is_rsi(name) and shutil.which({"nix": "nix-build"}.get(name, name)) is None:
                 doc["rows"].append(
                     {
                         "tool": name,
@@ -417,7 +436,7 @@ def main() -> None:
                 built.append((row, tool))
             else:
                 tool.shutdown()
-                if name == "rsi" and n >= 10000:
+                if is_rsi(name) and n >= 10000:
                     rm(cls(n).ws)  # NB: a 100,000-leaf workspace and store are large
             write(out, doc, merged)
         if built:
@@ -437,7 +456,7 @@ def main() -> None:
             finally:
                 for row, tool in built:
                     tool.shutdown()
-                    if row["tool"] == "rsi" and n >= 10000:
+                    if is_rsi(row["tool"]) and n >= 10000:
                         rm(tool.ws)
             write(out, doc, merged)
     doc["load"] = (
@@ -460,7 +479,9 @@ def write(out: Path, doc: dict, merged: dict | None) -> dict:
             for r in merged.get("rows", [])
             if (r["tool"], r["n"]) not in ran
         ]
-        whole["rows"] = sorted(doc["rows"] + kept, key=lambda r: (r["n"], r["tool"] != "rsi"))
+        whole["rows"] = sorted(
+            doc["rows"] + kept, key=lambda r: (r["n"], not is_rsi(r["tool"]), r["tool"])
+        )
     (out / "peers.json").write_text(json.dumps(whole, indent=1))
     (out / "peers.md").write_text(render(whole))
     return whole

@@ -68,4 +68,36 @@ class Rsi(Tool):
         return [*RSI, "build", "--help"]
 
 
-TOOLS = {"rsi": Rsi}
+class RsiServer(Rsi):
+    """rsi with its build server (RSI_SERVER=1, rsi/server.py): the first build starts one in
+    the background; the timed ones after the warm-up are served by it. Its memory is not in the
+    peak RSS column (the server is not a child of the run, as Bazel's is not)."""
+
+    name = "rsi-server"
+
+    def env(self):
+        return {
+            **super().env(),
+            "RSI_SERVER": "1",
+            "RSI_SERVER_IDLE_S": "900",
+            # NB: a server of this workspace's own, found again by shutdown()
+            "RSI_BENCH_SERVER": str(self.ws),
+        }
+
+    def shutdown(self):
+        mark = f"RSI_BENCH_SERVER={self.ws}".encode()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if b"rsi.server" not in f.read():
+                        continue
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if mark in f.read().split(b"\0"):
+                        os.kill(int(entry), 15)
+            except OSError:
+                continue
+
+
+TOOLS = {"rsi": Rsi, "rsi-server": RsiServer}

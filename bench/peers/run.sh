@@ -6,6 +6,10 @@
 #   PEERS_AT=1000 RSI_AT=1000 bash bench/peers/run.sh
 #   PEERS_AT= RSI_AT=100000 MERGE=1 bash bench/peers/run.sh   # rsi alone at 100k, other rows kept
 #   PEERS=nix RUNS=5 bash bench/peers/run.sh
+#   RSI_TOOLS=rsi-server PEERS_AT= RSI_AT=100000 MERGE=1 bash bench/peers/run.sh
+#
+# rsi runs twice: in process (`rsi`) and with its build server (`rsi-server`, RSI_SERVER=1,
+# rsi/server.py), each in a workspace of its own; the server is stopped after its row.
 #   MERGE=1 RSI_AT=1000 bash bench/peers/run.sh   # redo N=1000, keep the earlier 10k/100k rows
 #
 # Nix (Debian nix-bin) and Bazel (bazel-bootstrap) are installed with apt-get when missing and
@@ -54,5 +58,6 @@ export PYTHONPATH="$snap${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$repo/.venv/bin:$PATH"
 cd "$work"
 "$repo/.venv/bin/python" compare.py --out "$out" --peers "${PEERS:-nix,bazel}" \
-  --peers-at "${PEERS_AT-1000}" --rsi-at "${RSI_AT:-1000,10000,100000}" ${MERGE:+--merge}
+  --peers-at "${PEERS_AT-1000}" --rsi-at "${RSI_AT:-1000,10000,100000}" \
+  --rsi-tools "${RSI_TOOLS:-rsi,rsi-server}" ${MERGE:+--merge}
 echo "wrote $out/peers.md and $out/peers.json"
