@@ -304,7 +304,38 @@ KEEP_STATES = 16
 KEEP_BYTES = 1 << 30
 
 
+# NB: in a long-lived process (the build server), the analyses it last read, by file: an
+# entry is written once under its key (a new one is a new file, so a new inode), so the file's
+# inode and size say it is the same; off unless `rsi.incremental.keeping`
+_KEPT: dict[str, tuple] = {}
+KEEP_IN_MEMORY = 2
+
+
 def _read(store, key: str) -> tuple | None:
+    from rsi import incremental
+
+    path = store.root / "analysis" / key
+    if incremental.keeping:
+        try:
+            st = os.stat(path)
+            sig = (st.st_ino, st.st_size)
+        except OSError:
+            sig = None
+        kept = _KEPT.get(str(path))
+        if sig is not None and kept is not None and kept[0] == sig:
+            touch(path)
+            kept[1][2].memo = store.meta_memo
+            return kept[1]
+    found = _read_file(store, key)
+    if incremental.keeping and found is not None and sig is not None:
+        _KEPT.pop(str(path), None)
+        _KEPT[str(path)] = (sig, found)
+        while len(_KEPT) > KEEP_IN_MEMORY:
+            _KEPT.pop(next(iter(_KEPT)))
+    return found
+
+
+def _read_file(store, key: str) -> tuple | None:
     found = read_sealed(store, store.root / "analysis" / key)
     if found is not None:
         touch(store.root / "analysis" / key)

@@ -832,6 +832,8 @@ def _build_unchanged(
     store.save_memos()
     if plan.worth_saving:
         incremental.save_changes(store, plan)
+    else:
+        incremental.keep(store, plan)  # NB: as loaded (and touched): for a long-lived rsi
     report.counts = {
         "actions": len(order),
         "cached": len(order),

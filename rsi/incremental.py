@@ -85,11 +85,61 @@ DELTA_PARTS = ("actions", "sources", "blobs", "logs", "ac_dirs")
 DELTA_FIELDS = ("index_sig", "roots_sig")
 
 
+# NB: a long-lived process (the build server, rsi/server.py) keeps in memory the state each of
+# its builds left on disk, so the next build need not read, check and unpickle it again. An
+# entry is taken out when a build loads it (a build that fails never puts back what it may have
+# changed) and put back by a build that ends with the state saved or found unchanged, under the
+# signatures of the state and delta files as they are then: any other writer (another rsi) makes
+# new files, so new signatures, and the state is read from disk as always. Off unless turned on.
+_KEEP: dict[str, tuple] = {}
+KEEP_STATES = 4
+keeping = False
+
+
+def _sig_of(path) -> tuple[int, int, int, int] | None:
+    try:
+        return _sig(os.stat(path))
+    except OSError:
+        return None
+
+
+def keep(store: Any, p: Plan) -> None:
+    """Remember `p`'s state as the files now on disk hold it (see `_KEEP`)."""
+    if keeping and p.seal is not None:
+        path = _state_path(store, p.request)
+        sigs = (_sig_of(path), _sig_of(_delta_path(store, p.request)))
+        if sigs[0] is not None:
+            updated = {part: set(keys) for part, keys in p.updated.items()}
+            _KEEP.pop(str(path), None)
+            _KEEP[str(path)] = (sigs, p.state, p.seal, updated)
+            while len(_KEEP) > KEEP_STATES:  # NB: the least recently kept go first
+                _KEEP.pop(next(iter(_KEEP)))
+
+
+def _kept(store: Any, request: str) -> tuple[dict, str, dict] | None:
+    if not keeping:
+        return None
+    path = _state_path(store, request)
+    found = _KEEP.pop(str(path), None)
+    if found is None:
+        return None
+    sigs, state, seal, updated = found
+    if sigs != (_sig_of(path), _sig_of(_delta_path(store, request))):
+        return None
+    return state, seal, updated
+
+
 def _load(store: Any, request: str) -> tuple[dict, str, dict] | None:
     """(the state, its seal, what its delta changed: part -> keys), the delta applied."""
     from rsi.fsutil import touch
 
     path = _state_path(store, request)
+    kept = _kept(store, request)
+    if kept is not None:
+        state = kept[0]
+        touch(path)
+        touch(path.parent / str(state.get("analysis_key")))
+        return kept
     seal, state = read_sealed_head(store, path)
     if seal is None or not isinstance(state, dict) or state.get("schema") != SCHEMA:
         return None
@@ -124,6 +174,8 @@ def save(store: Any, state: dict) -> str | None:
         os.unlink(_delta_path(store, state["request"]))
     except OSError:
         pass
+    if seal is not None:
+        keep(store, Plan(state["request"], state, seal))
     removed = prune(
         path.parent,
         keep=KEEP_STATES,
@@ -154,11 +206,13 @@ def save_changes(store: Any, p: Plan) -> None:
         delta[part] = {k: whole[k] for k in p.updated[part] if k in whole}
     for name in DELTA_FIELDS:
         delta[name] = state.get(name)
-    write_sealed(store, _delta_path(store, p.request), delta)
+    if write_sealed(store, _delta_path(store, p.request), delta) is not None:
+        keep(store, p)
 
 
 def forget(store: Any, request: str | None) -> None:
     if request is not None:
+        _KEEP.pop(str(_state_path(store, request)), None)
         for path in (_state_path(store, request), _delta_path(store, request)):
             try:
                 os.unlink(path)
