@@ -72,16 +72,37 @@ def _stat_sig(
     return [kind, bool(st.st_mode & 0o111), real]
 
 
-def _stats_unchanged(stats: dict[str, list], lstats: dict) -> bool:
+def _stats_unchanged(stats: dict[str, list], lstats: dict, unchanged=frozenset()) -> bool:
     """`_stat_sig` of every path still gives what was recorded; `lstats` are `lstat` results
     the caller has already. A path recorded as its own real path (no link on the way: the
     common case) that is still no link is checked here from its `lstat` and its folder's real
-    path (one per folder), without `_stat_sig`'s path arithmetic."""
+    path (one per folder), without `_stat_sig`'s path arithmetic. A path in `unchanged` (a
+    watcher saw no change to it, nor to its folder) only has its folder's real path checked."""
     dirs: dict[str, str] = {}
     got = lstats.get
     is_link, is_dir = stat.S_ISLNK, stat.S_ISDIR
     realpath = os.path.realpath
-    for p, want in stats.items():
+    items: Iterable = stats.items()
+    if unchanged:
+        # NB: a path the watcher vouches for kept its kind and mode (a chmod or a swap is an
+        # event naming it); what is left is its real path, which depends on its folder's
+        # alone (it is no symlink itself: those are always stat'ed): one check per folder,
+        # against the real folder recorded for one of its paths
+        checked: set[str] = set()
+        for p in unchanged:
+            parent = p[: p.rfind("/")] or "/"
+            if parent in checked:
+                continue
+            want = stats.get(p)
+            if want is None:
+                continue  # NB: analysis did not look at it: nothing to check
+            if len(want) != 3:
+                return False
+            checked.add(parent)
+            if realpath(parent) != (want[2][: want[2].rfind("/")] or "/"):
+                return False
+        items = ((p, stats[p]) for p in stats.keys() - unchanged)
+    for p, want in items:
         st = got(p)
         if st is not None and len(want) == 3 and want[2] == p and not is_link(st.st_mode):
             # NB: a recorded real path is absolute and normalised, so its folder is all
@@ -150,10 +171,10 @@ class Tracker:
     def blob(self, digest: Digest) -> None:
         self.blobs.add(str(digest))
 
-    def still_valid(self, store, walker, lstats: dict | None = None) -> bool:
+    def still_valid(self, store, walker, lstats: dict | None = None, unchanged=frozenset()) -> bool:
         """Every recorded read gives the same answer; `lstats` are `lstat` results the caller
         took just now (the incremental state's pass over the sources), used instead of new
-        calls."""
+        calls; `unchanged` are paths a watcher saw no change to (rsi.incremental)."""
         for p, want in self.files.items():
             try:
                 got = self.memo.digest(p).hash
@@ -161,7 +182,7 @@ class Tracker:
                 got = "absent"
             if got != want:
                 return False
-        if not _stats_unchanged(self.stats, lstats or {}):
+        if not _stats_unchanged(self.stats, lstats or {}, unchanged):
             return False
         if any(_tree_sig(p, tuple(ex)) != sig for p, (ex, sig) in self.trees.items()):
             return False

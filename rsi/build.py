@@ -775,7 +775,7 @@ def _build_unchanged(
         events.emit(
             "target_started", root_event, label=t["label"], rule=t["rule"], actions=t["declared"]
         )
-    events.emit_hits(root_event, plan.hit_rows(order))
+    events.emit_hits(root_event, plan.hit_rows(order), template=plan.hit_template())
     c = events.counts
     c["total"] = c["done"] = c["hit"] = len(order)
 

@@ -57,13 +57,20 @@ class EventLog:
                     pass
         return event_id
 
-    def emit_hits(self, parent: int | None, rows) -> None:
+    def emit_hits(self, parent: int | None, rows, template=None) -> None:
         """One `action_finished` cache hit per (action, label, mnemonic, key) row, written at
-        once: the same lines as `emit`, at a fraction of its cost per event."""
+        once: the same lines as `emit`, at a fraction of its cost per event. `template`, when
+        given, is a `HitTemplate` of the same rows, reused when it fits (same parent, ids)."""
         with self._lock:
-            text, self._next_id = hit_lines(
-                rows, parent, self._next_id, round(time.time(), 6), EVENTS_SCHEMA
-            )
+            now = round(time.time(), 6)
+            if template is not None and template.fits(parent, self._next_id):
+                text, self._next_id = template.render(now)
+            else:
+                first = self._next_id
+                text, self._next_id = hit_lines(rows, parent, first, TIME_MARK, EVENTS_SCHEMA)
+                if template is not None:
+                    template.keep(parent, first, text, self._next_id)
+                text = text.replace(_TIME_TEXT, json.dumps(now))
             if not text:
                 return
             for f in self._files:
@@ -122,13 +129,40 @@ class EventLog:
                     pass
 
 
-def hit_lines(rows, parent: int | None, first_id: int, now: float, schema: str) -> tuple[str, int]:
+# NB: where a hit line's time goes in a template; no JSON value can hold it (a control char)
+TIME_MARK = object()
+_TIME_TEXT = "\x00time\x00"
+
+
+class HitTemplate:
+    """The hit lines of one set of rows, rendered once with the time left out: a build that
+    reports the same hits again (the build server's no-op) writes them at the cost of one
+    string replace. The owner drops it when any row changes."""
+
+    def __init__(self) -> None:
+        self._at: tuple | None = None
+        self._text = ""
+        self._next = 0
+
+    def fits(self, parent: int | None, first_id: int) -> bool:
+        return self._at == (parent, first_id)
+
+    def keep(self, parent: int | None, first_id: int, text: str, next_id: int) -> None:
+        self._at, self._text, self._next = (parent, first_id), text, next_id
+
+    def render(self, now: float) -> tuple[str, int]:
+        return self._text.replace(_TIME_TEXT, json.dumps(now)), self._next
+
+
+def hit_lines(rows, parent: int | None, first_id: int, now: Any, schema: str) -> tuple[str, int]:
     """`action_finished` cache hits as the lines `EventLog.emit` would write (sorted keys,
-    json.dumps' separators), without a json.dumps per event."""
+    json.dumps' separators), without a json.dumps per event. `now` may be `TIME_MARK`: the
+    time is then left as a mark for `HitTemplate`."""
     enc = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
+    when = _TIME_TEXT if now is TIME_MARK else json.dumps(now)
     tail = (
         f', "parent": {json.dumps(parent)}, "schema": {enc(schema)}, "status": "ok", '
-        f'"time": {json.dumps(now)}}}\n'
+        f'"time": {when}}}\n'
     )
     out = []
     i = first_id

@@ -111,7 +111,7 @@ def keep(store: Any, p: Plan) -> None:
         if sigs[0] is not None:
             updated = {part: set(keys) for part, keys in p.updated.items()}
             _KEEP.pop(str(path), None)
-            _KEEP[str(path)] = (sigs, p.state, p.seal, updated)
+            _KEEP[str(path)] = (sigs, p.state, p.seal, updated, p.watch, p.hits)
             while len(_KEEP) > KEEP_STATES:  # NB: the least recently kept go first
                 _KEEP.pop(next(iter(_KEEP)))
 
@@ -123,14 +123,15 @@ def _kept(store: Any, request: str) -> tuple[dict, str, dict] | None:
     found = _KEEP.pop(str(path), None)
     if found is None:
         return None
-    sigs, state, seal, updated = found
+    sigs, state, seal, updated, watched, hits = found
     if sigs != (_sig_of(path), _sig_of(_delta_path(store, request))):
         return None
-    return state, seal, updated
+    return state, seal, updated, (watched, hits)
 
 
-def _load(store: Any, request: str) -> tuple[dict, str, dict] | None:
-    """(the state, its seal, what its delta changed: part -> keys), the delta applied."""
+def _load(store: Any, request: str) -> tuple[dict, str, dict, Any] | None:
+    """(the state, its seal, what its delta changed: part -> keys, what the watcher knew of it
+    when kept), the delta applied."""
     from rsi.fsutil import touch
 
     path = _state_path(store, request)
@@ -155,7 +156,7 @@ def _load(store: Any, request: str) -> tuple[dict, str, dict] | None:
     # NB: in use: neither this state nor the analysis it names is the oldest to prune
     touch(path)
     touch(path.parent / str(state.get("analysis_key")))
-    return state, seal, changed
+    return state, seal, changed, (None, None)
 
 
 def save(store: Any, state: dict) -> str | None:
@@ -244,6 +245,22 @@ class Plan:
 
     edited: bool = False  # NB: a source's content differs: some action will likely run
     compact: bool = False  # NB: the state names blobs no action has: write it whole
+    # NB: with a watcher (the build server): the mark taken before this build's checks, the
+    # sources to stat whatever the watcher says (links), and the sources by folder
+    watch: Any = None
+    # NB: kept in memory only: the hit lines of every action, rendered (rsi.events.HitTemplate)
+    hits: Any = None
+
+    def hit_template(self) -> Any:
+        """The hit lines of all this state's actions, kept with it in a long-lived process;
+        None otherwise (rendering them once costs what writing them does)."""
+        if not keeping:
+            return None
+        if self.hits is None:
+            from rsi.events import HitTemplate
+
+            self.hits = HitTemplate()
+        return self.hits
 
     @property
     def actions(self) -> dict[str, list]:
@@ -367,22 +384,34 @@ def _plan(
     loaded = _load(store, request)
     if loaded is None:
         return None
-    state, seal, updated = loaded
+    state, seal, updated, (watched, hits) = loaded
     memo = store.meta_memo
+    sources = state["sources"]
+    # NB: with a watcher, the sources it saw unchanged since the last check are not stat'ed
+    p = Plan(request, state, seal, updated)
+    p.hits = hits
+    unchanged = _watched_unchanged(p, sources, watched) if watcher is not None else set()
     # NB: one lstat per source serves both the analysis' check of its existence, mode and
     # real path and the check of its content's signature below
-    sources = state["sources"]
     lstats: dict[str, os.stat_result] = {}
     for path in sources:
+        if path in unchanged:
+            continue
         try:
             lstats[path] = os.lstat(path)
         except OSError:
             pass
+    if p.watch is not None:
+        linked = p.watch["linked"]
+        for path, st in lstats.items():
+            if st.st_nlink > 1 or stat.S_ISLNK(st.st_mode):
+                linked.add(path)
+            else:
+                linked.discard(path)
     # NB: the sources first: an edited one is reported at once (the caller starts what the
     # build will run on), before the code and the analysis' reads are checked (a change
     # there means analysing again, which runs something all the same)
-    p = Plan(request, state, seal, updated)
-    _check_sources(store, sources, lstats, p, on_edit)
+    _check_sources(store, sources, lstats, p, on_edit, unchanged)
     # NB: the engine and rule code, then every read analysis made (declarations, folder
     # listings, sources' existence, mode and real path): any change means analyse again
     if not analysis_cache.packages_still_at(state["code_packages"]):
@@ -392,20 +421,60 @@ def _plan(
     tracker = state["tracker"]
     tracker.memo = memo
     walker = lambda package: packages_under(ws.root, package)  # noqa: E731
-    if not tracker.still_valid(store, walker, lstats):
+    if not tracker.still_valid(store, walker, lstats, unchanged):
         return None
     _check_index(store, state, p)
     _check_entries(store, state["actions"], state["blobs"], p)
     return p
 
 
+# NB: set by the build server (rsi/server.py): an rsi.watch.Watcher of the sources' folders
+watcher: Any = None
+
+
+def _watched_unchanged(p: Plan, sources: dict, watched: Any) -> set[str]:
+    """The sources the watcher saw no change to since this state was last checked (in this
+    process): each in a folder watched since before that check, not named by any event since,
+    with its digest known and, when last stat'ed, a single link and no symlink. The folders
+    are watched (from now on) and the mark taken before any source is looked at."""
+    if watched is None:
+        folders: dict[str, list[str]] = {}
+        for path in sources:
+            folders.setdefault(path[: path.rfind("/")] or "/", []).append(path)
+        watched = {"mark": None, "linked": set(sources), "folders": folders}
+    folders = watched["folders"]
+    watcher.watch(folders)
+    mark = watcher.mark()
+    before, linked = watched["mark"], watched["linked"]
+    p.watch = {"mark": mark, "linked": linked, "folders": folders}
+    unchanged: set[str] = set()
+    if before is None:
+        return unchanged
+    for folder, paths in folders.items():
+        changed = watcher.changed_since(folder, before)
+        if changed is None:
+            continue
+        cut = len(folder) + 1 if folder != "/" else 1
+        for path in paths:
+            if path[cut:] not in changed and path not in linked and sources[path][1] is not None:
+                unchanged.add(path)
+    return unchanged
+
+
 def _check_sources(
-    store: Any, sources: dict, lstats: dict, p: Plan, on_edit: Callable[[], None] | None = None
+    store: Any,
+    sources: dict,
+    lstats: dict,
+    p: Plan,
+    on_edit: Callable[[], None] | None = None,
+    unchanged: set[str] | frozenset[str] = frozenset(),
 ) -> None:
     """Sources whose signature moved are hashed again; a different digest makes the actions
-    reading them dirty."""
+    reading them dirty. Those in `unchanged` (the watcher's) are as recorded."""
     dirty = p.dirty
     for path, entry in sources.items():
+        if path in unchanged:
+            continue
         sig, hash_hex, size, consumers = entry
         st = lstats.get(path)
         if st is None:
@@ -757,6 +826,7 @@ def _record_changes(
         entry = _entry(store, old[LABEL], old[MNEMONIC], o, blobs, shared, now, updated["blobs"])
         if entry != old:
             actions[action_id] = entry
+            p.hits = None  # NB: its hit line changed (its key)
             updated["actions"].add(action_id)
             for d in entry[LOGS]:
                 if d and d[0] not in state["logs"]:

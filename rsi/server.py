@@ -24,6 +24,13 @@ without a server, sees an ordinary build.
   and it answers "restart" (the client builds by itself) and exits.
 - **Signals.** Ctrl-C or SIGTERM at the client is passed to the server's build, which stops as
   an in-process build stops (exit 130 or 143); a client that goes away stops its build too.
+- **Watching** (`RSI_SERVER_WATCH=1`, off by default). The server watches the sources'
+  folders with inotify (rsi/watch.py) and does not `lstat` a source no event named since its
+  last check. inotify does not see a change made through a hard link created after that check
+  (in a folder nobody watches), through a memory mapping, or by another machine on a network
+  file system; sources with two links when last looked at, symlinks, and folders on other
+  than local file systems are always stat'ed, but the first case stays a hole, so this is a
+  choice, as Bazel's `--watchfs` is.
 - **Bounded.** The server exits after `RSI_SERVER_IDLE_S` seconds without a build (600) and
   after a build that leaves it holding more than `RSI_SERVER_MAX_RSS_MB` (2048). Its own
   messages go to `<tmp>/rsi-server-<uid>/<key>.log`, cut back at each start.
@@ -328,8 +335,18 @@ def serve(key: str) -> int:
     from rsi import buildcmd, incremental  # noqa: F401
     from rsi.build import build as _  # noqa: F401
 
-    # NB: the build state and the analysis each build leaves are kept in memory for the next
+    # NB: the build state and the analysis each build leaves are kept in memory for the next;
+    # with RSI_SERVER_WATCH=1 the sources' folders are watched too, and a source no inotify
+    # event named is not stat'ed again (opt-in: inotify misses a change made through a hard
+    # link created after the last check, rsi/watch.py)
     incremental.keeping = True
+    if os.environ.get("RSI_SERVER_WATCH") == "1":
+        try:
+            from rsi.watch import Watcher
+
+            incremental.watcher = Watcher()
+        except (OSError, AttributeError) as exc:
+            say(f"no inotify ({exc}): every source is stat'ed")
 
     stop: list[int] = []
     # NB: SIGTERM ends the server between builds; a SIGINT there is a client's Ctrl-C that

@@ -369,8 +369,9 @@ def main() -> None:
     ap.add_argument("--rsi-at", default="1000,10000,100000")
     ap.add_argument(
         "--rsi-tools",
-        default="rsi,rsi-server",
-        help="rsi in process, and with its build server (RSI_SERVER=1)",
+        default="rsi,rsi-server,rsi-watch",
+        help="rsi in process, with its build server (RSI_SERVER=1), and the server watching "
+        "the sources (RSI_SERVER_WATCH=1)",
     )
     ap.add_argument("--runs", type=int, default=int(os.environ.get("RUNS", 7)))
     ap.add_argument("--budget", type=float, default=float(os.environ.get("BUDGET", 30)))

@@ -100,4 +100,14 @@ class RsiServer(Rsi):
                 continue
 
 
-TOOLS = {"rsi": Rsi, "rsi-server": RsiServer}
+class RsiWatch(RsiServer):
+    """The build server watching the sources' folders (RSI_SERVER_WATCH=1, rsi/watch.py):
+    a source no inotify event named is not stat'ed."""
+
+    name = "rsi-watch"
+
+    def env(self):
+        return {**super().env(), "RSI_SERVER_WATCH": "1"}
+
+
+TOOLS = {"rsi": Rsi, "rsi-server": RsiServer, "rsi-watch": RsiWatch}

@@ -8,8 +8,9 @@
 #   PEERS=nix RUNS=5 bash bench/peers/run.sh
 #   RSI_TOOLS=rsi-server PEERS_AT= RSI_AT=100000 MERGE=1 bash bench/peers/run.sh
 #
-# rsi runs twice: in process (`rsi`) and with its build server (`rsi-server`, RSI_SERVER=1,
-# rsi/server.py), each in a workspace of its own; the server is stopped after its row.
+# rsi runs three ways: in process (`rsi`), with its build server (`rsi-server`, RSI_SERVER=1,
+# rsi/server.py) and with the server watching the sources (`rsi-watch`, RSI_SERVER_WATCH=1),
+# each in a workspace of its own; a server is stopped after its row.
 #   MERGE=1 RSI_AT=1000 bash bench/peers/run.sh   # redo N=1000, keep the earlier 10k/100k rows
 #
 # Nix (Debian nix-bin) and Bazel (bazel-bootstrap) are installed with apt-get when missing and
@@ -59,5 +60,5 @@ export PATH="$repo/.venv/bin:$PATH"
 cd "$work"
 "$repo/.venv/bin/python" compare.py --out "$out" --peers "${PEERS:-nix,bazel}" \
   --peers-at "${PEERS_AT-1000}" --rsi-at "${RSI_AT:-1000,10000,100000}" \
-  --rsi-tools "${RSI_TOOLS:-rsi,rsi-server}" ${MERGE:+--merge}
+  --rsi-tools "${RSI_TOOLS:-rsi,rsi-server,rsi-watch}" ${MERGE:+--merge}
 echo "wrote $out/peers.md and $out/peers.json"

@@ -1,0 +1,202 @@
+"""Folders watched with inotify, for the build server (rsi/server.py, RSI_SERVER_WATCH=1): which
+entries of a folder changed since a given moment, so a served build need not `lstat` the
+sources no event named.
+
+Moments are marks of a counter that every event drained from the kernel advances (and every
+`watch` call ticks). For a folder and a mark M, `changed_since` gives the names of its entries
+that events named after M, or None (look at every entry) when it cannot tell: the watch was
+added at or after M, an event on the folder itself came after M, the kernel dropped events
+after M (`IN_Q_OVERFLOW`, or too many names to remember), or the path no longer leads to the
+same folder (one `stat`: a renamed or replaced ancestor). `mark()` drains what the kernel has
+queued first: an event is queued by the system call that made the change, so a change made
+before a build takes its mark is counted at or before that mark.
+
+What inotify cannot see, so the caller must `stat` anyway: a file changed through a hard link
+in a folder nobody watches (rsi.incremental stats sources that had two links when last looked
+at; a link made later stays unseen), a change through a memory mapping, a folder on a network
+file system changed by another machine (`local_fs`: only local file system types are watched).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import struct
+
+IN_MODIFY = 0x002
+IN_ATTRIB = 0x004
+IN_CLOSE_WRITE = 0x008
+IN_MOVED_FROM = 0x040
+IN_MOVED_TO = 0x080
+IN_CREATE = 0x100
+IN_DELETE = 0x200
+IN_DELETE_SELF = 0x400
+IN_MOVE_SELF = 0x800
+IN_Q_OVERFLOW = 0x4000
+IN_IGNORED = 0x8000
+IN_ONLYDIR = 0x01000000
+IN_NONBLOCK = 0o4000
+IN_CLOEXEC = 0o2000000
+MASK = (
+    IN_MODIFY
+    | IN_ATTRIB
+    | IN_CLOSE_WRITE
+    | IN_MOVED_FROM
+    | IN_MOVED_TO
+    | IN_CREATE
+    | IN_DELETE
+    | IN_DELETE_SELF
+    | IN_MOVE_SELF
+    | IN_ONLYDIR
+)
+_EVENT = struct.Struct("iIII")
+MAX_NAMED = 200_000
+# NB: file systems whose changes all go through this kernel (so through inotify)
+LOCAL_FS = frozenset(
+    {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "f2fs", "zfs", "bcachefs"}
+)
+
+
+def local_fs_types() -> list[tuple[str, str]]:
+    """(mount point, file system type) of every mount, longest mount point first."""
+    mounts = []
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields = left.split()
+                if len(fields) < 5 or not right:
+                    continue
+                point = fields[4].replace("\\040", " ")
+                mounts.append((point, right.split()[0]))
+    except OSError:
+        return []
+    mounts.sort(key=lambda m: len(m[0]), reverse=True)
+    return mounts
+
+
+class Watcher:
+    """inotify watches on folders, and the counter of changes seen in them."""
+
+    def __init__(self, max_watches: int = 100_000) -> None:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        self._add = libc.inotify_add_watch
+        self._add.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
+        self._rm = libc.inotify_rm_watch
+        fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1")
+        self.fd = fd
+        self.max_watches = max_watches
+        self.counter = 0
+        self.overflow_at = 0
+        self._wd: dict[int, str] = {}
+        self._folders: dict[str, tuple[int, int, int]] = {}  # folder -> (wd, added at, inode)
+        self._last: dict[str, int] = {}  # NB: events on a folder itself
+        self._names: dict[str, dict[str, int]] = {}  # NB: folder -> entry -> its last event
+        self._named = 0
+        self._mounts = local_fs_types()
+        self._local: dict[str, bool] = {}
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def local_fs(self, folder: str) -> bool:
+        got = self._local.get(folder)
+        if got is None:
+            kind = next(
+                (
+                    t
+                    for p, t in self._mounts
+                    if folder == p or folder.startswith(p.rstrip("/") + "/")
+                ),
+                "",
+            )
+            got = self._local[folder] = kind in LOCAL_FS
+        return got
+
+    def drain(self) -> None:
+        """Count every event the kernel has queued."""
+        while True:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return
+            except InterruptedError:
+                continue
+            at = 0
+            while at + _EVENT.size <= len(data):
+                wd, mask, _cookie, size = _EVENT.unpack_from(data, at)
+                at += _EVENT.size + size
+                self.counter += 1
+                if mask & IN_Q_OVERFLOW:
+                    self.overflow_at = self.counter
+                    continue
+                folder = self._wd.get(wd)
+                if folder is None:
+                    continue
+                if size:
+                    # NB: about an entry of the folder, named: only that entry changed
+                    raw = data[at - size : at].split(b"\0", 1)[0]
+                    self._names.setdefault(folder, {})[os.fsdecode(raw)] = self.counter
+                    self._named += 1
+                    if self._named > MAX_NAMED:
+                        # NB: too much to remember by name: as if the kernel had dropped them
+                        self._names.clear()
+                        self._named = 0
+                        self.overflow_at = self.counter
+                    continue
+                self._last[folder] = self.counter
+                if mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF):
+                    # NB: the watch is gone (or soon): the folder is watched again if asked
+                    self._wd.pop(wd, None)
+                    self._folders.pop(folder, None)
+
+    def mark(self) -> int:
+        """The current moment: every change made before this call is counted at or before it."""
+        self.drain()
+        return self.counter
+
+    def watch(self, folders) -> None:
+        """Watch these folders (those on local file systems, within the watch budget) from now
+        on; a folder already watched keeps its watch. A mark taken after this call is later
+        than every watch it added."""
+        self.drain()
+        for folder in folders:
+            if folder in self._folders or len(self._folders) >= self.max_watches:
+                continue
+            if not self.local_fs(folder):
+                continue
+            try:
+                st = os.stat(folder)
+            except OSError:
+                continue
+            wd = self._add(self.fd, os.fsencode(folder), MASK)
+            if wd < 0:
+                if ctypes.get_errno() == errno.ENOSPC:
+                    self.max_watches = len(self._folders)  # NB: the user's watch limit
+                continue
+            self._wd[wd] = folder
+            self._folders[folder] = (wd, self.counter, st.st_ino)
+        # NB: a tick: a watch added by this call is "before" any mark taken after it, and a
+        # watch added after a mark is not (added_at >= that mark)
+        self.counter += 1
+
+    def changed_since(self, folder: str, mark: int) -> set[str] | None:
+        """The names of the entries of `folder` changed since `mark`; None when that cannot be
+        told (not watched since before the mark, an event on the folder itself, events lost,
+        or no longer the same folder at that path): then every entry must be looked at."""
+        held = self._folders.get(folder)
+        if held is None or held[1] >= mark or self.overflow_at > mark:
+            return None
+        if self._last.get(folder, 0) > mark:
+            return None
+        try:
+            if os.stat(folder).st_ino != held[2]:
+                return None
+        except OSError:
+            return None
+        names = self._names.get(folder)
+        return {n for n, at in names.items() if at > mark} if names else set()

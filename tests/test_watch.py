@@ -1,0 +1,152 @@
+"""The build server's watcher (rsi/watch.py, rsi.incremental `_watched_unchanged`): a source
+no inotify event named since its last check is not stat'ed again, and every way a source can
+change is still seen: a same-size rewrite that puts its mtime back, a swap by rename, a chmod,
+a new symlink, its folder replaced, a hard link made before the check, lost events. Builds
+run in this process with the state kept and a real watcher, as the server runs them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rsi import incremental
+from rsi.build import build
+from rsi.watch import Watcher
+from rsi.workspace import Workspace
+
+pytestmark = pytest.mark.e2e
+
+
+def _rewrite_same_size_same_mtime(path: Path, text: str) -> None:
+    st = os.stat(path)
+    assert len(text.encode()) == st.st_size
+    path.write_text(text)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.fixture
+def served(command, make_workspace, tmp_path, monkeypatch):
+    ws = make_workspace(
+        tmp_path,
+        {
+            "in/a.txt": "alpha\n",
+            "in/b.txt": "bravo\n",
+            "BUILD.toml": command(
+                "leaf_a", cmd="cat $(SRCS) > $(OUT)", srcs=["in/a.txt"], outs=["a.out"]
+            )
+            + command("leaf_b", cmd="cat $(SRCS) > $(OUT)", srcs=["in/b.txt"], outs=["b.out"]),
+        },
+    )
+    monkeypatch.setenv("RSI_HOST_LOCK", str(tmp_path / "host.lock"))
+    monkeypatch.setattr(incremental, "keeping", True)
+    monkeypatch.setattr(incremental, "_KEEP", {})
+    watcher = Watcher()
+    monkeypatch.setattr(incremental, "watcher", watcher)
+    monkeypatch.chdir(ws)
+    looked: list[str] = []
+    real = os.lstat
+
+    def lstat(path, *a, **kw):
+        looked.append(os.fspath(path))
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(incremental.os, "lstat", lstat)
+    workspace = Workspace.discover()
+
+    def run(*labels: str) -> dict:
+        looked.clear()
+        report = build(workspace, list(labels or ["//:leaf_a", "//:leaf_b"]))
+        assert report.ok
+        return report.counts
+
+    run()
+    run()  # NB: the first check with the watch in place
+    yield ws, run, looked, watcher
+    watcher.close()
+
+
+def _sources(looked: list[str]) -> set[str]:
+    return {Path(p).name for p in looked if "/in/" in p}
+
+
+def test_unchanged_sources_are_not_stated_and_a_same_size_rewrite_is_seen(served):
+    ws, run, looked, _ = served
+    counts = run()
+    assert counts["executed"] == 0 and _sources(looked) == set()  # NB: the watcher vouched
+    _rewrite_same_size_same_mtime(ws / "in" / "a.txt", "ALPHA\n")
+    counts = run()
+    assert counts["executed"] == 1 and _sources(looked) == {"a.txt"}  # NB: only the one named
+    assert (ws / "out" / "a.out").read_text() == "ALPHA\n"
+    assert run()["executed"] == 0
+
+
+def test_a_swap_by_rename_a_chmod_and_a_symlink_are_seen(served):
+    ws, run, looked, _ = served
+    (ws / "in" / "b.new").write_text("BRAVO\n")
+    os.rename(ws / "in" / "b.new", ws / "in" / "b.txt")
+    assert run()["executed"] == 1 and (ws / "out" / "b.out").read_text() == "BRAVO\n"
+    os.chmod(ws / "in" / "a.txt", 0o755)  # NB: an executable source is another input
+    assert run()["executed"] == 1
+    (ws / "elsewhere.txt").write_text("charlie\n")
+    (ws / "in" / "a.txt").unlink()
+    os.symlink(ws / "elsewhere.txt", ws / "in" / "a.txt")
+    run()
+    assert (ws / "out" / "a.out").read_text() == "charlie\n"
+    # NB: a symlinked source is stat'ed every time (its target may change anywhere)
+    run()
+    assert "a.txt" in _sources(looked)
+    (ws / "elsewhere.txt").write_text("delta!!\n")
+    assert run()["executed"] == 1 and (ws / "out" / "a.out").read_text() == "delta!!\n"
+
+
+def test_a_replaced_folder_and_lost_events_mean_looking_again(served):
+    ws, run, looked, watcher = served
+    shutil.copytree(ws / "in", ws / "in2")
+    (ws / "in2" / "a.txt").write_text("echo!!\n")
+    shutil.rmtree(ws / "in")
+    os.rename(ws / "in2", ws / "in")  # NB: another folder at the same path
+    assert run()["executed"] == 1 and (ws / "out" / "a.out").read_text() == "echo!!\n"
+    run()
+    assert _sources(looked) == set()
+    watcher.overflow_at = watcher.mark() + 1  # NB: as if the kernel dropped events now
+    run()
+    assert _sources(looked) == {"a.txt", "b.txt"}
+
+
+def test_a_source_with_another_hard_link_is_always_stated(command, make_workspace, tmp_path):
+    """A source that had two links when last looked at is stat'ed every time: a change
+    through the other name sends no event to the source's folder. (A link made after that
+    look is not seen: docs/architecture.md says so; RSI_SERVER_WATCH is off by default.)"""
+    ws = make_workspace(
+        tmp_path,
+        {
+            "in/b.txt": "bravo\n",
+            "BUILD.toml": command(
+                "leaf_b", cmd="cat $(SRCS) > $(OUT)", srcs=["in/b.txt"], outs=["b.out"]
+            ),
+        },
+    )
+    other = tmp_path / "outside.txt"
+    os.link(ws / "in" / "b.txt", other)
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setenv("RSI_HOST_LOCK", str(tmp_path / "host.lock"))
+        mp.setattr(incremental, "keeping", True)
+        mp.setattr(incremental, "_KEEP", {})
+        watcher = Watcher()
+        mp.setattr(incremental, "watcher", watcher)
+        mp.chdir(ws)
+        workspace = Workspace.discover()
+        for _ in range(3):
+            assert build(workspace, ["//:leaf_b"]).ok
+        with open(other, "a") as f:  # NB: changed through the other name: no event in in/
+            f.write("x\n")
+        report = build(workspace, ["//:leaf_b"])
+        assert report.counts["executed"] == 1
+        assert (ws / "out" / "b.out").read_text() == "bravo\nx\n"
+        watcher.close()
+    finally:
+        mp.undo()
