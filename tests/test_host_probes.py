@@ -41,6 +41,13 @@ def _fake_bwrap(folder, *, works: bool, runs):
     return exe
 
 
+def _on_path(monkeypatch, exe):
+    """`exe` first on PATH, and no RSI_SANDBOX to decide for the probe."""
+    monkeypatch.setenv("PATH", f"{exe.parent}:{os.environ['PATH']}")
+    monkeypatch.delenv("RSI_SANDBOX", raising=False)
+    return exe
+
+
 def _probe_all():
     for fn in (local.sandbox_mode, pool.bwrap_has_perms, pool.bwrap_has_size):
         fn.cache_clear()
@@ -50,9 +57,7 @@ def _probe_all():
 @pytest.mark.fast
 def test_answers_are_kept_until_the_binary_changes(kept, tmp_path, monkeypatch):
     runs = tmp_path / "runs.txt"
-    exe = _fake_bwrap(tmp_path / "bin", works=True, runs=runs)
-    monkeypatch.setenv("PATH", f"{exe.parent}:{os.environ['PATH']}")
-    monkeypatch.delenv("RSI_SANDBOX", raising=False)
+    exe = _on_path(monkeypatch, _fake_bwrap(tmp_path / "bin", works=True, runs=runs))
     assert _probe_all() == ("bwrap", True, True)
     assert len(runs.read_text().splitlines()) == 3  # works?, --version, --help
     assert json.loads(kept.read_text())["schema"] == "rsi.host-probes/1"
@@ -72,9 +77,7 @@ def test_answers_are_kept_until_the_binary_changes(kept, tmp_path, monkeypatch):
 @pytest.mark.fast
 def test_a_failing_sandbox_is_never_kept(kept, tmp_path, monkeypatch):
     runs = tmp_path / "runs.txt"
-    exe = _fake_bwrap(tmp_path / "bin", works=False, runs=runs)
-    monkeypatch.setenv("PATH", f"{exe.parent}:{os.environ['PATH']}")
-    monkeypatch.delenv("RSI_SANDBOX", raising=False)
+    _on_path(monkeypatch, _fake_bwrap(tmp_path / "bin", works=False, runs=runs))
     for _ in range(2):
         local.sandbox_mode.cache_clear()
         monkeypatch.setattr(probes, "_loaded", None)

@@ -87,9 +87,10 @@ def _load() -> dict[str, Any]:
 
 
 def _store(name: str, key: Any, value: Any) -> None:
+    global _loaded
     answers = dict(_load())
     answers[name] = {"key": key, "value": value}
-    globals()["_loaded"] = answers
+    _loaded = answers
     path = _path()
     tmp = f"{path}.{os.getpid()}.tmp"
     try:

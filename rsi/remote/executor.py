@@ -86,14 +86,19 @@ class RemoteExecutor:
             )
 
         uncached = uncached_exit(action)
-        try:
-            response = client.execute(
+
+        def execute(skip_cache_lookup: bool = False):
+            return client.execute(
                 remote.digest,
                 queue_timeout_s=session.config.queue_timeout_s,
                 execution_timeout_s=action.timeout_s + session.config.execution_margin_s,
+                skip_cache_lookup=skip_cache_lookup,
                 cancel=cancel,
                 on_stage=on_stage,
             )
+
+        try:
+            response = execute()
             if (
                 uncached is not None
                 and response.cached_result
@@ -112,14 +117,7 @@ class RemoteExecutor:
                         "action declares uncacheable; executing it again (skip_cache_lookup)",
                     }
                 )
-                response = client.execute(
-                    remote.digest,
-                    queue_timeout_s=session.config.queue_timeout_s,
-                    execution_timeout_s=action.timeout_s + session.config.execution_margin_s,
-                    skip_cache_lookup=True,
-                    cancel=cancel,
-                    on_stage=on_stage,
-                )
+                response = execute(skip_cache_lookup=True)
         except QueueTimeout as exc:
             raise UnmetPlatform(
                 f"{action.label or 'action'}: {exc}; it needs platform "
