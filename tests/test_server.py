@@ -326,3 +326,40 @@ def test_a_watching_server_sees_a_same_size_rewrite_with_its_mtime_put_back(ws, 
     assert run.returncode == 0 and "1 executed" in run.stdout, run.stdout
     assert _builder_pid(ws) in _server_pids(tag)
     assert (ws / "out" / "a.out").read_text() == "OMEGA\n"
+
+
+def test_hit_lines_from_the_kept_template_are_those_a_fresh_build_writes(ws, monkeypatch, tmp_path):
+    """A served no-op writes its hit lines from a template rendered once; they must be the
+    lines an in-process build writes (ids, keys, labels), with this build's own time; an
+    action that ran again drops the template (its key changed)."""
+    import json as _json
+
+    from rsi import incremental
+    from rsi.build import build
+    from rsi.workspace import Workspace
+
+    monkeypatch.setenv("RSI_HOST_LOCK", str(tmp_path / "host.lock"))
+    monkeypatch.chdir(ws)
+    workspace = Workspace.discover()
+
+    def hits(report) -> list[dict]:
+        lines = Path(report.events_path).read_text().splitlines()
+        docs = [_json.loads(line) for line in lines]
+        return [d for d in docs if d["kind"] == "action_finished"]
+
+    targets = ["//:up"]
+    build(workspace, targets)
+    fresh = hits(build(workspace, targets))  # NB: keeping off: rendered the plain way
+    monkeypatch.setattr(incremental, "keeping", True)
+    monkeypatch.setattr(incremental, "_KEEP", {})
+    build(workspace, targets)
+    for _ in range(2):
+        report = build(workspace, targets)
+        started = _json.loads(Path(report.events_path).read_text().splitlines()[0])
+        got = hits(report)
+        assert [{**d, "time": 0} for d in got] == [{**d, "time": 0} for d in fresh]
+        assert all(d["time"] >= started["time"] for d in got)  # NB: this build's time
+    (ws / "in" / "a.txt").write_text("kilo\n")
+    assert build(workspace, targets).counts["executed"] == 1
+    after = hits(build(workspace, targets))
+    assert after[0]["key"] != fresh[0]["key"] and after[0]["cache"] == "hit"
