@@ -13,7 +13,6 @@ import shutil
 import signal
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -466,7 +465,7 @@ def build(
 
         ws = ws.with_overrides(digest_function=negotiate_digest_function(ws.remote))
     store = open_store(ws)
-    build_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+    build_id = time.strftime("%Y%m%dT%H%M%S") + "-" + os.urandom(4).hex()
     events_path = store.events_dir / f"{build_id}.jsonl"
     events = EventLog(events_path, also=events_to, progress=progress)
     _prune_event_logs(store, events_path.name)

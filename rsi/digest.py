@@ -7,7 +7,6 @@ alone: the memo is keyed on (inode, size, mtime_ns, ctime_ns) and only skips re-
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
@@ -57,6 +56,8 @@ def _hasher(function: str):
     if function == "blake3":
         return blake3.blake3()
     if function == "sha256":
+        import hashlib  # NB: OpenSSL's, fast on big files; only this digest function loads it
+
         return hashlib.sha256()
     raise StoreError(
         f"unknown digest function {function!r}", hint=f"use one of {', '.join(DIGEST_FUNCTIONS)}"

@@ -83,6 +83,27 @@ def _render_and_keep(argv: list[str], path: str, key: str) -> None:
         pass
 
 
+def _leave(code: int) -> None:
+    """End a finished plain build: its files are written and closed, so what is left is the
+    exit handlers (the sandbox slots, their cgroups) and the interpreter's own teardown, which
+    frees every object the build loaded one by one (~10 ms at 1,000 actions, growing with the
+    graph). The handlers run, the streams are flushed, and the process ends without it."""
+    import atexit
+    import threading
+
+    if threading.active_count() > 1 and any(
+        not t.daemon for t in threading.enumerate() if t is not threading.current_thread()
+    ):
+        sys.exit(code)  # NB: a thread still working is joined, as a normal exit joins it
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            code = 120  # NB: what the interpreter exits with when its last flush fails
+    os._exit(code)
+
+
 def run() -> None:
     argv = sys.argv[1:]
     if argv == ["--version"]:
@@ -109,7 +130,7 @@ def run() -> None:
                 sys.exit(code)
         from rsi.buildcmd import plain_build
 
-        sys.exit(plain_build(argv[1:]))
+        _leave(plain_build(argv[1:]))
     from rsi.cli import run as cli_run
 
     cli_run()

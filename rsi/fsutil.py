@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -90,6 +89,8 @@ def create_temp(folder: Path) -> tuple[int, str]:
             continue
         except FileNotFoundError:
             os.makedirs(folder, exist_ok=True)
+    import tempfile
+
     return tempfile.mkstemp(dir=folder, prefix=".tmp-")
 
 

@@ -13,17 +13,23 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import re
 import shutil
-import tempfile
 import time
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
+
+try:  # NB: the C module itself: hashlib would load OpenSSL (~2 ms of every start)
+    from _sha2 import sha256  # type: ignore[import-not-found]  # Python 3.12+
+except ImportError:
+    try:
+        from _sha256 import sha256  # type: ignore[import-not-found,no-redef]
+    except ImportError:  # pragma: no cover - NB: a Python built without either
+        from hashlib import sha256  # type: ignore[assignment]
 
 from rsi.action import ActionResult
 from rsi.canonical import canonical_bytes
@@ -215,6 +221,8 @@ class LocalStore:
 
     def scratch_dir(self, prefix: str = "scratch") -> Path:
         """A fresh folder on the store's file system, named after this pid (for crash cleanup)."""
+        import tempfile
+
         return Path(tempfile.mkdtemp(dir=self.tmp, prefix=f"{prefix}-{os.getpid()}-"))
 
     # ------------------------------------------------------------------------------- blobs
@@ -399,6 +407,8 @@ class LocalStore:
             raise CorruptEntry(f"blob {digest} is missing or corrupt in {self.cas}")
         try:
             if atomic:
+                import tempfile
+
                 fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
                 os.close(fd)
                 try:
@@ -553,7 +563,7 @@ class LocalStore:
     # NB: every workspace that builds with this store records the action keys it references,
     # so `cache gc` run from one workspace keeps what the others still use.
     def _registration_path(self, workspace: Path) -> Path:
-        name = hashlib.sha256(os.fsencode(str(workspace))).hexdigest()[:32]
+        name = sha256(os.fsencode(str(workspace))).hexdigest()[:32]
         return self.roots / f"{name}.json"
 
     # NB: a registration is `roots/<name>.json` and, beside it, a journal `<name>.journal`:
@@ -726,7 +736,7 @@ class LocalStore:
 
     @staticmethod
     def index_shard(action_id: str) -> str:
-        return hashlib.sha256(action_id.encode()).hexdigest()[:2]
+        return sha256(action_id.encode()).hexdigest()[:2]
 
     def index_signature(self) -> tuple | None:
         """Changes whenever any index shard (or the old one-file index) is replaced."""

@@ -7,13 +7,11 @@ import contextlib
 import dataclasses
 import json
 import os
-import platform
 import queue
 import resource
 import select
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import threading
@@ -535,11 +533,14 @@ def host_facts() -> dict:
                     break
     except OSError:
         pass
+    uname = os.uname()
     return {
-        "hostname": socket.gethostname(),
-        "os": platform.system(),
-        "kernel": platform.release(),
-        "machine": platform.machine(),
+        # NB: what socket.gethostname() and platform's system(), release() and machine()
+        # answer, without importing either (~3 ms of every build that runs something)
+        "hostname": uname.nodename,
+        "os": uname.sysname,
+        "kernel": uname.release,
+        "machine": uname.machine,
         "cpu_model": cpu,
         "cpu_count": os.cpu_count(),
     }

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from functools import lru_cache
 from pathlib import Path
 
@@ -277,7 +276,7 @@ class LocalExecutor:
             if self.sandbox == "none":
                 # NB: with no pid namespace, a grandchild that calls setsid leaves the process
                 # group; this token in its environment is how the sweep below finds it
-                token = uuid.uuid4().hex
+                token = os.urandom(16).hex()
                 env[SWEEP_VAR] = token
             status = BwrapStatus() if self.sandbox == "bwrap" else None
             guard = ActionGuard(limits)
