@@ -1,14 +1,14 @@
 """Actions and their results: the immutable values the scheduler, executors and stores share.
 
 An `Action` is everything that can change a result; its key is the digest of its canonical
-description. Fields that only describe (label, mnemonic, tags) are marked `key=False` and never
-reach the key, so renaming a target or tagging it `exclusive` reuses its evidence.
+description. Fields that only describe (label, mnemonic, tags, sources) are left out of its
+equality (`_compare`) and never reach the key, so renaming a target or tagging it `exclusive`
+reuses its evidence.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from rsi.digest import (
     DEFAULT_FUNCTION,
@@ -19,41 +19,75 @@ from rsi.digest import (
     merkle_directories,
 )
 from rsi.errors import RsiError
+from rsi.record import Frozen
 
 ACTION_SCHEMA = "rsi.action/1"
 RESULT_SCHEMA = "rsi.action_result/1"
 
 
-def _not_key(default: Any = None, **kw: Any) -> Any:
-    return field(default=default, compare=False, metadata={"key": False}, **kw)
-
-
-@dataclass(frozen=True)
-class Action:
+class Action(Frozen):
+    _fields = (
+        "argv",
+        "inputs",
+        "outputs",
+        "env",
+        "platform",
+        "timeout_s",
+        "salt",
+        "digest_function",
+        "label",
+        "mnemonic",
+        "tags",
+        "sources",
+    )
+    # NB: label, mnemonic, tags and sources only describe: not in equality, nor in the key
+    _compare = _fields[:8]
     argv: tuple[str, ...]
-    inputs: tuple[tuple[str, FileNode], ...] = ()
-    outputs: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
-    platform: tuple[tuple[str, str], ...] = ()
-    timeout_s: float = 600.0
-    salt: str = ""
-    digest_function: str = DEFAULT_FUNCTION
-    # descriptive only: excluded from equality and from the key
-    label: str = _not_key("")
-    mnemonic: str = _not_key("Action")
-    tags: tuple[str, ...] = _not_key(())
+    inputs: tuple[tuple[str, FileNode], ...]
+    outputs: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    platform: tuple[tuple[str, str], ...]
+    timeout_s: float
+    salt: str
+    digest_function: str
+    label: str
+    mnemonic: str
+    tags: tuple[str, ...]
     # where a source input can be copied from on this host (path -> workspace file); its
     # content is verified against the input's digest when it is materialised
-    sources: tuple[tuple[str, str], ...] = _not_key(())
+    sources: tuple[tuple[str, str], ...]
 
-    def __post_init__(self) -> None:
-        set_ = object.__setattr__
-        set_(self, "argv", tuple(self.argv))
-        set_(self, "inputs", tuple(sorted(dict(self.inputs).items())))
-        set_(self, "outputs", tuple(sorted(set(self.outputs))))
-        set_(self, "env", tuple(sorted(dict(self.env).items())))
-        set_(self, "platform", tuple(sorted(dict(self.platform).items())))
-        set_(self, "tags", tuple(sorted(set(self.tags))))
+    def __init__(
+        self,
+        argv: Iterable[str],
+        inputs: Iterable[tuple[str, FileNode]] | Mapping[str, FileNode] = (),
+        outputs: Iterable[str] = (),
+        env: Iterable[tuple[str, str]] | Mapping[str, str] = (),
+        platform: Iterable[tuple[str, str]] | Mapping[str, str] = (),
+        timeout_s: float = 600.0,
+        salt: str = "",
+        digest_function: str = DEFAULT_FUNCTION,
+        label: str = "",
+        mnemonic: str = "Action",
+        tags: Iterable[str] = (),
+        sources: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        d = self.__dict__
+        d["argv"] = tuple(argv)
+        d["inputs"] = tuple(sorted(dict(inputs).items()))
+        d["outputs"] = tuple(sorted(set(outputs)))
+        d["env"] = tuple(sorted(dict(env).items()))
+        d["platform"] = tuple(sorted(dict(platform).items()))
+        d["timeout_s"] = timeout_s
+        d["salt"] = salt
+        d["digest_function"] = digest_function
+        d["label"] = label
+        d["mnemonic"] = mnemonic
+        d["tags"] = tuple(sorted(set(tags)))
+        d["sources"] = sources
+        self._check()
+
+    def _check(self) -> None:
         if not self.argv:
             raise RsiError(f"{self.label or 'action'}: empty argv")
         input_paths = {p for p, _ in self.inputs}
@@ -117,29 +151,71 @@ class Action:
 UNCACHED_EXIT_ENV = "RSI_UNCACHED_EXIT"
 
 
-@dataclass(frozen=True)
-class OutputFile:
+class OutputFile(Frozen):
+    _fields = ("path", "digest", "executable")
     path: str
     digest: Digest
-    executable: bool = False
+    executable: bool
+
+    def __init__(self, path: str, digest: Digest, executable: bool = False) -> None:
+        d = self.__dict__
+        d["path"] = path
+        d["digest"] = digest
+        d["executable"] = executable
 
 
-@dataclass(frozen=True)
-class ActionResult:
+class ActionResult(Frozen):
     """What an execution produced. Timing, executor and host describe; they are evidence too."""
 
+    _fields = (
+        "exit_code",
+        "outputs",
+        "stdout",
+        "stderr",
+        "timed_out",
+        "failure",
+        "executor",
+        "host",
+        "timing",
+        "cacheable",
+    )
     exit_code: int
-    outputs: tuple[OutputFile, ...] = ()
-    stdout: Digest | None = None
-    stderr: Digest | None = None
-    timed_out: bool = False
-    failure: str | None = None
-    executor: str = ""
-    host: Mapping[str, Any] = field(default_factory=dict)
-    timing: Mapping[str, Any] = field(default_factory=dict)
+    outputs: tuple[OutputFile, ...]
+    stdout: Digest | None
+    stderr: Digest | None
+    timed_out: bool
+    failure: str | None
+    executor: str
+    host: Mapping[str, Any]
+    timing: Mapping[str, Any]
     # NB: False for a run whose outputs serve this build but must never be served again (the
     # action said so: `UNCACHED_EXIT_ENV`); such a result is never written to a cache
-    cacheable: bool = True
+    cacheable: bool
+
+    def __init__(
+        self,
+        exit_code: int,
+        outputs: tuple[OutputFile, ...] = (),
+        stdout: Digest | None = None,
+        stderr: Digest | None = None,
+        timed_out: bool = False,
+        failure: str | None = None,
+        executor: str = "",
+        host: Mapping[str, Any] | None = None,
+        timing: Mapping[str, Any] | None = None,
+        cacheable: bool = True,
+    ) -> None:
+        d = self.__dict__
+        d["exit_code"] = exit_code
+        d["outputs"] = outputs
+        d["stdout"] = stdout
+        d["stderr"] = stderr
+        d["timed_out"] = timed_out
+        d["failure"] = failure
+        d["executor"] = executor
+        d["host"] = {} if host is None else host
+        d["timing"] = {} if timing is None else timing
+        d["cacheable"] = cacheable
 
     @property
     def ok(self) -> bool:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import io
 import pickle
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from rsi.digest import DEFAULT_FUNCTION, Digest, digest_value
 from rsi.errors import DeclarationError
 from rsi.label import Label
+from rsi.record import Value
 
 if TYPE_CHECKING:
     # NB: imported where used: a graph loaded from the analysis cache needs neither the
@@ -105,20 +105,48 @@ class PickledValues(Mapping):
         return (PickledValues, (self._raw, shared))
 
 
-@dataclass
-class BuildGraph:
-    targets: dict[Label, Target] = field(default_factory=dict)
-    providers: dict[Label, Provider] = field(default_factory=dict)
-    target_actions: dict[Label, list[str]] = field(default_factory=dict)
-    actions: dict[str, ActionSpec] = field(default_factory=dict)
-    preds: dict[str, list[str]] = field(default_factory=dict)  # consumer -> producers
-    succs: dict[str, list[str]] = field(default_factory=dict)  # producer -> consumers
-    alias: dict[str, str] = field(default_factory=dict)  # shared action id -> the one kept
-    # label -> attributes as JSON, kept from hashing them for the scheduler's "why" pack
-    # (derivable from `targets`, so not pickled into the analysis cache)
-    attrs_json: dict[str, Any] = field(default_factory=dict)
-    target_graph: "TargetGraph | None" = None  # None when loaded from the analysis cache
-    action_graph: "nx.DiGraph | None" = None  # made by nx_action_graph()
+class BuildGraph(Value):
+    _fields = (
+        "targets",
+        "providers",
+        "target_actions",
+        "actions",
+        "preds",
+        "succs",
+        "alias",
+        "attrs_json",
+        "target_graph",
+        "action_graph",
+    )
+
+    def __init__(
+        self,
+        targets: dict[Label, Target] | None = None,
+        providers: dict[Label, Provider] | None = None,
+        target_actions: dict[Label, list[str]] | None = None,
+        actions: dict[str, ActionSpec] | None = None,
+        preds: dict[str, list[str]] | None = None,
+        succs: dict[str, list[str]] | None = None,
+        alias: dict[str, str] | None = None,
+        attrs_json: dict[str, Any] | None = None,
+        target_graph: "TargetGraph | None" = None,
+        action_graph: "nx.DiGraph | None" = None,
+    ) -> None:
+        self.targets: dict[Label, Target] = {} if targets is None else targets
+        self.providers: dict[Label, Provider] = {} if providers is None else providers
+        self.target_actions: dict[Label, list[str]] = (
+            {} if target_actions is None else target_actions
+        )
+        self.actions: dict[str, ActionSpec] = {} if actions is None else actions
+        self.preds: dict[str, list[str]] = {} if preds is None else preds  # consumer -> producers
+        self.succs: dict[str, list[str]] = {} if succs is None else succs  # producer -> consumers
+        # NB: shared action id -> the one kept
+        self.alias: dict[str, str] = {} if alias is None else alias
+        # NB: label -> attributes as JSON, kept from hashing them for the scheduler's "why"
+        # pack (derivable from `targets`, so not pickled into the analysis cache)
+        self.attrs_json: dict[str, Any] = {} if attrs_json is None else attrs_json
+        self.target_graph = target_graph  # NB: None when loaded from the analysis cache
+        self.action_graph = action_graph  # NB: made by nx_action_graph()
 
     def producer(self, action_id: str) -> str:
         """The action that really runs for `action_id` (shared actions collapse into one)."""
@@ -172,14 +200,21 @@ class BuildGraph:
         return state
 
 
-@dataclass
-class TargetGraph:
+class TargetGraph(Value):
     """Targets and their dependency edges: `deps[t]` maps each dependency of t to the field
     that names it (edge direction: dependency -> dependent)."""
 
-    deps: dict[Label, dict[Label, str]] = field(default_factory=dict)
-    dependents: dict[Label, list[Label]] = field(default_factory=dict)
-    order: list[Label] = field(default_factory=list)  # every target after its dependencies
+    _fields = ("deps", "dependents", "order")
+
+    def __init__(
+        self,
+        deps: dict[Label, dict[Label, str]] | None = None,
+        dependents: dict[Label, list[Label]] | None = None,
+        order: list[Label] | None = None,
+    ) -> None:
+        self.deps: dict[Label, dict[Label, str]] = {} if deps is None else deps
+        self.dependents: dict[Label, list[Label]] = {} if dependents is None else dependents
+        self.order: list[Label] = [] if order is None else order  # NB: targets after their deps
 
     def __contains__(self, label: Label) -> bool:
         return label in self.deps

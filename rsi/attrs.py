@@ -7,11 +7,11 @@ any project code. Attributes of type `label`/`label_list` are the edges of the t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 from rsi.errors import DeclarationError, LabelError
 from rsi.label import Label
+from rsi.record import Frozen, Value
 
 _MISSING = object()
 
@@ -29,18 +29,51 @@ KINDS = (
 )
 
 
-@dataclass(frozen=True)
-class Attr:
+class Attr(Frozen):
+    _fields = (
+        "kind",
+        "doc",
+        "default",
+        "choices",
+        "nonempty",
+        "minimum",
+        "maximum",
+        "exclusive_minimum",
+        "environment",
+    )
     kind: str
-    doc: str = ""
-    default: Any = _MISSING
-    choices: tuple[str, ...] = ()
-    nonempty: bool = False
+    doc: str
+    default: Any
+    choices: tuple[str, ...]
+    nonempty: bool
     # bounds of an int or float (a float is always finite: nan and inf are refused)
-    minimum: float | None = None
-    maximum: float | None = None
-    exclusive_minimum: bool = False  # `minimum` itself is refused (e.g. a timeout of 0)
-    environment: bool = False  # a string_dict whose keys are environment variable names
+    minimum: float | None
+    maximum: float | None
+    exclusive_minimum: bool  # `minimum` itself is refused (e.g. a timeout of 0)
+    environment: bool  # a string_dict whose keys are environment variable names
+
+    def __init__(
+        self,
+        kind: str,
+        doc: str = "",
+        default: Any = _MISSING,
+        choices: tuple[str, ...] = (),
+        nonempty: bool = False,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        exclusive_minimum: bool = False,
+        environment: bool = False,
+    ) -> None:
+        d = self.__dict__
+        d["kind"] = kind
+        d["doc"] = doc
+        d["default"] = default
+        d["choices"] = choices
+        d["nonempty"] = nonempty
+        d["minimum"] = minimum
+        d["maximum"] = maximum
+        d["exclusive_minimum"] = exclusive_minimum
+        d["environment"] = environment
 
     @property
     def required(self) -> bool:
@@ -101,11 +134,13 @@ class _LazyBad(Exception):
         return _err(where, name, f"expected {want}, got {_type_name(value)} {value!r:.60}")
 
 
-@dataclass
-class Where:
-    file: str
-    target: str
-    package: str
+class Where(Value):
+    _fields = ("file", "target", "package")
+
+    def __init__(self, file: str, target: str, package: str) -> None:
+        self.file = file
+        self.target = target
+        self.package = package
 
 
 def _err(where: Where, field_name: str, msg: str, hint: str | None = None) -> DeclarationError:
@@ -254,9 +289,12 @@ def _label(text: str, name: str, where: Where) -> Label:
         raise _err(where, name, exc.message, hint=exc.hint) from None
 
 
-@dataclass(frozen=True)
-class Schema:
-    attrs: dict[str, Attr] = field(default_factory=dict)
+class Schema(Frozen):
+    _fields = ("attrs",)
+    attrs: dict[str, Attr]
+
+    def __init__(self, attrs: dict[str, Attr] | None = None) -> None:
+        self.__dict__["attrs"] = {} if attrs is None else attrs
 
     def validate(self, raw: dict, where: Where) -> dict:
         try:

@@ -11,11 +11,11 @@ import math
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from rsi.errors import RsiError, UsageError
 from rsi.events import EventLog
 from rsi.fsutil import pid_alive
 from rsi.label import Label, Pattern
+from rsi.record import Value
 from rsi.runtime import make_local_executor, open_store
 from rsi.store import LocalStore
 from rsi.workspace import Workspace
@@ -36,18 +37,40 @@ if TYPE_CHECKING:
     from rsi.scheduler import Outcome
 
 
-@dataclass
-class BuildReport:
-    build_id: str
-    ok: bool
-    targets: dict[str, dict[str, Any]] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=dict)
-    events_path: str | None = None
-    wall_s: float = 0.0
-    outcomes: Mapping[str, Outcome] = field(default_factory=dict)
-    # NB: a BuildGraph, or a callable loading it: a build served from the incremental state
-    # loads its graph only when someone asks (the campaign commands do)
-    graph_source: Any = field(default=None, repr=False)
+class BuildReport(Value):
+    _fields = (
+        "build_id",
+        "ok",
+        "targets",
+        "counts",
+        "events_path",
+        "wall_s",
+        "outcomes",
+        "graph_source",
+    )
+    _hidden = ("graph_source",)
+
+    def __init__(
+        self,
+        build_id: str,
+        ok: bool,
+        targets: dict[str, dict[str, Any]] | None = None,
+        counts: dict[str, int] | None = None,
+        events_path: str | None = None,
+        wall_s: float = 0.0,
+        outcomes: Mapping[str, Outcome] | None = None,
+        graph_source: Any = None,
+    ) -> None:
+        self.build_id = build_id
+        self.ok = ok
+        self.targets: dict[str, dict[str, Any]] = {} if targets is None else targets
+        self.counts: dict[str, int] = {} if counts is None else counts
+        self.events_path = events_path
+        self.wall_s = wall_s
+        self.outcomes: Mapping[str, Outcome] = {} if outcomes is None else outcomes
+        # NB: a BuildGraph, or a callable loading it: a build served from the incremental
+        # state loads its graph only when someone asks (the campaign commands do)
+        self.graph_source = graph_source
 
     @property
     def graph(self) -> BuildGraph | None:
@@ -249,16 +272,20 @@ def _uses_slots(executor: Any) -> bool:
 
 def _warm_slot(executor: Any) -> None:
     try:
-        _clean_stale_sandboxes()
         from rsi.executors.local import _pool_shape
         from rsi.executors.pool import POOL, pool_supported
 
-        if not pool_supported():
-            return
-        shape = _pool_shape(executor.limits.for_action({}).scratch_bytes)
-        slot = POOL.acquire(shape)
-        POOL.release(shape, slot, True)
+        if pool_supported():
+            shape = _pool_shape(executor.limits.for_action({}).scratch_bytes)
+            slot = POOL.acquire(shape)
+            POOL.release(shape, slot, True)
     except Exception:  # noqa: BLE001 - NB: a speed-up only; the executor starts its own
+        pass
+    # NB: after the slot, which the first action waits for; the sweep never takes a slot of
+    # a live rsi (this one's included)
+    try:
+        _clean_stale_sandboxes()
+    except Exception:  # noqa: BLE001 - NB: best effort, as the build's own sweep is
         pass
 
 
@@ -272,17 +299,28 @@ def _warm_in_background(ws: Workspace) -> threading.Thread:
             executor = make_executor(ws.executor, ws)
         except Exception:  # noqa: BLE001 - NB: the build makes it again, and says what failed
             executor = None
-        if executor is not None and _uses_slots(executor):
-            _warm_slot(executor)
-        else:
-            try:
-                _clean_stale_sandboxes()
-            except Exception:  # noqa: BLE001 - NB: the build's own sweep is gone; best effort
-                pass
+        try:
+            if executor is not None and _uses_slots(executor):
+                _warm_slot(executor)
+            else:
+                try:
+                    _clean_stale_sandboxes()
+                except Exception:  # noqa: BLE001 - NB: the build's own sweep is gone
+                    pass
+        finally:
+            sys.setswitchinterval(interval)
 
+    # NB: the slot's start is mostly waiting (bwrap, its runner's interpreter), but each step
+    # of it in Python waits for the interpreter lock, which the build's own thread (importing,
+    # checking) gives up only every switch interval (5 ms): shorter while the slot starts
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval, WARM_SWITCH_INTERVAL_S))
     warming = threading.Thread(target=work, name="rsi-warm-sandbox", daemon=True)
     warming.start()
     return warming
+
+
+WARM_SWITCH_INTERVAL_S = 0.0005
 
 
 # NB: a build's event log stays for `rsi why` and for people; the newest are kept, bounded

@@ -11,7 +11,6 @@ import json
 import os
 import stat
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -19,18 +18,37 @@ import blake3
 
 from rsi.canonical import canonical_bytes
 from rsi.errors import RsiError, StoreError
+from rsi.record import Frozen, Ordered
+
+_set = object.__setattr__
 
 DIGEST_FUNCTIONS = ("blake3", "sha256")
 DEFAULT_FUNCTION = "blake3"
 _SMALL_FILE = 1 << 20
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Digest:
+class Digest(Ordered):
     """A content digest: hex hash plus size in bytes (as in REAPI)."""
 
+    __slots__ = ("hash", "size")
+    _fields = ("hash", "size")
     hash: str
     size: int
+
+    def __init__(self, hash: str, size: int) -> None:  # noqa: A002 - NB: REAPI's name
+        _set(self, "hash", hash)
+        _set(self, "size", size)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is Digest:
+            return self.hash == other.hash and self.size == other.size  # type: ignore[attr-defined]
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.hash, self.size))
+
+    def __reduce__(self) -> tuple:
+        return (Digest, (self.hash, self.size))
 
     def __str__(self) -> str:
         return f"{self.hash}/{self.size}"
@@ -99,22 +117,45 @@ def digest_file(path: str | os.PathLike, function: str = DEFAULT_FUNCTION) -> Di
 # --------------------------------------------------------------------------------------- trees
 
 
-@dataclass(frozen=True, slots=True)
-class FileNode:
+class FileNode(Frozen):
     """A regular file in a tree: its content digest and executable bit."""
 
+    __slots__ = ("digest", "executable")
+    _fields = ("digest", "executable")
     digest: Digest
-    executable: bool = False
+    executable: bool
+
+    def __init__(self, digest: Digest, executable: bool = False) -> None:
+        _set(self, "digest", digest)
+        _set(self, "executable", executable)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is FileNode:
+            return self.digest == other.digest and self.executable == other.executable  # type: ignore[attr-defined]
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.digest, self.executable))
+
+    def __reduce__(self) -> tuple:
+        return (FileNode, (self.digest, self.executable))
 
     def encode(self) -> list:
         return [self.digest.hash, self.digest.size, self.executable]
 
 
-@dataclass(frozen=True, slots=True)
-class SymlinkNode:
+class SymlinkNode(Frozen):
     """A symlink kept as a link; its target is relative and stays inside the tree."""
 
+    __slots__ = ("target",)
+    _fields = ("target",)
     target: str
+
+    def __init__(self, target: str) -> None:
+        _set(self, "target", target)
+
+    def __reduce__(self) -> tuple:
+        return (SymlinkNode, (self.target,))
 
     def encode(self) -> list:
         return ["symlink", self.target]

@@ -17,13 +17,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
 from rsi.fsutil import pid_alive
 from rsi.errors import ExecutionError
+from rsi.record import Frozen
 
 DEFAULT_HOST_LOCK = "/tmp/rsi-host.lock"
 HOST_LOCK_ENV = "RSI_HOST_LOCK"
@@ -36,14 +36,21 @@ def host_lock_path() -> Path:
     return Path(os.environ.get(HOST_LOCK_ENV) or DEFAULT_HOST_LOCK)
 
 
-@dataclass(frozen=True)
-class Holder:
+class Holder(Frozen):
     """One holding of the host lock, as its holder wrote it next to the lock file."""
 
+    _fields = ("pid", "label", "exclusive", "since")
     pid: int
     label: str | None
     exclusive: bool
     since: float | None  # NB: None when the holder left no record
+
+    def __init__(self, pid: int, label: str | None, exclusive: bool, since: float | None) -> None:
+        d = self.__dict__
+        d["pid"] = pid
+        d["label"] = label
+        d["exclusive"] = exclusive
+        d["since"] = since
 
     def to_json(self) -> dict:
         return {

@@ -19,13 +19,13 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from rsi import __version__
 from rsi.analysis_cache import quiet_gc  # noqa: F401 - NB: build.py uses it from here
 from rsi.analysis_cache import read_sealed_head, write_sealed
 from rsi.digest import Digest, FileDigestMemo, digest_file, digest_value
+from rsi.record import Value
 
 SCHEMA = "rsi.incremental/5"
 RACY_NS = FileDigestMemo.RACY_NS
@@ -221,35 +221,58 @@ def forget(store: Any, request: str | None) -> None:
                 pass
 
 
-@dataclass
-class Plan:
+class Plan(Value):
     """What the state says about this build: the actions that are certainly unchanged
     (`clean`, with their verified entries) and those the scheduler must look at (`dirty`)."""
 
-    request: str
-    state: dict
-    # NB: the seal of the state file, and the entries changed since it was written (by part:
-    # actions, sources, blobs), which its delta holds
-    seal: str | None = None
-    updated: dict[str, set] = field(default_factory=lambda: {k: set() for k in DELTA_PARTS})
-    dirty: set[str] = field(default_factory=set)
-    changed: bool = False  # NB: signatures were refreshed: save the state again
-    # NB: sources touched (same content, new signature): worth saving the state for only when
-    # reading them again next time would cost more than writing the whole state now
-    touched: int = 0
-    touched_bytes: int = 0
+    _fields = (
+        "request",
+        "state",
+        "seal",
+        "updated",
+        "dirty",
+        "changed",
+        "touched",
+        "touched_bytes",
+        "edited",
+        "compact",
+        "watch",
+        "hits",
+    )
+
+    def __init__(
+        self,
+        request: str,
+        state: dict,
+        seal: str | None = None,
+        updated: dict[str, set] | None = None,
+    ) -> None:
+        self.request = request
+        self.state = state
+        # NB: the seal of the state file, and the entries changed since it was written (by
+        # part: actions, sources, blobs), which its delta holds
+        self.seal = seal
+        self.updated: dict[str, set] = (
+            {k: set() for k in DELTA_PARTS} if updated is None else updated
+        )
+        self.dirty: set[str] = set()
+        self.changed = False  # NB: signatures were refreshed: save the state again
+        # NB: sources touched (same content, new signature): worth saving the state for only
+        # when reading them again next time would cost more than writing the whole state now
+        self.touched = 0
+        self.touched_bytes = 0
+        self.edited = False  # NB: a source's content differs: some action will likely run
+        self.compact = False  # NB: the state names blobs no action has: write it whole
+        # NB: with a watcher (the build server): the mark taken before this build's checks,
+        # the sources to stat whatever the watcher says (links), and the sources by folder
+        self.watch: Any = None
+        # NB: kept in memory only: the hit lines of every action, rendered
+        # (rsi.events.HitTemplate)
+        self.hits: Any = None
 
     @property
     def worth_saving(self) -> bool:
         return self.changed or self.touched > TOUCHED_MAX or self.touched_bytes > TOUCHED_BYTES
-
-    edited: bool = False  # NB: a source's content differs: some action will likely run
-    compact: bool = False  # NB: the state names blobs no action has: write it whole
-    # NB: with a watcher (the build server): the mark taken before this build's checks, the
-    # sources to stat whatever the watcher says (links), and the sources by folder
-    watch: Any = None
-    # NB: kept in memory only: the hit lines of every action, rendered (rsi.events.HitTemplate)
-    hits: Any = None
 
     def hit_template(self) -> Any:
         """The hit lines of all this state's actions, kept with it in a long-lived process;

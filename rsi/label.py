@@ -7,9 +7,11 @@ plain values; resolving a pattern against the packages on disk is the loader's j
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from rsi.errors import LabelError
+from rsi.record import Frozen, Ordered
+
+_set = object.__setattr__
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=,@~-]*$")
 _PKG_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=,@~-]*$")
@@ -22,17 +24,34 @@ def _check_package(pkg: str, text: str) -> None:
         )
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Label:
+class Label(Ordered):
+    __slots__ = ("package", "name")
+    _fields = ("package", "name")
     package: str
     name: str
+
+    def __init__(self, package: str, name: str) -> None:
+        _set(self, "package", package)
+        _set(self, "name", name)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is Label:
+            return self.package == other.package and self.name == other.name  # type: ignore[attr-defined]
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.package, self.name))
+
+    def __lt__(self, other: object) -> bool:
+        if other.__class__ is Label:
+            return (self.package, self.name) < (other.package, other.name)  # type: ignore[attr-defined]
+        return NotImplemented
 
     def __str__(self) -> str:
         return f"//{self.package}:{self.name}"
 
     def __reduce__(self) -> tuple:
-        # NB: a plain constructor call: the graph of a large build holds one per target, and
-        # a slotted frozen dataclass otherwise unpickles through its generic __setstate__
+        # NB: a plain constructor call: the graph of a large build holds one per target
         return (Label, (self.package, self.name))
 
     @classmethod
@@ -61,13 +80,22 @@ class Label:
         return cls(pkg, name)
 
 
-@dataclass(frozen=True, slots=True)
-class Pattern:
+class Pattern(Frozen):
     """`//pkg:name`, `//pkg:all` (every target of pkg) or `//pkg/...` (pkg and below)."""
 
+    __slots__ = ("package", "name", "recursive")
+    _fields = ("package", "name", "recursive")
     package: str
     name: str | None  # None: all targets
     recursive: bool
+
+    def __init__(self, package: str, name: str | None, recursive: bool) -> None:
+        _set(self, "package", package)
+        _set(self, "name", name)
+        _set(self, "recursive", recursive)
+
+    def __reduce__(self) -> tuple:
+        return (Pattern, (self.package, self.name, self.recursive))
 
     @classmethod
     def parse(cls, text: str, current_package: str = "") -> "Pattern":

@@ -28,13 +28,13 @@ import os
 import re
 import signal
 import time
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from rsi.fsutil import pid_alive
 from rsi.errors import DeclarationError
+from rsi.record import Frozen
 
 MIB = 1 << 20
 DEFAULT_SCRATCH_BYTES = 1 << 30
@@ -115,12 +115,17 @@ def _swap_bytes() -> int:
     return 1  # NB: unknown: as if there were
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(Frozen):
     """The limits one action runs under."""
 
-    scratch_bytes: int = DEFAULT_SCRATCH_BYTES
-    memory_bytes: int = 0  # NB: 0: a quarter of the host's memory, once `for_action` resolves it
+    _fields = ("scratch_bytes", "memory_bytes")
+    scratch_bytes: int
+    memory_bytes: int  # NB: 0: a quarter of the host's memory, once `for_action` resolves it
+
+    def __init__(self, scratch_bytes: int = DEFAULT_SCRATCH_BYTES, memory_bytes: int = 0) -> None:
+        d = self.__dict__
+        d["scratch_bytes"] = scratch_bytes
+        d["memory_bytes"] = memory_bytes
 
     @classmethod
     def default(cls, scratch_mb: int | None = None, memory_mb: int | None = None) -> "Limits":
@@ -185,13 +190,19 @@ class Limits:
 # ------------------------------------------------------------------------------ cgroups
 
 
-@dataclass(frozen=True)
-class CgroupSupport:
+class CgroupSupport(Frozen):
     """Where this process makes its actions' memory cgroups, or why it cannot."""
 
+    _fields = ("version", "parent", "reason")
     version: str | None  # "v2", "v1" or None
     parent: Path | None
-    reason: str | None = None
+    reason: str | None
+
+    def __init__(self, version: str | None, parent: Path | None, reason: str | None = None) -> None:
+        d = self.__dict__
+        d["version"] = version
+        d["parent"] = parent
+        d["reason"] = reason
 
     @property
     def label(self) -> str | None:

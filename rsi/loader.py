@@ -11,23 +11,30 @@ import difflib
 import os
 import re
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
 from rsi.attrs import Where
 from rsi.errors import DeclarationError, LabelError
 from rsi.label import Label, Pattern
+from rsi.record import Frozen
 from rsi.rule import Rule
 from rsi.workspace import BUILD_FILE, SKIP_DIRS, packages_under  # noqa: F401
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(Frozen):
+    _fields = ("label", "rule", "attrs", "file")
     label: Label
     rule: Rule
     attrs: dict
     file: str
+
+    def __init__(self, label: Label, rule: Rule, attrs: dict, file: str) -> None:
+        d = self.__dict__
+        d["label"] = label
+        d["rule"] = rule
+        d["attrs"] = attrs
+        d["file"] = file
 
     def deps(self) -> list[Label]:
         found: list[Label] = []

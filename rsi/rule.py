@@ -14,7 +14,6 @@ import os
 import posixpath
 import re
 import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -22,6 +21,9 @@ from rsi.attrs import Attr, Schema
 from rsi.digest import Digest, SymlinkNode, TreeError, scan_tree
 from rsi.errors import DeclarationError
 from rsi.label import Label
+from rsi.record import Frozen
+
+_set = object.__setattr__
 
 
 # NB: past a month an action's limit is a mistake, and past ~9e9 s the timers that enforce it
@@ -30,35 +32,81 @@ MAX_TIMEOUT_S = 30 * 24 * 3600.0
 _NAME_MAX = 255  # bytes in one path component (Linux NAME_MAX)
 
 
-@dataclass(frozen=True, slots=True)
-class Artifact:
+class Artifact(Frozen):
     """A file an action reads: a workspace source, a generated blob, or another action's output."""
 
+    __slots__ = ("path", "source", "producer", "digest", "executable", "symlink")
+    _fields = __slots__
     path: str  # exec-root relative, e.g. "tasks/softmax/oracle.py"
-    source: str | None = None  # absolute path of a workspace file
-    producer: str | None = None  # action id that declares it as an output
-    digest: Digest | None = None  # content known at analysis time (written by the rule)
-    executable: bool = False
-    symlink: str | None = None  # kept as a link inside its tree
+    source: str | None  # absolute path of a workspace file
+    producer: str | None  # action id that declares it as an output
+    digest: Digest | None  # content known at analysis time (written by the rule)
+    executable: bool
+    symlink: str | None  # kept as a link inside its tree
+
+    def __init__(
+        self,
+        path: str,
+        source: str | None = None,
+        producer: str | None = None,
+        digest: Digest | None = None,
+        executable: bool = False,
+        symlink: str | None = None,
+    ) -> None:
+        _set(self, "path", path)
+        _set(self, "source", source)
+        _set(self, "producer", producer)
+        _set(self, "digest", digest)
+        _set(self, "executable", executable)
+        _set(self, "symlink", symlink)
+
+    def __reduce__(self) -> tuple:
+        return (
+            Artifact,
+            (self.path, self.source, self.producer, self.digest, self.executable, self.symlink),
+        )
 
 
-@dataclass(frozen=True)
-class Provider:
+class Provider(Frozen):
     """What a target gives its dependents: default files and structured info (JSON-able)."""
 
-    files: tuple[Artifact, ...] = ()
-    info: Mapping[str, Any] = field(default_factory=dict)
-    runfiles: tuple[Artifact, ...] = ()
+    _fields = ("files", "info", "runfiles")
+    files: tuple[Artifact, ...]
+    info: Mapping[str, Any]
+    runfiles: tuple[Artifact, ...]
+
+    def __init__(
+        self,
+        files: tuple[Artifact, ...] = (),
+        info: Mapping[str, Any] | None = None,
+        runfiles: tuple[Artifact, ...] = (),
+    ) -> None:
+        d = self.__dict__
+        d["files"] = files
+        d["info"] = {} if info is None else info
+        d["runfiles"] = runfiles
 
     @property
     def all_files(self) -> tuple[Artifact, ...]:
         return self.files + self.runfiles
 
 
-@dataclass(frozen=True)
-class ActionSpec:
+class ActionSpec(Frozen):
     """An action before its inputs' digests are known (they may still be built)."""
 
+    _fields = (
+        "id",
+        "label",
+        "mnemonic",
+        "argv",
+        "inputs",
+        "outputs",
+        "env",
+        "platform",
+        "timeout_s",
+        "tags",
+        "attrs_digest",
+    )
     id: str
     label: str
     mnemonic: str
@@ -69,27 +117,75 @@ class ActionSpec:
     platform: tuple[tuple[str, str], ...]
     timeout_s: float
     tags: tuple[str, ...]
-    attrs_digest: str = ""  # digest of the target's attributes, for "why"
+    attrs_digest: str  # digest of the target's attributes, for "why"
+
+    def __init__(
+        self,
+        id: str,  # noqa: A002 - NB: the action's id
+        label: str,
+        mnemonic: str,
+        argv: tuple[str, ...],
+        inputs: tuple[Artifact, ...],
+        outputs: tuple[str, ...],
+        env: tuple[tuple[str, str], ...],
+        platform: tuple[tuple[str, str], ...],
+        timeout_s: float,
+        tags: tuple[str, ...],
+        attrs_digest: str = "",
+    ) -> None:
+        d = self.__dict__
+        d["id"] = id
+        d["label"] = label
+        d["mnemonic"] = mnemonic
+        d["argv"] = argv
+        d["inputs"] = inputs
+        d["outputs"] = outputs
+        d["env"] = env
+        d["platform"] = platform
+        d["timeout_s"] = timeout_s
+        d["tags"] = tags
+        d["attrs_digest"] = attrs_digest
 
 
-@dataclass(frozen=True)
-class GeneratedTarget:
+class GeneratedTarget(Frozen):
     """A target a rule's `generate` hook adds to its package (like a Bazel macro's output)."""
 
+    _fields = ("name", "rule", "attrs")
     name: str
     rule: str
     attrs: Mapping[str, Any]
 
+    def __init__(self, name: str, rule: str, attrs: Mapping[str, Any]) -> None:
+        d = self.__dict__
+        d["name"] = name
+        d["rule"] = rule
+        d["attrs"] = attrs
 
-@dataclass(frozen=True)
-class Rule:
+
+class Rule(Frozen):
+    _fields = ("name", "attrs", "impl", "doc", "generate")
     name: str
     attrs: Mapping[str, Attr]
     impl: Callable[["RuleContext"], Provider]
-    doc: str = ""
+    doc: str
     # NB: `generate(label, attrs, settings)` may read mutable state the rule owns (a campaign's
     # append-only log) and returns more targets; it runs while the package loads.
-    generate: Callable[[Label, dict, Mapping[str, Any]], list[GeneratedTarget]] | None = None
+    generate: Callable[[Label, dict, Mapping[str, Any]], list[GeneratedTarget]] | None
+
+    def __init__(
+        self,
+        name: str,
+        attrs: Mapping[str, Attr],
+        impl: Callable[["RuleContext"], Provider],
+        doc: str = "",
+        generate: Callable[[Label, dict, Mapping[str, Any]], list[GeneratedTarget]] | None = None,
+    ) -> None:
+        d = self.__dict__
+        d["name"] = name
+        d["attrs"] = attrs
+        d["impl"] = impl
+        d["doc"] = doc
+        d["generate"] = generate
 
     @property
     def schema(self) -> Schema:

@@ -17,7 +17,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from rsi.action import Action, ActionResult
@@ -29,6 +28,7 @@ from rsi.events import EventLog
 from rsi.executors.base import TRASH, Executor
 from rsi.executors.hoststep import HOST_STEPS, host_step_kind
 from rsi.executors.hoststep import present as host_step_present
+from rsi.record import Value
 from rsi.host import Capabilities, Holder, HostLock, describe_holders, unmet_requirement
 from rsi.rule import ActionSpec
 from rsi.store import LazyIndex, LocalStore
@@ -42,17 +42,29 @@ class RemoteCache(Protocol):
     def put(self, action: Action, result: ActionResult, store: LocalStore) -> None: ...
 
 
-@dataclass
-class Outcome:
-    id: str
-    # hit | remote_hit | executed | failed | skipped | error | not_started | incompatible
-    status: str
-    key: Digest | None = None
-    result: ActionResult | None = None
-    why: list[str] = field(default_factory=list)
-    message: str | None = None
-    retryable: bool = False
-    needs: str | None = None  # NB: what the executor lacks, for incompatible and its dependents
+class Outcome(Value):
+    _fields = ("id", "status", "key", "result", "why", "message", "retryable", "needs")
+
+    def __init__(
+        self,
+        id: str,  # noqa: A002 - NB: the action's id
+        # hit | remote_hit | executed | failed | skipped | error | not_started | incompatible
+        status: str,
+        key: Digest | None = None,
+        result: ActionResult | None = None,
+        why: list[str] | None = None,
+        message: str | None = None,
+        retryable: bool = False,
+        needs: str | None = None,
+    ) -> None:
+        self.id = id
+        self.status = status
+        self.key = key
+        self.result = result
+        self.why: list[str] = [] if why is None else why
+        self.message = message
+        self.retryable = retryable
+        self.needs = needs  # NB: what the executor lacks, for incompatible and its dependents
 
     @property
     def ok(self) -> bool:
@@ -219,7 +231,14 @@ class Scheduler:
             return
         # NB: descriptions and attributes go into one pack blob written when the run ends,
         # not one small file per action (file creation dominates on small VMs)
-        self._pack[spec.id] = {"description": action.describe(), "attrs": self._attrs_of(spec)}
+        attrs = None
+        if last is not None and last.get("attrs") == spec.attrs_digest and spec.attrs_digest:
+            # NB: the same attributes as last time, as recorded then ("why" read that pack
+            # already): the target is not unpickled, nor its rule's code imported
+            attrs = self.store.index_details(spec.id, last)[1]
+        if attrs is None:
+            attrs = self._attrs_of(spec)
+        self._pack[spec.id] = {"description": action.describe(), "attrs": attrs}
         entry = {
             "key": key,
             "pack": None,

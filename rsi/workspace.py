@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
-from dataclasses import dataclass, field, replace
+
 from pathlib import Path
 from typing import Iterable
 
 from rsi.digest import DIGEST_FUNCTIONS
 from rsi.errors import DeclarationError, UsageError
+from rsi.record import Frozen
 
 CONFIG_FILE = "rsi.toml"
 BUILD_FILE = "BUILD.toml"
@@ -57,27 +57,82 @@ def _limits(section: object, file: str) -> dict:
     return dict(section)
 
 
-@dataclass(frozen=True)
-class Workspace:
+class Workspace(Frozen):
+    _fields = (
+        "root",
+        "salt",
+        "store",
+        "jobs",
+        "digest_function",
+        "keep_going",
+        "remote",
+        "remote_mode",
+        "remote_fallback",
+        "executor",
+        "rules",
+        "scratch_mb",
+        "memory_mb",
+        "slurm",
+        "digest_function_explicit",
+        "store_from",
+    )
+    _compare = _fields[:-2]
     root: Path
-    salt: str = ""
-    store: Path = Path("cache")
-    jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
-    digest_function: str = "blake3"
-    keep_going: bool = False
-    remote: str = ""
-    remote_mode: str = "cache"  # "cache" or "execute"
-    remote_fallback: bool = False
-    executor: str = "local"
-    rules: tuple[str, ...] = ()
+    salt: str
+    store: Path
+    jobs: int
+    digest_function: str
+    keep_going: bool
+    remote: str
+    remote_mode: str  # "cache" or "execute"
+    remote_fallback: bool
+    executor: str
+    rules: tuple[str, ...]
     # NB: [limits]: every action's scratch and memory in MiB (None: rsi.limits' defaults)
-    scratch_mb: int | None = None
-    memory_mb: int | None = None
+    scratch_mb: int | None
+    memory_mb: int | None
     # NB: [slurm]: the cluster the slurm executor submits to (rsi/executors/slurm.py)
-    slurm: tuple[tuple[str, object], ...] = ()
-    digest_function_explicit: bool = field(default=False, compare=False)
+    slurm: tuple[tuple[str, object], ...]
+    digest_function_explicit: bool
     # NB: where `store` came from ("rsi.toml", "--store" or "" for the default), for errors
-    store_from: str = field(default="", compare=False)
+    store_from: str
+
+    def __init__(
+        self,
+        root: Path,
+        salt: str = "",
+        store: Path = Path("cache"),
+        jobs: int | None = None,
+        digest_function: str = "blake3",
+        keep_going: bool = False,
+        remote: str = "",
+        remote_mode: str = "cache",
+        remote_fallback: bool = False,
+        executor: str = "local",
+        rules: tuple[str, ...] = (),
+        scratch_mb: int | None = None,
+        memory_mb: int | None = None,
+        slurm: tuple[tuple[str, object], ...] = (),
+        digest_function_explicit: bool = False,
+        store_from: str = "",
+    ) -> None:
+        d = self.__dict__
+        d["root"] = root
+        d["salt"] = salt
+        d["store"] = store
+        d["jobs"] = (os.cpu_count() or 1) if jobs is None else jobs
+        d["digest_function"] = digest_function
+        d["keep_going"] = keep_going
+        d["remote"] = remote
+        d["remote_mode"] = remote_mode
+        d["remote_fallback"] = remote_fallback
+        d["executor"] = executor
+        d["rules"] = rules
+        d["scratch_mb"] = scratch_mb
+        d["memory_mb"] = memory_mb
+        d["slurm"] = slurm
+        d["digest_function_explicit"] = digest_function_explicit
+        d["store_from"] = store_from
 
     @property
     def store_dir(self) -> Path:
@@ -94,7 +149,7 @@ class Workspace:
         if "store" in clean:
             clean["store"] = Path(str(clean["store"])).absolute()
             clean["store_from"] = "--store"
-        ws = replace(self, **clean)
+        ws = self.replace(**clean)
         ws._check()
         if ws.executor == "remote" and not ws.remote:
             # NB: checked once the command line is applied: it may give the remote
@@ -168,14 +223,7 @@ class Workspace:
     @classmethod
     def load(cls, root: Path) -> "Workspace":
         path = root / CONFIG_FILE
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise DeclarationError(f"not valid TOML: {exc}", file=str(path)) from None
-        except RecursionError:  # NB: tomllib recurses per nested array/inline table
-            raise DeclarationError(
-                "not valid TOML: values are nested too deeply", file=str(path)
-            ) from None
+        data = _config_data(path)
         section = data.get("workspace", {})
         extra = set(data) - {"workspace", "limits", "slurm"}
         if extra or not isinstance(section, dict):
@@ -243,3 +291,79 @@ def packages_under(root: Path, package: str) -> Iterable[str]:
         if BUILD_FILE in filenames:
             rel = os.path.relpath(dirpath, root)
             yield "" if rel == "." else rel.replace(os.sep, "/")
+
+
+# NB: rsi.toml parsed, kept beside rsi's bytecode under the file's signature: every build reads
+# it, and parsing it means importing tomllib (with datetime and typing), ~4 ms of each start
+_CONFIG_MEMO = "rsi.config-memo/1"
+# NB: a file changed less than this long before it was read may change again within its file
+# system's timestamp granularity without its signature moving: such a reading is not kept
+_RACY_NS = 2_000_000_000
+
+
+def _config_memo_path(path: str) -> str:
+    import zlib
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    name = f"config-{os.geteuid()}-{zlib.crc32(path.encode('utf-8', 'surrogateescape')):08x}.json"
+    return os.path.join(here, "__pycache__", name)
+
+
+def _config_data(path: Path) -> dict:
+    """`path` (an rsi.toml) parsed: from the memo when the file's signature (device, inode,
+    size, mtime, ctime) is the one it was parsed at, else by tomllib (and kept when the file
+    is not racily new and its values are plain JSON ones)."""
+    import json
+
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise DeclarationError(f"cannot read it: {exc.strerror or exc}", file=str(path)) from None
+    sig = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    memo = _config_memo_path(str(path))
+    try:
+        with open(memo, encoding="utf-8") as f:
+            doc = json.load(f)
+        if (
+            isinstance(doc, dict)
+            and doc.get("schema") == _CONFIG_MEMO
+            and doc.get("path") == str(path)
+            and doc.get("sig") == sig
+            and isinstance(doc.get("data"), dict)
+        ):
+            return doc["data"]
+    except (OSError, ValueError):
+        pass
+    import time
+    import tomllib
+
+    now = time.time_ns()
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise DeclarationError(f"cannot read it: {exc.strerror or exc}", file=str(path)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise DeclarationError(f"not valid TOML: {exc}", file=str(path)) from None
+    except RecursionError:  # NB: tomllib recurses per nested array/inline table
+        raise DeclarationError(
+            "not valid TOML: values are nested too deeply", file=str(path)
+        ) from None
+    if now - max(st.st_mtime_ns, st.st_ctime_ns) < _RACY_NS:
+        return data
+    try:
+        text = json.dumps({"schema": _CONFIG_MEMO, "path": str(path), "sig": sig, "data": data})
+        if json.loads(text)["data"] != data:
+            return data  # NB: a value JSON would change (a date, a tuple): parsed each time
+    except (TypeError, ValueError, RecursionError):
+        return data  # NB: a value JSON cannot hold: no memo
+    tmp = f"{memo}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, memo)
+    except OSError:  # NB: a read-only install: no memo
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+    return data

@@ -6,7 +6,6 @@ property and so into every action key run on it; those actions run after the ste
 
 from __future__ import annotations
 
-import dataclasses
 
 from rsi.attrs import attr
 from rsi.errors import DeclarationError
@@ -45,9 +44,7 @@ def _toolchain(ctx: RuleContext) -> Provider:
         # NB: the checked-in lock, so the step names the packages that moved against it; at
         # its own exec path, since the step's fresh lock is an output `<name>.lock`
         lock = ctx.source(lock_name, "lock")
-        inputs.append(
-            dataclasses.replace(lock, path=ctx.exec_path(f"{DECLARED_LOCK_DIR}/{lock_name}"))
-        )
+        inputs.append(lock.replace(path=ctx.exec_path(f"{DECLARED_LOCK_DIR}/{lock_name}")))
     files = ctx.action(
         argv=step_argv(recipe),
         inputs=inputs,

@@ -255,9 +255,12 @@ def test_one_change_builds_in_a_row_are_served_from_the_state_without_analysis(f
 
 def test_why_after_a_build_served_from_the_state_names_the_changed_attribute(build, fanin):
     """A build that ran an action from the state recorded its description and attributes, so
-    the next miss can say what changed."""
+    the next miss can say what changed. Builds whose attributes stayed the same carry the
+    recorded ones forward (the target is not read again): twice here, then they change."""
     build(fanin, "//:top")
     _settle(build, fanin)
+    (fanin / "in" / "a.txt").write_text("alpha 1\n")
+    assert build(fanin, "//:top").executed == {"//:leaf_a", "//:top"}
     (fanin / "in" / "a.txt").write_text("alpha 2\n")
     assert build(fanin, "//:top").executed == {"//:leaf_a", "//:top"}
     text = (fanin / "BUILD.toml").read_text().replace("echo a >>", "echo A >>")

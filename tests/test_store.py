@@ -392,3 +392,69 @@ def test_a_long_journal_is_folded_into_the_registration(store, tmp_path, monkeyp
     assert not journal.exists() or journal.stat().st_size <= 400
     ((_, doc),) = store.registrations()
     assert set(doc["actions"]) == {"a", *(f"x{n}" for n in range(6))}
+
+
+# ------------------------------------------------------------------------------- group commit
+
+
+def _record_syncs(monkeypatch) -> tuple[list[str], list[str]]:
+    """(paths fsync'ed, store roots syncfs'ed) from here on."""
+    from rsi import store as store_mod
+
+    fsynced: list[str] = []
+    whole: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        fsynced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    def syncfs(fd):
+        whole.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return 0
+
+    monkeypatch.setattr(store_mod.os, "fsync", fsync)
+    monkeypatch.setattr(store_mod, "_syncfs", lambda: syncfs)
+    return fsynced, whole
+
+
+@pytest.mark.fast
+def test_group_commit_fsyncs_the_few_files_written_and_their_folders_not_the_file_system(
+    store, tmp_path, monkeypatch
+):
+    """Under group commit (sync_each off) a sync makes durable exactly what was written since
+    the last one: each blob and entry, and the folders their names went into. A sync of the
+    whole file system would also wait for every other program's unwritten data."""
+    fsynced, whole = _record_syncs(monkeypatch)
+    store.sync_each = False
+    small = store.put_bytes(b"small blob")
+    src = tmp_path / "big"
+    src.write_bytes(os.urandom(256 << 10))  # NB: past the in-memory copy: a file copy
+    big = store.put_file(src)
+    key = digest_bytes(b"an action")
+    store.put_action_result(key, ActionResult(0, (OutputFile("o", small),)))
+    assert fsynced == []  # NB: nothing is fsynced as it is written
+    store.sync()
+    written = {str(store.blob_path(small)), str(store.blob_path(big)), str(store._ac_path(key))}
+    assert written <= set(fsynced)
+    assert {os.path.dirname(p) for p in written} <= set(fsynced)
+    assert whole == []
+    fsynced.clear()
+    store.sync()  # NB: nothing new: nothing to do
+    assert fsynced == [] and whole == []
+
+
+@pytest.mark.fast
+def test_group_commit_of_many_files_syncs_the_file_system_once(store, monkeypatch):
+    from rsi.store import SYNC_FILES_MAX
+
+    fsynced, whole = _record_syncs(monkeypatch)
+    store.sync_each = False
+    for i in range(SYNC_FILES_MAX + 5):
+        store.put_bytes(f"blob {i}".encode())
+    store.sync()
+    assert whole == [str(store.root)] and fsynced == []
+    whole.clear()
+    store.put_bytes(b"one more")
+    store.sync()  # NB: the count starts again after each sync
+    assert whole == [] and str(store.blob_path(digest_bytes(b"one more"))) in fsynced

@@ -4,7 +4,6 @@ store into a fresh scratch folder and collecting declared outputs back into it."
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import queue
@@ -478,17 +477,14 @@ def finish_run(
     if uncached is not None and exit_code == uncached and not timed_out and failure is None:
         # NB: the action's own word: good outputs, made under a transient condition
         result["host"] = {**dict(result.get("host") or {}), "uncached_exit": exit_code}  # type: ignore[dict-item]
-        return dataclasses.replace(
-            finish_result(
-                store,
-                exit_code=0,
-                timed_out=False,
-                outputs=outputs,
-                failure=None,
-                **result,  # type: ignore[arg-type]
-            ),
-            cacheable=False,
-        )
+        return finish_result(
+            store,
+            exit_code=0,
+            timed_out=False,
+            outputs=outputs,
+            failure=None,
+            **result,  # type: ignore[arg-type]
+        ).replace(cacheable=False)
     return finish_result(
         store,
         exit_code=exit_code,

@@ -10,7 +10,6 @@ whole pid namespace with it.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import subprocess
@@ -146,7 +145,7 @@ class BwrapExecutor:
             # NB: host toolchains have no rootfs; the local executor's bwrap mode is their sandbox
             local = executor_for("host", sandbox="bwrap", limits=self.limits)
             result = local.run(action, store, cancel)
-            return dataclasses.replace(result, executor=self.name)
+            return result.replace(executor=self.name)
         if not toolchain or "@" not in toolchain:
             raise ExecutionError(
                 f"{action.label or 'action'}: the bwrap executor needs a `toolchain` platform "

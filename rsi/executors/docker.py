@@ -15,7 +15,6 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +113,7 @@ class DockerExecutor:
         self.client = client or docker_client()
         self.limits = limits or Limits.default()
         if memory:
-            self.limits = replace(self.limits, memory_bytes=parse_size(memory, "memory"))
+            self.limits = self.limits.replace(memory_bytes=parse_size(memory, "memory"))
         self.pids_limit = pids_limit
         self._loaded: set[str] = set()
         self._server = self.client.version().get("Version")
