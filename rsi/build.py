@@ -7,6 +7,7 @@ whole build and writes one event log per build under `<store>/events/`, which al
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import shutil
@@ -483,6 +484,16 @@ def _clean_stale_sandboxes() -> None:
     remove_stale_slots()
 
 
+@contextmanager
+def _unfrozen_after() -> Iterator[None]:
+    """What `_build` froze goes back to the collector when the build ends (a build server
+    runs many)."""
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def build(
     ws: Workspace,
     patterns: list[str],
@@ -507,7 +518,7 @@ def build(
     events_path = store.events_dir / f"{build_id}.jsonl"
     events = EventLog(events_path, also=events_to, progress=progress)
     _prune_event_logs(store, events_path.name)
-    with interruptible(), store.lock(exclusive=False):
+    with interruptible(), store.lock(exclusive=False), _unfrozen_after():
         _clean_stale_scratch(store)
         root_event = events.emit(
             "build_started",
@@ -668,6 +679,10 @@ def _build(
         events.emit_hits(root_event, plan.hit_rows(clean))
         events.counts["hit"] += len(clean)
         events.counts["done"] += len(clean)
+    # NB: the state and the graph loaded so far live until the build ends: frozen, so that
+    # the collections the run triggers do not walk them each time (at 10,000 actions a full
+    # collection mid-run cost ~15 ms); `build` unfreezes them when it returns
+    gc.freeze()
     ran = scheduler.run(graph, todo, root_event, known=known)
     outcomes: Mapping[str, Outcome] = ran
     if plan is not None:
