@@ -91,6 +91,8 @@ def _leave(code: int) -> None:
     import atexit
     import threading
 
+    if sys.gettrace() is not None or sys.getprofile() is not None:
+        sys.exit(code)  # NB: a profiler or a coverage tool writes its findings at exit
     if threading.active_count() > 1 and any(
         not t.daemon for t in threading.enumerate() if t is not threading.current_thread()
     ):
