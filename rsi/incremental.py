@@ -261,6 +261,9 @@ class Plan(Value):
         # when reading them again next time would cost more than writing the whole state now
         self.touched = 0
         self.touched_bytes = 0
+        # NB: sources whose content changed, as this build's check hashed them: path ->
+        # (stat signature, signature to trust or None when racy, digest)
+        self.fresh: dict[str, tuple] = {}
         self.edited = False  # NB: a source's content differs: some action will likely run
         self.compact = False  # NB: the state names blobs no action has: write it whole
         # NB: with a watcher (the build server): the mark taken before this build's checks,
@@ -288,6 +291,19 @@ class Plan(Value):
     @property
     def actions(self) -> dict[str, list]:
         return self.state["actions"]
+
+    def known_source(self, path: str, st: os.stat_result) -> tuple | None:
+        """(digest, signature to trust or None) of a source this build's check vouches for at
+        this very stat: one it hashed (changed), or one whose trusted signature is as recorded.
+        For the scheduler's keying (`FileDigestMemo.known`): no second hash, no file memo."""
+        sig = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        fresh = self.fresh.get(path)
+        if fresh is not None:
+            return (fresh[2], fresh[1]) if fresh[0] == sig else None
+        entry = self.state["sources"].get(path)
+        if entry is None or entry[0] is None or entry[1] is None or tuple(entry[0]) != sig:
+            return None
+        return Digest(entry[1], entry[2]), sig
 
     def outcome(self, action_id: str):
         from rsi.action import ActionResult, OutputFile
@@ -520,6 +536,11 @@ def _check_sources(
             continue
         new_sig = _trusted(st, time.time_ns()) if digest.size == st.st_size else None
         if hash_hex is None or digest.hash != hash_hex or digest.size != size:
+            p.fresh[path] = (
+                (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns),
+                new_sig,
+                digest,
+            )
             dirty.update(consumers)
             if not p.edited and on_edit is not None:
                 on_edit()
