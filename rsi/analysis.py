@@ -105,6 +105,10 @@ class PickledValues(Mapping):
         return (PickledValues, (self._raw, shared))
 
 
+# NB: the BuildGraph fields a graph loaded from the analysis cache unpickles on first use
+LAZY_FIELDS = ("targets", "providers", "target_actions", "actions", "preds", "succs")
+
+
 class BuildGraph(Value):
     _fields = (
         "targets",
@@ -189,15 +193,38 @@ class BuildGraph(Value):
         return self.action_graph
 
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
+        state = {k: v for k, v in self.__dict__.items() if k != "_lazy"}
+        lazy = dict(self.__dict__.get("_lazy") or {})
         state["target_graph"] = state["action_graph"] = None  # NB: keeps networkx out of loads
         state["attrs_json"] = {}
         # NB: each target, provider and action pickled on its own, read when first asked for
         from rsi.rule import Rule
 
         for name in ("targets", "providers", "actions"):
-            state[name] = PickledValues.pack(state[name], share=(Rule,))
+            if name in state:
+                state[name] = PickledValues.pack(state[name], share=(Rule,))
+        # NB: and each big field pickled apart, unpickled on first use: a build the state
+        # serves reads the actions, the edges and one provider, not the targets nor the
+        # targets' action lists (at 100,000 targets those two cost ~215 ms to unpickle)
+        for name in LAZY_FIELDS:
+            if name in state:
+                lazy[name] = pickle.dumps(state.pop(name), pickle.HIGHEST_PROTOCOL)
+        state["_lazy"] = lazy
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def __getattr__(self, name: str) -> Any:
+        # NB: only called for an attribute not set: a lazy field not read yet
+        lazy = self.__dict__.get("_lazy")
+        if lazy is not None:
+            raw = lazy.get(name)
+            if raw is not None:
+                value = self.__dict__.setdefault(name, pickle.loads(raw))
+                lazy.pop(name, None)
+                return value
+        raise AttributeError(name)
 
 
 class TargetGraph(Value):

@@ -373,6 +373,12 @@ class StateOutcomes(Mapping):
             return action_id in self._plan.actions
         return action_id in self._members
 
+    def output(self, producer: str, path: str) -> tuple[Digest, bool] | None:
+        """(digest, executable) of a vouched-for action's output, from the state as is."""
+        if producer not in self:
+            return None
+        return self._plan.output(producer, path)
+
 
 class Overlay(Mapping):
     """A build's outcomes: those of its scheduler run over those the state vouched for."""
