@@ -486,8 +486,8 @@ def _clean_stale_sandboxes() -> None:
 
 @contextmanager
 def _unfrozen_after() -> Iterator[None]:
-    """What `_build` froze goes back to the collector when the build ends (a build server
-    runs many)."""
+    """What the build's loads froze (`quiet_gc`: the state, the graph) goes back to the
+    collector when the build ends (a build server runs many)."""
     try:
         yield
     finally:
@@ -599,9 +599,6 @@ def _build(
     if not warmed:
         _clean_stale_sandboxes()
     if plan is not None:
-        # NB: the state lives until the build ends: out of the collector's walks from now
-        # (a full collection right after its load walked all of it: ~170 ms at 100,000)
-        gc.freeze()
         # NB: the state checked this analysis' reads already; only the graph is needed
         found = analysis_cache.load_unchecked(store, plan.state["analysis_key"])
     if found is not None:
@@ -682,10 +679,6 @@ def _build(
         events.emit_hits(root_event, plan.hit_rows(clean))
         events.counts["hit"] += len(clean)
         events.counts["done"] += len(clean)
-    # NB: the graph and what else was loaded so far live until the build ends: frozen too, so
-    # that the collections the run triggers do not walk them each time (at 10,000 actions a
-    # full collection mid-run cost ~15 ms); `build` unfreezes them all when it returns
-    gc.freeze()
     if plan is not None:
         # NB: the sources the state's check hashed or vouched for are keyed from it: no second
         # hash, and no load of the memo of every file ever read (100,000 entries: ~130 ms)
@@ -732,11 +725,7 @@ def _build(
         graph_source=graph,
     )
     settled = _settled_hit()
-    state_targets = (
-        {t["label"]: t for t in plan.state["targets"]}
-        if plan is not None and all("files" in t and "show" in t for t in plan.state["targets"])
-        else None
-    )
+    state_targets = {t["label"]: t for t in plan.state["targets"]} if plan is not None else None
     for label in labels:
         if len(labels) == 1 and known is not None:
             # NB: the one target needs every wanted action: those the run saw, and the ones
@@ -759,7 +748,7 @@ def _build(
         recorded = state_targets.get(str(label)) if state_targets is not None else None
         if ok and materialise:
             if recorded is not None:
-                outputs = _materialise_recorded(ws, store, recorded["files"], outcomes)
+                outputs = _export_files(ws, store, recorded["files"], outcomes)
             else:
                 outputs = _materialise(ws, store, graph, label, outcomes)
         cache = "hit" if all(o.status in ("hit", "remote_hit") for o in mine) else "miss"
@@ -946,23 +935,19 @@ def _materialise(
     outcomes: Mapping[str, Outcome],
 ) -> list[str]:
     """Copy a target's files under `out/` for people; skipped when already identical."""
-    written: list[str] = []
-    for art in graph.providers[label].files:
-        if art.producer is None:
-            continue
-        result = outcomes[graph.producer(art.producer)].result
-        out = result.output_map.get(art.path) if result else None
-        if out is None:
-            continue
-        written.append(_export(ws, store, art.path, out.digest, out.executable))
-    return written
+    files = [
+        (art.path, graph.producer(art.producer))
+        for art in graph.providers[label].files
+        if art.producer is not None
+    ]
+    return _export_files(ws, store, files, outcomes)
 
 
-def _materialise_recorded(
+def _export_files(
     ws: Workspace, store: LocalStore, files: list, outcomes: Mapping[str, Outcome]
 ) -> list[str]:
-    """`_materialise` for a target's files as the build state recorded them: (path, the action
-    producing it) pairs, with this build's outcomes."""
+    """Copy (path, the action producing it) files under `out/` from this build's outcomes (a
+    target's files from its provider, or as the build state recorded them)."""
     written: list[str] = []
     for path, producer in files:
         result = outcomes[producer].result

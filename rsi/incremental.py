@@ -234,6 +234,7 @@ class Plan(Value):
         "changed",
         "touched",
         "touched_bytes",
+        "fresh",
         "edited",
         "compact",
         "watch",
@@ -296,7 +297,7 @@ class Plan(Value):
         """(digest, signature to trust or None) of a source this build's check vouches for at
         this very stat: one it hashed (changed), or one whose trusted signature is as recorded.
         For the scheduler's keying (`FileDigestMemo.known`): no second hash, no file memo."""
-        sig = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        sig = _sig(st)
         fresh = self.fresh.get(path)
         if fresh is not None:
             return (fresh[2], fresh[1]) if fresh[0] == sig else None
@@ -542,11 +543,7 @@ def _check_sources(
             continue
         new_sig = _trusted(st, time.time_ns()) if digest.size == st.st_size else None
         if hash_hex is None or digest.hash != hash_hex or digest.size != size:
-            p.fresh[path] = (
-                (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns),
-                new_sig,
-                digest,
-            )
+            p.fresh[path] = (_sig(st), new_sig, digest)
             dirty.update(consumers)
             if not p.edited and on_edit is not None:
                 on_edit()

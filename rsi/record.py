@@ -90,12 +90,3 @@ class Ordered(Frozen):
         if other.__class__ is self.__class__:
             return self._values() >= other._values()
         return NotImplemented
-
-
-def replace(obj: Any, **changes: Any) -> Any:
-    """`obj.replace(**changes)` for a `Value`, dataclasses.replace for anything else."""
-    if isinstance(obj, Value):
-        return obj.replace(**changes)
-    import dataclasses
-
-    return dataclasses.replace(obj, **changes)
