@@ -16,11 +16,12 @@ import sys
 from pathlib import Path
 
 from rsi.attrs import attr
-from rsi.executors.local import host_python_identity
+from rsi.executors.host_python import host_python_identity as python_identity
 from rsi.rule import Artifact, Provider, Rule, RuleContext
 from rules import steps
 from rules.providers import BindingInfo, CandidateInfo, TaskInfo, VerdictInfo
 from rules.review import review_rules
+from rules.step_imports import JUDGE_STEPS, step_imports
 
 # NB: the harness steps are defined once, in rules/steps.py; these names stay importable here
 HARNESS_SCRIPTS = {s: steps.SCRIPTS[s] for s in ("check", "measure", "assess", "render")}
@@ -67,6 +68,13 @@ def check_framework(ctx: RuleContext, task_label, framework: str, field_name: st
         field_name,
         hint=f"{how}, or set `toolchain` to a toolchain target that has {framework}",
     )
+
+
+def host_python_identity(steps_: tuple[str, ...] = JUDGE_STEPS) -> str:
+    """`host-python@…` of the interpreter rsi runs on, as the harness `steps_` use it: its
+    version and the distributions their scripts import (numpy, torch) with what those need;
+    an unrelated package installed beside them (the MCP SDK) is not part of it."""
+    return python_identity(step_imports(*steps_))
 
 
 def toolchain_platform(ctx: RuleContext, label) -> dict[str, str]:

@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from rsi.action import Action, ActionResult
-from rsi.digest import FileNode, digest_value
+from rsi.digest import FileNode
 from rsi.errors import ExecutionError
 from rsi.executors.base import (
     TRASH,
@@ -30,6 +30,10 @@ from rsi.executors.base import (
     materialise_inputs,
     readonly_units,
 )
+from rsi.executors.host_python import (  # NB: host_python_identity: named here for callers
+    host_python_identity as host_python_identity,
+)
+from rsi.executors.host_python import is_this_interpreter
 from rsi.executors.pool import (
     POOL,
     SLOT_ROOT,
@@ -87,50 +91,6 @@ def sandbox_mode() -> str:
         if probe.returncode == 0:
             return "unshare"
     return "none"
-
-
-def _installed_dists() -> list[str]:
-    """`name==version` of every distribution on sys.path but rsi, from the names of the
-    `.dist-info`/`.egg-info` folders (a directory listing per path entry: parsing every
-    METADATA file, as importlib.metadata does, costs ~1 ms per dist on every rsi start)."""
-    found: set[str] = set()
-    for entry in sys.path:
-        # NB: the working directory ('' or relative) is not what an action imports from (-I)
-        if not os.path.isabs(entry):
-            continue
-        try:
-            names = os.listdir(entry)
-        except OSError:  # a zip file, a path hook, a folder since removed
-            continue
-        for name in names:
-            stem, _, kind = name.rpartition(".")
-            if kind not in ("dist-info", "egg-info"):
-                continue
-            dist, _, version = stem.partition("-")
-            if not version:  # `name.egg-info` of a development install: PKG-INFO has it
-                version = _pkg_info_version(os.path.join(entry, name))
-            dist = dist.lower().replace("-", "_").replace(".", "_")
-            if dist != "rsi":
-                found.add(f"{dist}=={version}")
-    return sorted(found)
-
-
-def _pkg_info_version(path: str) -> str:
-    try:
-        with open(os.path.join(path, "PKG-INFO"), encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("Version:"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "?"
-
-
-@lru_cache(maxsize=1)
-def host_python_identity() -> str:
-    """`host-python@<digest>` of this interpreter: version, platform and every installed dist."""
-    ident = {"version": sys.version, "platform": sys.platform, "dists": _installed_dists()}
-    return f"{HOST_PYTHON}@{digest_value(ident).hash[:32]}"
 
 
 @lru_cache(maxsize=1)
@@ -233,9 +193,10 @@ class LocalExecutor:
         toolchain = platform.get("toolchain", "host")
         binds: list[str] = []
         if toolchain.startswith(HOST_PYTHON + "@"):
-            if toolchain != host_python_identity():
+            if not is_this_interpreter(toolchain):
                 raise ExecutionError(
-                    f"action needs {toolchain} but this interpreter is {host_python_identity()}",
+                    f"action needs {toolchain} but this interpreter (the packages it names) "
+                    "is not that one",
                     hint="run with the same environment, or rebuild so the key matches this one",
                 )
             if argv[0] in ("python3", "python"):

@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from rsi.errors import DeclarationError, RsiError
+from rsi.executors.host_python import identity_imports, legacy_identity, packages
 from rules.campaign.model import Campaign, State, project_spec
 from rules.providers import BindingInfo
 from rules.steps import HARNESS_DIR, SCRIPTS
@@ -112,6 +113,11 @@ def current_judge(camp: Campaign, store, graph=None) -> dict:
             "spec.json": _artifact_digest(store, info.spec_file),
             "check_spec.json": _artifact_digest(store, info.check_spec_file),
         }
+        imports = identity_imports(str(info.full_spec.get("toolchain") or ""))
+        if imports:
+            # NB: the packages behind the interpreter's identity (the spec holds only its
+            # digest), so a change names the package and version that moved
+            doc["toolchain"] = packages(imports)
         doc["runtime"] = {a.path: _artifact_digest(store, a) for a in info.runtime}
         doc["baseline"] = {a.path: _artifact_digest(store, a) for a in info.baseline}
         # NB: the task's review rules decide acceptance: fixed at the start like the rest
@@ -137,15 +143,58 @@ def _flat(doc: Any, prefix: str = "", depth: int = 2) -> dict[str, Any]:
     return out
 
 
-def _spec_fields(store, was: str, now: str) -> list[str]:
-    """The spec fields that differ between two spec blobs (best effort: [] when unreadable)."""
+def _spec_diff(store, was: str, now: str) -> dict[str, tuple]:
+    """{field: (old, new)} of the spec fields that differ between two spec blobs (best
+    effort: {} when unreadable)."""
     from rsi.digest import Digest
 
     try:
         old, new = (_flat(json.loads(store.read_bytes(Digest.parse(d)))) for d in (was, now))
     except (RsiError, ValueError, TypeError):
-        return []
-    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        return {}
+    return {
+        k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)
+    }
+
+
+def _spec_fields(store, was: str, now: str) -> list[str]:
+    """The spec fields that differ between two spec blobs (best effort: [] when unreadable)."""
+    return list(_spec_diff(store, was, now))
+
+
+def _version(entry: str) -> str:
+    return entry.split(" ", 1)[0]
+
+
+def _package_changes(was: dict, now: dict) -> list[str]:
+    """One line per package of the judge's interpreter that moved since the start."""
+    out = []
+    for name in sorted(set(was) | set(now)):
+        old, new = was.get(name), now.get(name)
+        if old == new:
+            continue
+        if name.startswith("module "):
+            out.append(
+                f"interpreter: {name} was {old or 'from a package'}, "
+                f"is now {new or 'from a package'}"
+            )
+        elif old is None:
+            out.append(f"package {name} {_version(new)} is now needed by the judge's imports")
+        elif new is None or new == "absent":
+            out.append(f"package {name} {_version(old)} is no longer installed")
+        elif old == "absent":
+            out.append(f"package {name} was missing and is now {_version(new)}")
+        elif _version(old) != _version(new):
+            out.append(f"package {name} {_version(old)} is now {_version(new)}")
+        else:
+            out.append(f"package {name} {_version(old)} was reinstalled with other files")
+    return out
+
+
+def _interpreter_only(diff: dict[str, tuple]) -> bool:
+    return list(diff) == ["toolchain"] and all(
+        str(v or "").startswith("host-python@") for v in diff["toolchain"]
+    )
 
 
 def judge_changes(recorded: dict, current: dict, store=None) -> list[str]:
@@ -160,6 +209,12 @@ def judge_changes(recorded: dict, current: dict, store=None) -> list[str]:
         "harness": "harness script",
         "review": "review",
     }
+    # NB: a judge recorded before it named its packages has no `toolchain` part: the spec's
+    # toolchain field alone says that the interpreter moved
+    packages_now = recorded.get("toolchain") is not None
+    if packages_now:
+        changes += _package_changes(recorded["toolchain"], current.get("toolchain") or {})
+    interpreter_told = False
     for part, noun in names.items():
         was, now = recorded.get(part) or {}, current.get(part) or {}
         for key in sorted(set(was) | set(now)):
@@ -171,13 +226,25 @@ def judge_changes(recorded: dict, current: dict, store=None) -> list[str]:
             elif key not in now:
                 changes.append(f"{noun} {shown} was removed")
             else:
-                fields = (
-                    _spec_fields(store, was[key], now[key])
+                diff = (
+                    _spec_diff(store, was[key], now[key])
                     if (part == "spec" and store is not None)
-                    else []
+                    else {}
                 )
+                if diff and _interpreter_only(diff):
+                    old_id, new_id = diff["toolchain"]
+                    if packages_now or old_id == legacy_identity() or interpreter_told:
+                        # NB: explained by the package lines, or the same interpreter under
+                        # the identity rsi gave it before identities named their modules
+                        continue
+                    interpreter_told = True
+                    changes.append(
+                        f"interpreter: the judge's packages differ from the start's "
+                        f"(toolchain {old_id} is now {new_id})"
+                    )
+                    continue
                 changes.append(
-                    f"{noun} {shown} changed" + (f" ({', '.join(fields)})" if fields else "")
+                    f"{noun} {shown} changed" + (f" ({', '.join(diff)})" if diff else "")
                 )
     return changes
 
@@ -196,8 +263,10 @@ def assess_only_change(recorded: dict, current: dict, store) -> list[str] | None
     else does (None: something else changed too, or nothing did)."""
     if not recorded or not current:
         return None
-    if {k: v for k, v in recorded.items() if k != "spec"} != {
-        k: v for k, v in current.items() if k != "spec"
+    # NB: a judge recorded before judges named their packages has no `toolchain` part
+    skip = {"spec"} | ({"toolchain"} if "toolchain" not in recorded else set())
+    if {k: v for k, v in recorded.items() if k not in skip} != {
+        k: v for k, v in current.items() if k not in skip
     }:
         return None
     was, now = recorded.get("spec") or {}, current.get("spec") or {}
@@ -263,12 +332,35 @@ def check_judge_unchanged(camp: Campaign, state: State, store, current: dict | N
         raise JudgeChanged(
             f"the judge of {camp.label} changed since the campaign started: "
             f"{'; '.join(judge['changes'])}. A campaign's judge (its binding's specs, the task's "
-            "runtime and baseline, the harness scripts) is fixed at its start; rounds and the "
-            "final are refused so that no round is silently re-judged under another judge",
+            "runtime and baseline, the harness scripts, the packages they import) is fixed at "
+            "its start; rounds and the final are refused so that no round is silently "
+            "re-judged under another judge",
             file=camp.target.file,
             target=str(camp.label),
             field="binding",
-            hint="restore what changed (e.g. `git checkout -- FILE`) to go on with this "
-            "campaign, or declare a new campaign (another name) to judge under the new "
-            "binding",
+            hint=_restore_hint(judge["changes"], recorded_judge(state)),
         )
+
+
+def _restore_hint(changes: list[str], recorded: dict) -> str:
+    """What to do next: for the interpreter's packages, which versions to put back (never a
+    `git checkout` of a file nobody changed); for files, restore them."""
+    interpreter = [c for c in changes if c.startswith(("package ", "interpreter:"))]
+    files = len(interpreter) < len(changes)
+    parts = []
+    if interpreter:
+        moved = {c.split(" ")[1] for c in interpreter if c.startswith("package ")}
+        was = recorded.get("toolchain") or {}
+        pins = [
+            f"{n}=={_version(was[n])}" for n in sorted(moved) if was.get(n, "absent") != "absent"
+        ]
+        parts.append(
+            "run rsi from the Python environment the campaign started in"
+            + (f", or put its packages back (pip install {' '.join(pins)})" if pins else "")
+        )
+    if files:
+        parts.append("restore the changed files named above as they were at the start")
+    return (
+        " and ".join(parts) + " to go on with this campaign, or declare a new campaign "
+        "(another name) to judge under what is there now"
+    )

@@ -1052,7 +1052,7 @@ def _dashboard(ctx: RuleContext) -> Provider:
         env=ENV,
         # NB: rendered by the interpreter rsi runs on, which has jinja2 (a dependency of rsi),
         # whatever toolchain the binding's rounds ran in; it times nothing and needs no device
-        platform={"toolchain": host_python_identity()},
+        platform={"toolchain": host_python_identity(("dashboard",))},
         timeout_s=120,
     )
     evidence = tuple(f for r in rounds for f in (r.doc, r.verdict, r.check, r.samples, r.table))
