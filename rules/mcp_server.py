@@ -17,6 +17,7 @@ by digest).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -24,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import click
+import json
 
-from rsi.errors import RsiError
+from rsi.errors import ExecutionError, RsiError, StoreError
+from rules.campaign.model import CampaignClosed
 
 MAX_FILE_BYTES = 4 << 20
 INSTRUCTIONS = (
@@ -37,15 +40,84 @@ INSTRUCTIONS = (
 
 
 class CallRefused(Exception):
-    """A malformed or refused call (turned into a tool error by the server)."""
+    """A malformed or refused call. The server answers it with a tool error whose structured
+    content is the same `rsi.error/1` document the CLI prints under `--json`."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        hint: str | None = None,
+        retryable: bool = False,
+        state: str = "error",
+    ) -> None:
+        super().__init__(f"{code}: {message}" + (f" (hint: {hint})" if hint else ""))
+        self.code, self.message, self.hint = code, message, hint
+        self.retryable, self.state = retryable, state
+
+    def document(self, tool: str) -> dict[str, Any]:
+        """The `rsi.error/1` document of this refusal, as an agent reads it."""
+        return {
+            "schema": "rsi.error/1",
+            "tool": tool,
+            "state": self.state,
+            "error": {
+                "code": self.code,
+                "message": self.message,
+                "hint": self.hint,
+                "retryable": self.retryable,
+            },
+        }
 
 
-def _refusal(exc: RsiError) -> str:
+# NB: the service's hints name CLI commands; over MCP the same step is a tool call, and
+# what has no tool says so rather than sending the agent to a shell it may not have
+_TOKEN = r"([^\s`;,)]+)"
+_CLI_TO_TOOL = (
+    (
+        re.compile(rf"`?rsi round {_TOKEN} --round {_TOKEN}`?"),
+        r"the retry_round tool (campaign \1, round \2)",
+    ),
+    (
+        re.compile(rf"`?rsi round {_TOKEN}(?: --from [^`;,)]*)?`?"),
+        r"the submit_round tool (campaign \1)",
+    ),
+    (
+        re.compile(rf"`?rsi campaign (final|stop|status|report) {_TOKEN}(?: --json)?`?"),
+        r"the \1 tool (campaign \2)",
+    ),
+    (re.compile(r"`?rsi campaign (final|stop|status|report)`?"), r"the \1 tool"),
+    (
+        re.compile(r"`(rsi (?:campaign (?:abandon|regrade)|agent \w+)[^`]*)`"),
+        r"`\1` (CLI only: no MCP tool)",
+    ),
+    (
+        re.compile(rf"(?<!`)\b(rsi (?:campaign (?:abandon|regrade)|agent \w+)(?: //{_TOKEN})?)"),
+        r"`\1` (CLI only: no MCP tool)",
+    ),
+)
+
+
+def mcp_hint(hint: str | None) -> str | None:
+    """A hint written for the CLI, with each command that has an MCP tool named as that tool."""
+    if not hint:
+        return hint
+    for pattern, repl in _CLI_TO_TOOL:
+        hint = pattern.sub(repl, hint)
+    return hint
+
+
+def _refusal(exc: RsiError) -> CallRefused:
     code = getattr(exc, "code", None) or type(exc).__name__
-    text = f"{code}: {exc.message}"
-    if exc.hint:
-        text += f" (hint: {exc.hint})"
-    return text
+    return CallRefused(
+        code,
+        exc.message,
+        hint=mcp_hint(exc.hint),
+        retryable=isinstance(exc, (ExecutionError, StoreError))
+        or bool(getattr(exc, "retryable", False)),
+        state="refused" if isinstance(exc, CampaignClosed) else "error",
+    )
 
 
 def clean_files(files: Any, scope: list[str], kind: str) -> dict[str, str]:
@@ -54,13 +126,14 @@ def clean_files(files: Any, scope: list[str], kind: str) -> dict[str, str]:
 
     if not isinstance(files, dict) or not files:
         raise CallRefused(
-            "bad_files: `files` must be a non-empty object {path: content} of the editable "
-            f"files ({', '.join(scope)})"
+            "bad_files",
+            "`files` must be a non-empty object {path: content} of the editable "
+            f"files ({', '.join(scope)})",
         )
     out = {}
     for rel, content in files.items():
         if not isinstance(rel, str) or not isinstance(content, str):
-            raise CallRefused("bad_files: every path and every content must be a string")
+            raise CallRefused("bad_files", "every path and every content must be a string")
         norm = os.path.normpath(rel)
         if (
             not rel
@@ -70,15 +143,16 @@ def clean_files(files: Any, scope: list[str], kind: str) -> dict[str, str]:
             or norm.startswith("..")
             or "\\" in rel
         ):
-            raise CallRefused(f"bad_path: {rel!r} is not a clean relative path")
+            raise CallRefused("bad_path", f"{rel!r} is not a clean relative path")
         inside = rel in scope if kind == "task" else in_scope(rel, scope)
         if not inside:
             raise CallRefused(
-                f"outside_scope: {rel} lies outside the editable scope ({', '.join(scope)}); "
-                "only those files may be submitted"
+                "outside_scope",
+                f"{rel} lies outside the editable scope ({', '.join(scope)}); "
+                "only those files may be submitted",
             )
         if len(content.encode()) > MAX_FILE_BYTES:
-            raise CallRefused(f"too_large: {rel} is over {MAX_FILE_BYTES} bytes")
+            raise CallRefused("too_large", f"{rel} is over {MAX_FILE_BYTES} bytes")
         out[rel] = content
     return out
 
@@ -98,12 +172,12 @@ class CampaignTools:
         try:
             return fn(*args, **kwargs)
         except RsiError as exc:
-            raise CallRefused(_refusal(exc)) from None
+            raise _refusal(exc) from None
 
     def _camp(self, campaign: str):
         if not isinstance(campaign, str) or not campaign.strip():
             raise CallRefused(
-                "bad_campaign: give the campaign's label, e.g. //tasks/softmax:campaign"
+                "bad_campaign", "give the campaign's label, e.g. //tasks/softmax:campaign"
             )
         return self._call(self.service.open, campaign)
 
@@ -150,7 +224,7 @@ class CampaignTools:
     def retry_round(self, campaign: str, round: int) -> dict:
         self._camp(campaign)
         if isinstance(round, bool) or not isinstance(round, int) or round < 1:
-            raise CallRefused("bad_round: `round` must be a round number (1, 2, ...)")
+            raise CallRefused("bad_round", "`round` must be a round number (1, 2, ...)")
         with self.lock:
             return self._call(self.service.round, campaign, number=round)
 
@@ -201,7 +275,7 @@ class CampaignTools:
         label = campaign if campaign.startswith("//") else "//" + campaign
         doc = self.describe_task(label)
         if not doc.get("task_md"):
-            raise CallRefused(f"no_task_md: {label} has no TASK.md (an external project?)")
+            raise CallRefused("no_task_md", f"{label} has no TASK.md (an external project?)")
         return doc["task_md"]
 
     def evidence(self, hash: str, size: str) -> bytes:
@@ -211,14 +285,15 @@ class CampaignTools:
         try:
             digest = Digest.parse(f"{hash}/{size}")
         except RsiError as exc:
-            raise CallRefused(f"bad_digest: {exc.message}") from None
+            raise CallRefused("bad_digest", f"{exc.message}") from None
         return self._call(open_store(self.ws).read_bytes, digest)
 
 
 def make_server(ws, *, package: str = ""):
     """The MCPServer over `ws` (tools and resources registered)."""
     from mcp.server.mcpserver import MCPServer
-    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp.server.mcpserver.exceptions import ResourceError
+    from mcp.types import CallToolResult, TextContent
 
     tools = CampaignTools(ws, package=package)
     server = MCPServer("rsi", instructions=INSTRUCTIONS)
@@ -228,9 +303,32 @@ def make_server(ws, *, package: str = ""):
             try:
                 return fn(*args, **kwargs)
             except CallRefused as exc:
-                raise ToolError(str(exc)) from None
+                refused = exc
+            except Exception as exc:  # noqa: BLE001 - an agent reads a document, not a traceback
+                refused = CallRefused(
+                    "internal_error",
+                    f"{type(exc).__name__}: {exc}",
+                    hint="report this; the call may be retried",
+                    retryable=True,
+                )
+            doc = refused.document(fn.__name__)
+            return CallToolResult(
+                content=[TextContent(type="text", text=json.dumps(doc, sort_keys=True))],
+                structured_content=doc,
+                is_error=True,
+            )
 
         return call
+
+    def wrap_resource(fn):
+        def read(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except CallRefused as exc:
+                # NB: a resource read has no structured error; its message is the document
+                raise ResourceError(json.dumps(exc.document(fn.__name__), sort_keys=True)) from None
+
+        return read
 
     @server.tool(description="What the campaign asks: TASK.md, contract, editable scope, budget.")
     def describe_task(campaign: str) -> dict[str, Any]:
@@ -298,7 +396,7 @@ def make_server(ws, *, package: str = ""):
         mime_type="text/markdown",
     )
     def task_md(campaign: str) -> str:
-        return wrap(tools.task_md)(campaign)
+        return wrap_resource(tools.task_md)(campaign)
 
     @server.resource(
         "rsi://evidence/{hash}/{size}",
@@ -307,7 +405,7 @@ def make_server(ws, *, package: str = ""):
         mime_type="application/octet-stream",
     )
     def evidence(hash: str, size: str) -> bytes:
-        return wrap(tools.evidence)(hash, size)
+        return wrap_resource(tools.evidence)(hash, size)
 
     return server
 

@@ -91,6 +91,12 @@ def test_an_mcp_client_runs_three_rounds_and_a_final(tmp_path, make_workspace, r
         res = await session.call_tool(name, args, read_timeout_seconds=300)
         text = " ".join(getattr(b, "text", "") for b in res.content)
         assert res.is_error is error, (name, text)
+        if error:
+            # NB: errors are data: the CLI's rsi.error/1 document, as structured content
+            doc = res.structured_content
+            assert doc["schema"] == "rsi.error/1" and doc["tool"] == name, doc
+            assert set(doc["error"]) == {"code", "message", "hint", "retryable"}, doc
+            assert json.loads(text) == doc
         return text if error else res.structured_content
 
     async def main():
@@ -134,6 +140,8 @@ def test_an_mcp_client_runs_three_rounds_and_a_final(tmp_path, make_workspace, r
                 assert "outside_scope" in errors[1] and "kernel.py" in errors[1]
                 assert "bad_path" in errors[2]
                 assert "campaign_open" in errors[8]
+                # NB: the hint names the MCP tool to call, not a CLI command
+                assert "rsi campaign" not in json.loads(errors[8])["error"]["hint"]
 
                 k = await call(
                     session, "knowledge", {"campaign": c, "query": "vectorise rows loop"}

@@ -267,6 +267,12 @@ def round_document(
         }
         doc["usage"], doc["submitted_at"] = entry.get("usage"), entry["time"]
     doc["retryable"] = doc["state"] != "done"
+    counted, why_not = round_counted(doc)
+    doc["counted"], doc["not_counted_because"] = counted, why_not
+    if isinstance(doc.get("speedup"), dict):
+        # NB: an interval is plotted and quoted beside the verdict; it says itself whether
+        # it counts, so a reader of the speedup alone never takes a FAIL's gain as real
+        doc["speedup"] = {**doc["speedup"], "counted": counted}
     doc["cache"] = cache
     doc["added"] = added
     doc["evidence"] = evidence
@@ -288,6 +294,19 @@ def round_document(
     # so its verdict) are those of the same content under the same binding, judged before
     doc["reused"] = all(r is not None and r["reused"] for r in reuse.values())
     return doc
+
+
+def round_counted(doc: dict) -> tuple[bool, str | None]:
+    """Whether a round's speedup counts (toward best, the final, the campaign's gain), and if
+    not, why: only a PASS whose review passed (or that has none) counts."""
+    if doc.get("state") != "done":
+        return False, "no verdict (the round's build did not finish)"
+    if doc.get("verdict") != "PASS":
+        return False, f"verdict {doc.get('verdict')}: only a PASS counts"
+    review = doc.get("review")
+    if isinstance(review, dict) and review.get("verdict") != "pass":
+        return False, f"review {review.get('verdict')}: a PASS counts only when its review passes"
+    return True, None
 
 
 def evidence_reuse(camp: Campaign, number: int, graph, outcomes, now: float) -> dict:
