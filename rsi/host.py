@@ -6,6 +6,7 @@ local executor can satisfy here. It never decides what runs; the scheduler asks 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import glob
 import itertools
 import json
@@ -36,21 +37,43 @@ def host_lock_path() -> Path:
     return Path(os.environ.get(HOST_LOCK_ENV) or DEFAULT_HOST_LOCK)
 
 
+SHORT_LABEL = 60
+
+
+def short_label(label: str | None, limit: int = SHORT_LABEL) -> str | None:
+    """A holder's label for one line: a build of many patterns is its first and a count."""
+    if not label:
+        return label
+    parts = label.split()
+    text = parts[0] + (f" (+{len(parts) - 1} more)" if len(parts) > 1 else "")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 class Holder(Frozen):
     """One holding of the host lock, as its holder wrote it next to the lock file."""
 
-    _fields = ("pid", "label", "exclusive", "since")
+    _fields = ("pid", "label", "exclusive", "since", "expected_s")
     pid: int
     label: str | None
     exclusive: bool
     since: float | None  # NB: None when the holder left no record
+    # NB: how long the same step held it last time on this host (None: never seen)
+    expected_s: float | None
 
-    def __init__(self, pid: int, label: str | None, exclusive: bool, since: float | None) -> None:
+    def __init__(
+        self,
+        pid: int,
+        label: str | None,
+        exclusive: bool,
+        since: float | None,
+        expected_s: float | None = None,
+    ) -> None:
         d = self.__dict__
         d["pid"] = pid
         d["label"] = label
         d["exclusive"] = exclusive
         d["since"] = since
+        d["expected_s"] = expected_s
 
     def to_json(self) -> dict:
         return {
@@ -58,16 +81,32 @@ class Holder(Frozen):
             "label": self.label,
             "mode": "exclusive" if self.exclusive else "shared",
             "since": round(self.since, 3) if self.since is not None else None,
+            "expected_s": round(self.expected_s, 3) if self.expected_s is not None else None,
         }
 
+    def remaining_s(self, now: float | None = None) -> float | None:
+        """The holder's expected time left, from its step's last holding (None: unknown)."""
+        if self.since is None or self.expected_s is None:
+            return None
+        return self.expected_s - max(0.0, (now or time.time()) - self.since)
+
     def describe(self, now: float | None = None) -> str:
-        what = f", {self.label}" if self.label else ""
+        """One short line: pid, a short label, the mode, for how long, and the time left."""
+        label = short_label(self.label)
+        what = f" {label}" if label else ""
         mode = "exclusive" if self.exclusive else "shared"
         if self.since is None:
             return f"pid {self.pid}{what} ({mode})"
-        held = max(0.0, (now or time.time()) - self.since)
-        clock = time.strftime("%H:%M:%S", time.localtime(self.since))
-        return f"pid {self.pid}{what} ({mode}, since {clock}, {_duration(held)} ago)"
+        now = now or time.time()
+        held = max(0.0, now - self.since)
+        left = self.remaining_s(now)
+        if left is None:
+            eta = ""
+        elif left >= 0:
+            eta = f", ~{_duration(left)} left"
+        else:
+            eta = f", {_duration(-left)} over its last {_duration(self.expected_s or 0.0)}"
+        return f"pid {self.pid}{what} ({mode}, for {_duration(held)}{eta})"
 
 
 def _duration(seconds: float) -> str:
@@ -139,7 +178,10 @@ class HostLock:
                 self._wait(fd, mode, exclusive, cancel, on_wait)
             record = None
             if exclusive:
-                record = self._write_record(f"{os.getpid()}-{next(self._seq)}", label, True)
+                started = time.monotonic()
+                record = self._write_record(
+                    f"{os.getpid()}-{next(self._seq)}", label, True, self._expected(label)
+                )
             elif self._shared_record is None:
                 with self._guard:
                     if self._shared_record is None:
@@ -151,6 +193,7 @@ class HostLock:
             finally:
                 if record is not None:
                     _unlink(record)
+                    self._remember(label, time.monotonic() - started)
         finally:
             os.close(fd)  # NB: releases the flock
 
@@ -179,6 +222,7 @@ class HostLock:
                         doc.get("label"),
                         bool(doc["exclusive"]),
                         float(doc["since"]),
+                        _seconds(doc.get("expected_s")),
                     )
                 )
             except (OSError, ValueError, KeyError, TypeError):
@@ -264,8 +308,39 @@ class HostLock:
             if _try_flock(fd, mode):
                 return
 
-    def _write_record(self, name: str, label: str | None, exclusive: bool) -> Path | None:
-        doc = {"pid": os.getpid(), "label": label, "exclusive": exclusive, "since": time.time()}
+    def _expected_path(self, label: str | None) -> Path:
+        name = hashlib.sha256((label or "").encode()).hexdigest()[:24]
+        return self.holders_dir / "expected" / name
+
+    def _expected(self, label: str | None) -> float | None:
+        """How long the last exclusive holding of `label` lasted on this host, if recorded."""
+        try:
+            return _seconds(json.loads(self._expected_path(label).read_text()).get("s"))
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def _remember(self, label: str | None, held_s: float) -> None:
+        """Record this holding's length for the next waiter's estimate (a courtesy: any
+        failure to write it is ignored)."""
+        path = self._expected_path(label)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        try:
+            os.makedirs(path.parent, exist_ok=True)
+            tmp.write_text(json.dumps({"label": label, "s": round(held_s, 3)}))
+            os.replace(tmp, path)
+        except OSError:
+            _unlink(tmp)
+
+    def _write_record(
+        self, name: str, label: str | None, exclusive: bool, expected_s: float | None = None
+    ) -> Path | None:
+        doc = {
+            "pid": os.getpid(),
+            "label": label,
+            "exclusive": exclusive,
+            "since": time.time(),
+            "expected_s": expected_s,
+        }
         record = self.holders_dir / name
         for attempt in range(2):
             try:
@@ -312,6 +387,14 @@ def _try_flock(fd: int, mode: int) -> bool:
         return False
     except OSError:
         return True  # NB: a file system without flock: in-process exclusivity still holds
+
+
+def _seconds(value: object) -> float | None:
+    """A recorded duration, or None when it is missing or not a finite, non-negative number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if 0.0 <= value < float("inf") else None
 
 
 def _unlink(path: Path) -> None:

@@ -29,7 +29,14 @@ from rsi.executors.base import TRASH, Executor
 from rsi.executors.hoststep import HOST_STEPS, host_step_kind
 from rsi.executors.hoststep import present as host_step_present
 from rsi.record import Value
-from rsi.host import Capabilities, Holder, HostLock, describe_holders, unmet_requirement
+from rsi.host import (
+    Capabilities,
+    Holder,
+    HostLock,
+    describe_holders,
+    short_label,
+    unmet_requirement,
+)
 from rsi.rule import ActionSpec
 from rsi.store import LazyIndex, LocalStore
 
@@ -833,20 +840,31 @@ class GroupCommitter:
                 pass
 
 
+def _wait_text(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"waited {seconds}s" if seconds < 60 else f"waited {seconds // 60}m{seconds % 60:02d}s"
+
+
 class _LockWaiter:
     """Tells people and the event stream who holds the host lock an action waits for: a
-    `host_lock_wait` event whenever the holders change, a progress line, and
-    `host_lock_acquired` once it is taken."""
+    `host_lock_wait` event whenever the holders change, one short progress line (redrawn in
+    place on a terminal; elsewhere a line when the wait starts, when the holder changes at most
+    every `CHANGE_S`, and every `HEARTBEAT_S`), and `host_lock_acquired` once it is taken."""
+
+    CHANGE_S = 5.0
+    HEARTBEAT_S = 30.0
 
     def __init__(self, events: EventLog, lock: HostLock, spec: ActionSpec, exclusive, parent):
         self.events, self.lock, self.spec = events, lock, spec
         self.exclusive, self.parent = exclusive, parent
         self.started: float | None = None
         self._seen: tuple | None = None
+        self._printed: float | None = None
 
     def __call__(self, holders: list[Holder], waited_s: float) -> None:
+        now = time.monotonic()
         if self.started is None:
-            self.started = time.monotonic() - waited_s
+            self.started = now - waited_s
         seen = tuple((h.pid, h.label, h.exclusive, h.since) for h in holders)
         changed = seen != self._seen
         self._seen = seen
@@ -862,10 +880,16 @@ class _LockWaiter:
                 holders=[h.to_json() for h in holders],
                 timeout_s=self.lock.timeout_s,
             )
+        first = self._printed is None
+        since = None if first else now - self._printed
+        new = first or (changed and since >= self.CHANGE_S) or since >= self.HEARTBEAT_S
+        where = f" ({self.lock.path})" if first else ""
+        if new:
+            self._printed = now
         self.events.notice(
-            f"{self.spec.label} waits for the host lock ({mode}), held by "
-            f"{describe_holders(holders)}; lock file {self.lock.path}",
-            new=changed,
+            f"{short_label(self.spec.label)} waits for the host lock{where} ({mode}, "
+            f"{_wait_text(waited_s)}): held by {describe_holders(holders)}",
+            new=new,
         )
 
     def acquired(self) -> None:
