@@ -21,6 +21,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,7 @@ from model_check_ws import (
     generate,
     oracle,
     requested,
+    unmount_all,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +58,15 @@ class Sequence:
     """One seeded sequence: a fresh workspace and store, its steps, and what they found."""
 
     def __init__(
-        self, seed: int, modes: list[str], root: Path, env2: Path | None, plant: str, every: int
+        self,
+        seed: int,
+        modes: list[str],
+        root: Path,
+        env2: Path | None,
+        plant: str,
+        every: int,
+        mounts: bool = True,
+        rsi: str = RSI,
     ) -> None:
         self.seed = seed
         self.crosscheck_every = every
@@ -70,9 +80,10 @@ class Sequence:
         self.ws = self.dir / "ws"
         self.ws.mkdir(parents=True)
         self.plant = plant
+        self.mounts = mounts and os.geteuid() == 0  # NB: bind mounts need root
         self.model = generate(self.ws, self.rng)
         tag = f"{os.getpid()}-{seed}-{uuid.uuid4().hex[:8]}"
-        self.builds = Builds(self.ws, tag, root / "host.lock", env2)
+        self.builds = Builds(self.ws, tag, root / "host.lock", env2, rsi)
         self.log: list[str] = []
         self.differences: list[dict] = []
         self.failures: list[dict] = []
@@ -87,8 +98,12 @@ class Sequence:
         rng = self.rng
         if self.model.deleted and rng.random() < 0.6:
             what = edit_source(self.ws, self.model, rng, "recreate")
+        elif self.model.mounts and rng.random() < 0.3:
+            what = edit_source(self.ws, self.model, rng, "unmount")
         elif rng.random() < 0.7:
             ops = dict(SOURCE_OPS, **({} if self.model.deleted else {"delete": 1}))
+            if self.mounts:
+                ops.update(bind_file=1, bind_dir=1)
             kind = rng.choices(list(ops), weights=list(ops.values()))[0]
             what = edit_source(self.ws, self.model, rng, kind)
         else:
@@ -171,7 +186,7 @@ class Sequence:
         shutil.copytree(self.ws, clean, ignore=shutil.ignore_patterns("cache", "out"))
         env = dict(self.builds.base, RSI_SERVER="0")
         proc = subprocess.run(
-            [RSI, "--store", str(self.dir / "clean-store"), "build", pattern, "--json"],
+            [self.builds.rsi, "--store", str(self.dir / "clean-store"), "build", pattern, "--json"],
             cwd=clean, env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         if want is None:
@@ -277,6 +292,7 @@ class Sequence:
                     self.crosscheck(step, pattern, self.expected(pattern))
         finally:
             self.builds.stop_all()
+            unmount_all(self.ws, self.model)
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -290,6 +306,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--plant", choices=["none", "stale"], default="none", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench" / "model_check.json")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument(
+        "--rsi", default="live", help="live: this checkout as it is; or a commit (HEAD), run "
+        "from a snapshot of it (git archive), so edits in progress are not what is tested",
+    )  # fmt: skip
+    ap.add_argument("--no-mounts", action="store_true", help="no bind mounts (root only)")
     opts = ap.parse_args(argv)
     opts.modes = [m for m in opts.modes.split(",") if m]
     unknown = sorted(set(opts.modes) - set(ALL_MODES))
@@ -298,8 +319,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return opts
 
 
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # NB: so SIGTERM too unmounts, kills and removes what it made
+
+
 def main(argv: list[str] | None = None) -> dict:
     opts = parse(argv)
+    if __name__ == "__main__":
+        signal.signal(signal.SIGTERM, _stop)
     started = time.monotonic()
     summary: dict = {
         "schema": "rsi.bench.model_check/1",
@@ -317,11 +344,33 @@ def main(argv: list[str] | None = None) -> dict:
     }
     root = Path(tempfile.mkdtemp(prefix="rsi-model-check-"))
     try:
-        env2 = second_env(root / "env2") if "env2" in opts.modes else None
+        rsi, tree = RSI, None
+        if opts.rsi != "live":  # NB: a commit's snapshot: edits in progress are not tested
+            tree = root / "tree"
+            tree.mkdir()
+            archive = subprocess.run(
+                ["git", "-C", str(ROOT), "archive", opts.rsi], capture_output=True, check=True
+            )
+            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+            summary["commit"] = subprocess.run(
+                ["git", "-C", str(ROOT), "rev-parse", opts.rsi],
+                capture_output=True, text=True, check=True,
+            ).stdout.strip()  # fmt: skip
+            rsi = str(second_env(root / "env1", tree))
+        env2 = second_env(root / "env2", tree) if "env2" in opts.modes else None
         for i in range(opts.sequences):
             if opts.minutes and time.monotonic() - started > opts.minutes * 60:
                 break
-            seq = Sequence(opts.seed + i, opts.modes, root, env2, opts.plant, opts.crosscheck_every)
+            seq = Sequence(
+                opts.seed + i,
+                opts.modes,
+                root,
+                env2,
+                opts.plant,
+                opts.crosscheck_every,
+                not opts.no_mounts,
+                rsi,
+            )
             seq.run()
             summary["sequences"] += 1
             summary["steps"] += sum(seq.by_mode.values())
@@ -343,6 +392,7 @@ def main(argv: list[str] | None = None) -> dict:
                 )
             write(opts.out, summary)
     finally:
+        unmount_under(root)
         shutil.rmtree(root, ignore_errors=True)
     summary["wall_s"] = round(time.monotonic() - started, 1)
     write(opts.out, summary)
@@ -358,6 +408,15 @@ def main(argv: list[str] | None = None) -> dict:
         for line in d["detail"][:3]:
             print(f"    {line}")
     return summary
+
+
+def unmount_under(root: Path) -> None:
+    """A safety net: lazily unmount anything still mounted under the run's folder."""
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    for point in reversed(points):
+        if point.startswith(str(root) + "/"):
+            subprocess.run(["umount", "-l", point], check=False)
 
 
 def write(path: Path, summary: dict) -> None:

@@ -34,9 +34,10 @@ class Outcome:
     resumed: bool = False  # a job attached to an interrupted one, resumed (see below)
 
 
-def second_env(folder: Path) -> Path:
+def second_env(folder: Path, tree: Path | None = None) -> Path:
     """A second Python environment (its own prefix and interpreter path, rsi's packages reached
-    through a .pth file) with an `rsi` console script of its own; returns that script."""
+    through a .pth file) with an `rsi` console script of its own; returns that script. With
+    `tree`, that folder's rsi and rules come first (a snapshot of a commit)."""
     script = folder / "bin" / "rsi"
     if script.exists():
         return script
@@ -44,7 +45,8 @@ def second_env(folder: Path) -> Path:
     subprocess.run([str(base), "-m", "venv", "--without-pip", str(folder)], check=True)
     site = next((folder / "lib").glob("python3*/site-packages"))
     here = next(p for p in sys.path if p.endswith("site-packages") and "/lib/python" in p)
-    (site / "rsi_main.pth").write_text(f"import site; site.addsitedir({here!r})\n")
+    first = f"; import sys; sys.path.insert(0, {str(tree)!r})" if tree else ""
+    (site / "rsi_main.pth").write_text(f"import site; site.addsitedir({here!r}){first}\n")
     script.write_text(
         f"#!{folder / 'bin' / 'python3'}\nimport sys\nfrom rsi.entry import run\n"
         "if __name__ == '__main__':\n    sys.exit(run())\n"
@@ -56,7 +58,10 @@ def second_env(folder: Path) -> Path:
 class Builds:
     """Starts builds of one sequence's workspace; every process carries the sequence's tag."""
 
-    def __init__(self, ws: Path, tag: str, host_lock: Path, env2: Path | None) -> None:
+    def __init__(
+        self, ws: Path, tag: str, host_lock: Path, env2: Path | None, rsi: str = RSI
+    ) -> None:
+        self.rsi = rsi
         self.ws = ws
         self.tag = tag
         self.env2 = env2
@@ -70,14 +75,14 @@ class Builds:
     def argv_env(self, mode: str, pattern: str) -> tuple[list[str], dict[str, str]]:
         env = dict(self.base, RSI_SERVER="0")
         if mode == "plain":
-            return [RSI, "build", pattern, "--json"], env
+            return [self.rsi, "build", pattern, "--json"], env
         if mode in ("served", "watch"):
             env["RSI_SERVER"] = "1"
             if mode == "watch":
                 env["RSI_SERVER_WATCH"] = "1"
-            return [RSI, "build", pattern], env  # NB: a plain build is the only served one
+            return [self.rsi, "build", pattern], env  # NB: a plain build is the only served one
         if mode == "job":
-            return [RSI, "job", "submit", pattern, "--wait", "--json"], env
+            return [self.rsi, "job", "submit", pattern, "--wait", "--json"], env
         if mode == "env2":
             assert self.env2 is not None, "env2 needs a second environment"
             env["RSI_SERVER"] = "1"  # NB: its own server: another interpreter is another key
@@ -116,7 +121,7 @@ class Builds:
         if not (doc.get("attached") and doc.get("state") == "interrupted"):
             return
         _, env = self.argv_env("job", "")
-        run = [RSI, "job"]
+        run = [self.rsi, "job"]
         subprocess.run([*run, "resume", doc["id"]], cwd=self.ws, env=env, capture_output=True)
         wait = subprocess.run(
             [*run, "wait", doc["id"], "--json"], cwd=self.ws, env=env, capture_output=True,

@@ -9,6 +9,7 @@ import os
 import random
 import re
 import shutil
+import subprocess
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +52,12 @@ class Model:
     pkgs: dict[str, dict[str, Target]] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)  # workspace-relative
     deleted: list[str] = field(default_factory=list)
+    mounts: list[str] = field(default_factory=list)  # workspace-relative, newest last
     serial: int = 0
+
+    def mounted(self, rel: str) -> bool:
+        """Whether a bind mount covers this source (it cannot be renamed or deleted then)."""
+        return any(rel == m or rel.startswith(m + "/") for m in self.mounts)
 
     def labels(self) -> list[str]:
         return [f"//{p}:{n}" for p, ts in self.pkgs.items() for n in ts]
@@ -275,10 +281,23 @@ def edit_source(ws: Path, model: Model, rng: random.Random, kind: str) -> str:
         rel = model.deleted.pop(0)
         (ws / rel).write_bytes(words(rng))
         return f"recreate {rel}"
+    if kind == "unmount":
+        if not model.mounts:
+            return "noop"
+        rel = model.mounts.pop()
+        subprocess.run(["umount", str(ws / rel)], check=True)
+        return f"unmount {rel} (the file or folder under it shows again, no event)"
+    if kind in ("delete", "rename", "reuse_inode", "swap", "replace_dir", "bind_file", "bind_dir"):
+        live = [s for s in live if not model.mounted(s)]
+    if kind == "replace_dir":  # NB: a folder holding a mount point cannot be swapped
+        live = [s for s in live if not any(m.startswith(s.rsplit("/", 1)[0]) for m in model.mounts)]
     if not live:
         return "noop"
     rel = rng.choice(live)
     path = ws / rel
+    if not path.is_file():  # NB: hidden or shown again by a mount made or undone since
+        path.write_bytes(words(rng))
+        return f"write {rel} (it was gone)"
     old = path.read_bytes()
     st = _stat(path)
     if kind == "edit":
@@ -315,6 +334,23 @@ def edit_source(ws: Path, model: Model, rng: random.Random, kind: str) -> str:
         os.rename(fresh, folder)
         shutil.rmtree(gone)
         return f"replace folder of {rel} by rename (one file same size, mtimes kept)"
+    if kind == "bind_file":  # another file bind-mounted over the source: no inotify event
+        other = ws.parent / "mnt" / f"f{model.serial}-{rng.randrange(10**6)}"
+        other.parent.mkdir(exist_ok=True)
+        other.write_bytes(same_size_other(rng, old))
+        _put_back(other, st)
+        subprocess.run(["mount", "--bind", str(other), str(path)], check=True)
+        model.mounts.append(rel)
+        return f"bind-mount a same-size file (mtime put back) over {rel}"
+    if kind == "bind_dir":  # a copy of the source's folder (one file rewritten) mounted over it
+        folder = path.parent
+        other = ws.parent / "mnt" / f"d{model.serial}-{rng.randrange(10**6)}"
+        shutil.copytree(folder, other)
+        (other / path.name).write_bytes(same_size_other(rng, old))
+        _put_back(other / path.name, st)
+        subprocess.run(["mount", "--bind", str(other), str(folder)], check=True)
+        model.mounts.append(str(folder.relative_to(ws)))
+        return f"bind-mount a copy of {folder.relative_to(ws)} over it ({rel} same size)"
     if kind == "swap":
         same = [s for s in live if s != rel and (ws / s).stat().st_size == st.st_size]
         other = ws / (rng.choice(same) if same else rng.choice(live))
@@ -330,6 +366,12 @@ def edit_source(ws: Path, model: Model, rng: random.Random, kind: str) -> str:
         model.deleted.append(rel)
         return f"delete {rel}"
     raise ValueError(kind)
+
+
+def unmount_all(ws: Path, model: Model) -> None:
+    """Undo every bind mount a sequence made (newest first), even a busy one (lazily)."""
+    while model.mounts:
+        subprocess.run(["umount", "-l", str(ws / model.mounts.pop())], check=False)
 
 
 def edit_build(ws: Path, model: Model, rng: random.Random, kind: str) -> str:
