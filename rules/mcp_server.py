@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -428,7 +429,11 @@ def mcp_cmd(ctx: click.Context, transport: str, port: int) -> None:
     try:
         import mcp  # noqa: F401
     except ImportError:
-        raise UsageError("rsi mcp needs the `mcp` package", hint="pip install 'rsi[mcp]'") from None
+        raise UsageError(
+            f"rsi mcp needs the `mcp` package, which {sys.executable} does not have",
+            hint=f"{sys.executable} -m pip install 'mcp>=2.3,<3' (or ./scripts/setup.sh, which "
+            "installs it); adding it changes no judge identity",
+        ) from None
     svc = _service(ctx)
     server = make_server(svc.ws, package=svc.package)
     if transport == "stdio":

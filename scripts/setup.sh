@@ -48,7 +48,9 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip
 fi
-extras="torch"
+# NB: `mcp` too, so `rsi mcp` works from the environment the main job sets up; the judge's
+# identity covers only what its steps import (rules/step_imports.py), so it does not move
+extras="torch,mcp"
 [ "$want_test" = 1 ] && extras="test"
 stamp=".venv/.rsi-installed-$extras-compat-$(sha256sum pyproject.toml | cut -c1-16)"
 if [ ! -f "$stamp" ]; then

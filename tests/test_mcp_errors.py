@@ -96,3 +96,21 @@ def test_a_file_outside_the_scope_is_refused_with_its_code():
     with pytest.raises(CallRefused) as info:
         clean_files({"oracle.py": "x = 1\n"}, ["kernel.py"], "task")
     assert info.value.code == "outside_scope" and "kernel.py" in info.value.message
+
+
+def test_rsi_mcp_without_the_sdk_names_the_one_command_that_adds_it(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "rsi.toml").write_text("")
+    code = (
+        "import sys; sys.modules['mcp'] = None; sys.argv = ['rsi', 'mcp']\n"
+        "from rsi.entry import run; run()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2, proc
+    assert "Traceback" not in proc.stderr
+    assert f"{sys.executable} -m pip install 'mcp" in proc.stderr, proc.stderr
+    assert not (tmp_path / "cache").exists()  # NB: nothing written
