@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import os
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,30 @@ def write_json(path: Path, doc: Any) -> None:
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     tmp.write_text(text + "\n", encoding="utf-8")
     os.replace(tmp, path)
+
+
+def json_safe(doc: Any, depth: int = 64) -> Any:
+    """A copy of `doc` that write_json can always write: non-finite floats become None, keys
+    strings, anything else not JSON its str(), nesting past `depth` a marker string. For the
+    evidence of a judged run whose document would not serialise (never for a normal one)."""
+    if depth <= 0:
+        return "<nested too deep>"
+    if doc is None or isinstance(doc, (bool, int, str)):
+        return doc
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {str(k): json_safe(v, depth - 1) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [json_safe(v, depth - 1) for v in doc]
+    return str(doc)[:1000]
+
+
+def error_summary(exc: BaseException) -> str:
+    """An exception as one bounded line plus the innermost frames (evidence, not a crash)."""
+    frames = traceback.extract_tb(exc.__traceback__)[-3:]
+    where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames))
+    return f"{type(exc).__name__}: {str(exc)[:300]} (at {where})"
 
 
 def read_json(path: Path) -> Any:

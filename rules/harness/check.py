@@ -4,7 +4,9 @@ This process is the referee: it draws a secret seed from the OS, generates every
 (the public cases and hidden ones drawn from the declared shape ranges), computes the oracle and
 judges raw output bytes. The implementation is imported only in a worker (referee.py, worker.py)
 that gets each case's input when its call starts. Writes one evidence document; exits 2 only
-for a harness fault before any candidate code ran.
+for a harness fault before any candidate code ran: from the candidate's import on, anything
+that goes wrong on the referee's side (an exception, a document that will not serialise) is
+the candidate's failure `referee_error`, with the evidence written.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ FAILURE_KIND = {
     "input_modified": "input_modified",
     "non_finite": "wrong_output",
     "out_of_tolerance": "wrong_output",
+    "referee_error": "referee_error",
 }
 
 
@@ -231,6 +234,7 @@ def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path, secret
     except R.WorkerStartError as exc:
         raise C.HarnessError(f"check worker failed before any candidate code ran: {exc}") from exc
     isolation = worker.mode
+    confinement = worker.confinement
     try:
         if _judge_cases(worker, preps, records, spec, timeout):
             try:
@@ -239,6 +243,8 @@ def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path, secret
                 records[-1].update(
                     passed=False, reason="crash", detail=f"after its last call: {exc.detail}"
                 )
+    except Exception as exc:  # noqa: BLE001  after candidate code ran: its failure, with evidence
+        referee_error(records, exc)
     finally:
         worker.kill()
     log = R.tail(log_path)
@@ -282,9 +288,30 @@ def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path, secret
             "isolation": isolation,
             "secret_seed": str(secret),
             "seed_source": "os.urandom" if spec.get("_seed_given") is None else "--seed (replay)",
+            "confinement": confinement,
+            "unconfined": R.unconfined() or None,
         },
         "wall_s": round(time.monotonic() - started, 3),
     }
+
+
+def referee_error(records: list[dict], exc: BaseException) -> None:
+    """The first case not yet judged (else the last) fails as `referee_error`; later ones were
+    not run."""
+    pending = [r for r in records if r["reason"] in (None, "not_run")] or records[-1:]
+    pending[0].update(passed=False, reason="referee_error", detail=C.error_summary(exc))
+    for rec in records[records.index(pending[0]) + 1 :]:
+        rec.update(passed=False, reason="not_run", detail="an earlier case ended the check")
+
+
+def failure_document(doc: dict, exc: BaseException) -> dict:
+    """`doc` made writable (JSON-safe) and failed as `referee_error`: what to write when the
+    judged document itself could not be written."""
+    safe = C.json_safe(doc)
+    reason = {"code": "referee_error", "case": None, "detail": C.error_summary(exc)}
+    safe.update(status="candidate_failure", failure_kind="referee_error")
+    safe["reasons"] = [reason, *(safe.get("reasons") or [])]
+    return safe
 
 
 def _judge_cases(worker, preps, records, spec, timeout) -> bool:
@@ -358,7 +385,10 @@ def main() -> int:
             spec["_seed_given"] = True
         doc = run_check(args.task.resolve(), args.impl.resolve(), spec, work_dir, secret)
         C.kill_descendants()
-        C.write_json(out_path, doc)
+        try:
+            C.write_json(out_path, doc)
+        except (ValueError, TypeError, RecursionError) as exc:
+            C.write_json(out_path, failure_document(doc, exc))
     except C.HarnessError as exc:
         print(f"rsi harness fault (check): {exc}", file=sys.stderr)
         return C.INFRA_EXIT

@@ -75,8 +75,9 @@ SECCOMP_MODE_FILTER = 2
 
 
 def _prctl(option: int, arg: int = 0) -> int:
-    res = _c().prctl(option, ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                     ctypes.c_ulong(0))
+    res = _c().prctl(
+        option, ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)
+    )
     if res < 0:
         err = ctypes.get_errno()
         raise ConfineError(f"prctl({option}) failed: {os.strerror(err)}")
@@ -142,8 +143,11 @@ class _CapHeader(ctypes.Structure):
 
 
 class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                ("inheritable", ctypes.c_uint32)]
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
 
 
 def effective_caps() -> int:
@@ -197,11 +201,28 @@ _NR = {
     "migrate_pages": (256, 238),
     "move_pages": (279, 239),
 }
-DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_send_signal",
-          "pidfd_getfd", "process_madvise", "process_mrelease", "setpriority", "ioprio_set")
+DENIED = (
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kcmp",
+    "pidfd_send_signal",
+    "pidfd_getfd",
+    "process_madvise",
+    "process_mrelease",
+    "setpriority",
+    "ioprio_set",
+)
 SIGNALS = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
-PID_TARGETED = ("sched_setparam", "sched_setscheduler", "sched_setaffinity", "sched_setattr",
-                "prlimit64", "migrate_pages", "move_pages")
+PID_TARGETED = (
+    "sched_setparam",
+    "sched_setscheduler",
+    "sched_setaffinity",
+    "sched_setattr",
+    "prlimit64",
+    "migrate_pages",
+    "move_pages",
+)
 
 _LD_W_ABS, _JEQ, _JSET, _JGE, _RET = 0x20, 0x15, 0x45, 0x35, 0x06
 RET_ALLOW = 0x7FFF0000
@@ -227,8 +248,9 @@ def seccomp_supported() -> bool:
     return _arch() in AUDIT_ARCH and seccomp_mode() is not None
 
 
-def build_filter(protect_pids, protect_pgids, own_pid: int | None = None,
-                 arch: str | None = None) -> list[tuple[int, int, int, int]]:
+def build_filter(
+    protect_pids, protect_pgids, own_pid: int | None = None, arch: str | None = None
+) -> list[tuple[int, int, int, int]]:
     """The filter as (code, jt, jf, k) instructions (exposed for tests)."""
     arch = arch or _arch()
     if arch not in AUDIT_ARCH:
@@ -238,8 +260,11 @@ def build_filter(protect_pids, protect_pgids, own_pid: int | None = None,
     negs = sorted({(-int(g)) & 0xFFFFFFFF for g in protect_pgids if int(g) > 0})
     # Symbolic program: ("ld", off) / ("jeq"|"jset"|"jge", k, true_label, false_label) /
     # ("ret", k) / ("label", name). Labels resolve to relative jumps below.
-    prog: list[tuple] = [("ld", _OFF_ARCH), ("jeq", AUDIT_ARCH[arch], None, "deny"),
-                         ("ld", _OFF_NR)]
+    prog: list[tuple] = [
+        ("ld", _OFF_ARCH),
+        ("jeq", AUDIT_ARCH[arch], None, "deny"),
+        ("ld", _OFF_NR),
+    ]
     if arch == "x86_64":
         prog.append(("jge", X32_BIT, "deny", None))
     for name in DENIED:
@@ -286,8 +311,12 @@ def build_filter(protect_pids, protect_pgids, own_pid: int | None = None,
 
 
 class _SockFilter(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
-                ("k", ctypes.c_uint32)]
+    _fields_ = [
+        ("code", ctypes.c_uint16),
+        ("jt", ctypes.c_uint8),
+        ("jf", ctypes.c_uint8),
+        ("k", ctypes.c_uint32),
+    ]
 
 
 class _SockFprog(ctypes.Structure):
@@ -302,8 +331,13 @@ def install_seccomp(protect_pids, protect_pgids=(), own_pid: int | None = None) 
     filters = (_SockFilter * len(program))(*[_SockFilter(*ins) for ins in program])
     fprog = _SockFprog(len(program), ctypes.cast(filters, ctypes.POINTER(_SockFilter)))
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
-    res = _c().prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog),
-                     ctypes.c_ulong(0), ctypes.c_ulong(0))
+    res = _c().prctl(
+        PR_SET_SECCOMP,
+        ctypes.c_ulong(SECCOMP_MODE_FILTER),
+        ctypes.byref(fprog),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+    )
     if res != 0:
         raise ConfineError(f"seccomp filter refused: {os.strerror(ctypes.get_errno())}")
     if seccomp_mode() != SECCOMP_MODE_FILTER:

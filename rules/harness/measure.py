@@ -7,7 +7,9 @@ input over and taking the output back, and checks every timed output against the
 outside the timed region. Pair i runs AB when i is even and BA when odd, in two sandboxes the
 arms swap every pair; on a CPU the two arms' timed calls alternate (A B B A ...) with the idle
 arm's sandbox stopped (run_pair). Raw per-call nanoseconds are the evidence. Exits 2 only for
-a harness fault before any candidate code ran.
+a harness fault before any candidate code ran: from the first import on, anything that goes
+wrong on the referee's side is the candidate arm's failure `referee_error`, with the evidence
+written; a call whose CPU figures could not be read (`cpu_unread`) fails its arm.
 """
 
 from __future__ import annotations
@@ -338,7 +340,11 @@ class ArmRun:
         )
         return self._fail(code, len(self.doc["samples_ns"]), detail, dead=True)
 
-    def _account(self, call) -> None:
+    def _account(self, call, sample) -> bool:
+        """Add the call's wall and CPU; False (the arm failed) when its CPU could not be read:
+        a check that cannot be made fails (on a CPU binding; a GPU's is not checked)."""
+        if call.cpu_unread and not self.cuda:
+            return self._fail("cpu_unread", sample, call.cpu_unread)
         self.calls_wall += call.elapsed_ns
         self.busy_wall += call.elapsed_ns + call.armed_ns
         if call.cpu_ns is not None:
@@ -348,6 +354,7 @@ class ArmRun:
         if call.helper_cpu_ns is not None:
             self.helper_cpu += call.helper_cpu_ns
             self.n_helper_calls += 1
+        return True
 
     def begin(self) -> bool:
         failed = self.role.dead or self.box.begin(self.role)
@@ -372,7 +379,8 @@ class ArmRun:
             )
         except R.WorkerFault as exc:
             return self._fault(exc)
-        self._account(call)
+        if not self._account(call, None):
+            return False
         self.doc["warmup_ns"].append(
             call.event_ns if self.cuda and call.event_ns is not None else call.elapsed_ns
         )
@@ -395,7 +403,8 @@ class ArmRun:
             )
         except R.WorkerFault as exc:
             return self._fault(exc)
-        self._account(call)
+        if not self._account(call, j):
+            return False
         # NB: outside the clock; the interval also holds the call's untimed hand-shake
         waited = self.probe.read() - self.delay_before
         self.delay_total += waited
@@ -692,6 +701,8 @@ def run_measure(
                 "slack_ns": CPU_SLACK_NS,
             },
             "call_timeout_s": float(spec["call_timeout_s"]),
+            "confinement": {f"sandbox{box.index}": box.worker.confinement for box in boxes},
+            "unconfined": R.unconfined() or None,
         },
         "device": facts,
         "fingerprint": fprint,
@@ -777,6 +788,17 @@ def run_pair(
     return []
 
 
+def failure_document(doc: dict, exc: BaseException) -> dict:
+    """`doc` made writable (JSON-safe) with the candidate invalid as `referee_error`: what to
+    write when the measured document itself could not be written."""
+    safe = C.json_safe(doc)
+    reason = {"code": "referee_error", "sample": None, "detail": C.error_summary(exc)}
+    safe["status"] = "candidate_invalid"
+    safe.setdefault("invalid", {"baseline": [], "candidate": []})
+    safe["invalid"]["candidate"] = [reason, *(safe["invalid"].get("candidate") or [])]
+    return safe
+
+
 def _run_pairs(
     spec, m, workloads, oracle, roles, boxes, expected, secret, n_pairs, n_samples, n_warm, deadline
 ):
@@ -849,7 +871,13 @@ def _run_pairs(
             )
             for name in ARMS
         }
-        failed = run_pair(runs, order, n_warm, n_samples, interleave=spec["device"] == "cpu")
+        try:
+            failed = run_pair(runs, order, n_warm, n_samples, interleave=spec["device"] == "cpu")
+        except C.HarnessError:
+            raise
+        except Exception as exc:  # noqa: BLE001  after candidate code ran: its failure, with evidence
+            runs["candidate"]._fail("referee_error", None, C.error_summary(exc), dead=True)
+            failed = ["candidate"]
         for name in order:
             # NB: an arm stopped half-way because the other failed is not evidence: not_run
             if name in failed or runs[name].doc["valid"]:
@@ -903,7 +931,11 @@ def main() -> int:
         )
         doc["host"]["loadavg_start"] = load_start
         C.kill_descendants()
-        C.write_json(out_path, doc)
+        try:
+            C.write_json(out_path, doc)
+        except (ValueError, TypeError, RecursionError) as exc:
+            doc = failure_document(doc, exc)
+            C.write_json(out_path, doc)
         busy = C.busy_reason(doc)
     except C.HarnessError as exc:
         print(f"rsi harness fault (measure): {exc}", file=sys.stderr)

@@ -11,18 +11,24 @@ only in a worker (worker.py) started here, in the strongest isolation this host 
   (65533) in its own session; the referee's files are 0700.
 - `process`: neither: its own session, the same uid. Recorded in the evidence.
 
-The referee marks itself non-dumpable, so a same-uid worker can neither ptrace it nor read its
-memory through /proc. Inputs reach the worker only when its call starts (written into a shared
-buffer after the referee's clock started); the output is copied out of the worker's buffer
-before the clock stops. What the worker says is data: JSON with a length prefix, size-capped.
+The referee, the zygote and every worker are non-dumpable, and every worker runs with no
+capabilities under a seccomp filter (confine.py): no worker can ptrace, read or write the
+memory of, or signal, its zygote, the other arm or the referee. Inputs reach the worker only
+when its call starts (written into a shared buffer after the referee's clock started); the
+output is copied out of the worker's buffer before the clock stops. The buffers are memfds
+sealed against shrinking and growing before the worker gets them (no SIGBUS here). What the
+worker says is data: JSON with a length prefix, size- and depth-capped, NaN refused, checked
+field by field (parse_reply); anything else is a protocol fault, the candidate's.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import mmap
 import os
+import re
 import select
 import shutil
 import signal
@@ -32,7 +38,35 @@ import sys
 import time
 from pathlib import Path
 
+
+def _load_confine():
+    name = "_rsi_harness_confine"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(
+        name, Path(__file__).resolve().with_name("confine.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+confine = _load_confine()
+
 MAX_MESSAGE = 1 << 20
+MAX_DEPTH = 16  # the deepest reply the protocol has is 3 levels; a deeper one is refused
+# NB: a private switch for tests that prove a defence matters by removing it: a comma list of
+# "dump", "caps", "seccomp", "seal". Read from the referee's environment, which candidate code
+# never writes (the worker's is built from scratch, _env); every use is in the evidence.
+UNCONFINED_ENV = "_RSI_TEST_UNCONFINED"
+
+
+def unconfined() -> list[str]:
+    raw = os.environ.get(UNCONFINED_ENV, "")
+    return sorted({p.strip() for p in raw.split(",") if p.strip()})
+
+
 _LEN = struct.Struct("<I")
 _SEQ = struct.Struct("<q")
 CTL_SIZE = 4096
@@ -57,6 +91,131 @@ class WorkerFault(Exception):
         self.code, self.detail = code, detail
 
 
+# -------------------------------------------------------------------------- the worker's bytes
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_BRACKET = re.compile(rb"[\[\]{}]")
+_SHORT, _LONG = 256, 8192
+
+
+def _depth_ok(body: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Whether no array or object in `body` nests deeper than `limit` (no recursion: a reply
+    50,000 levels deep must not reach json.loads, whose recursion would raise)."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return True
+    depth = 0
+    for m in _BRACKET.finditer(_STRING.sub(b'""', body)):
+        depth += 1 if m.group() in (b"[", b"{") else -1
+        if depth > limit:
+            return False
+    return True
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number the protocol allows")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:40]} is not a finite number")
+    return value
+
+
+def _is_int(v) -> bool:
+    return type(v) is int and -(1 << 62) <= v <= (1 << 62)
+
+
+def _is_str(limit: int):
+    return lambda v: type(v) is str and len(v) <= limit
+
+
+def _or_none(check):
+    return lambda v: v is None or check(v)
+
+
+def _dict_of(fields: dict):
+    return lambda v: type(v) is dict and all(k in fields and fields[k](x) for k, x in v.items())
+
+
+def _list_of(check, limit: int):
+    return lambda v: type(v) is list and len(v) <= limit and all(check(x) for x in v)
+
+
+_OUT = {
+    "type": _or_none(_is_str(_SHORT)),
+    "dtype": _or_none(_is_str(_SHORT)),
+    "shape": _or_none(_list_of(lambda x: _is_int(x) and x >= 0, 64)),
+    "device": _or_none(_is_str(_SHORT)),
+    "nbytes": _or_none(lambda x: _is_int(x) and x >= 0),
+    "problem": _or_none(_is_str(_SHORT)),
+}
+_ERROR = {
+    "type": _or_none(_is_str(_LONG)),
+    "message": _or_none(_is_str(_LONG)),
+    "traceback": _or_none(_is_str(_LONG)),
+}
+_HOW = {"exit": _or_none(_is_int), "signal": _or_none(_is_int)}
+# NB: every field a reply may carry, and what it may hold; anything else is a protocol fault.
+# multirank.py's replies (rank, ranks) share this table.
+REPLY_FIELDS = {
+    "op": _is_str(64),
+    "i": _is_int,
+    "pid": _is_int,
+    "rank": _is_int,
+    "event_ns": _is_int,
+    "echo": lambda v: type(v) is bool,
+    "kind": _is_str(64),
+    "message": _is_str(_LONG),
+    "out": _or_none(_dict_of(_OUT)),
+    "error": _or_none(_dict_of(_ERROR)),
+    "exit": _or_none(_is_int),
+    "signal": _or_none(_is_int),
+    "ranks": _list_of(_dict_of(_HOW), 4096),
+    "confined": _or_none(
+        _dict_of(
+            {
+                k: _or_none(lambda v: _is_int(v) or type(v) is bool or _is_str(_SHORT)(v))
+                for k in (
+                    "cap_eff",
+                    "dumpable",
+                    "seccomp",
+                    "stray_fds_closed",
+                    "candidate_modules_in_zygote",
+                    "cap_error",
+                    "dump_error",
+                    "seccomp_error",
+                )
+            }
+        )
+    ),
+}
+
+
+def parse_reply(body: bytes) -> dict:
+    """The worker's reply as a dict, or WorkerFault("protocol"): never anything else, whatever
+    the bytes (nesting, NaN, Infinity, huge numbers, bad UTF-8, unknown fields, wrong types)."""
+    try:
+        if not _depth_ok(body):
+            raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+        doc = json.loads(body, parse_constant=_no_constant, parse_float=_finite_float)
+        if type(doc) is not dict or "op" not in doc:
+            raise ValueError("not a JSON object with an op")
+        for key, value in doc.items():
+            check = REPLY_FIELDS.get(key)
+            if check is None:
+                raise ValueError(f"unknown field {key[:40]!r}")
+            if not check(value):
+                raise ValueError(f"field {key!r} holds {str(value)[:80]!r}")
+    except WorkerFault:
+        raise
+    except Exception as exc:  # noqa: BLE001  whatever the bytes did, it is theirs: a protocol fault
+        raise WorkerFault(
+            "protocol", f"a reply the protocol does not allow: {str(exc)[:200]}"
+        ) from None
+    return doc
+
+
 def secret_seed() -> int:
     """A 63-bit seed from the OS, never derived from anything public; revealed after the run."""
     return int.from_bytes(os.urandom(8), "big") >> 1
@@ -65,8 +224,8 @@ def secret_seed() -> int:
 def harden_self() -> None:
     """No ptrace, no /proc/<pid>/mem for a same-uid process; children inherit nothing of it."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
-    except (OSError, AttributeError):
+        confine.no_dump()
+    except confine.ConfineError:
         pass
 
 
@@ -176,26 +335,38 @@ def _outside_pid(root: int, inner: object) -> int | None:
     return None
 
 
-def _wait_blocked(pid: int, limit_s: float) -> bool:
-    """Whether the process's main thread went to sleep (after answering) within `limit_s`."""
-    deadline = time.monotonic() + limit_s
+BLOCK_SPIN_S, BLOCK_WAIT_S = 0.005, 1.0
+
+
+def _wait_blocked(pid: int, limit_s: float = BLOCK_WAIT_S) -> str | None:
+    """None once the process's main thread went to sleep (after answering), within `limit_s`;
+    else why not. Spins the first few ms (the usual case), then polls: on a busy host the
+    worker may need a while to get a CPU and reach its read."""
+    start = time.monotonic()
     path = f"/proc/{pid}/task/{pid}/stat"
     while True:
         try:
             with open(path, "rb") as f:
                 state = f.read().rsplit(b")", 1)[1].split()[0]
         except (OSError, IndexError):
-            return False
+            return "its main thread is gone"
         if state in (b"S", b"D"):
-            return True
-        if time.monotonic() > deadline:
-            return False
-        os.sched_yield()
+            return None
+        if state in (b"Z", b"X"):
+            return "its main thread exited while the process went on"
+        waited = time.monotonic() - start
+        if waited > limit_s:
+            return f"its main thread was still running {limit_s} s after its reply"
+        if waited < BLOCK_SPIN_S:
+            os.sched_yield()
+        else:
+            time.sleep(0.0005)
 
 
 def subtree_cpu(root: int) -> dict[int, int]:
     """{pid: CPU clock ns} of `root` and every process below it now (threads included, to the
-    ns; a process that appears later counts from 0). Cheap: the children files of its tree."""
+    ns; a process that appears later counts from 0; a zombie, whose clock cannot be read, by
+    its /proc stat in clock ticks). Cheap: the children files of its tree."""
     found, stack = {}, [root]
     while stack:
         pid = stack.pop()
@@ -203,10 +374,21 @@ def subtree_cpu(root: int) -> dict[int, int]:
             continue
         ns = _cpu_clock_ns(pid)
         if ns is None:
-            continue
+            ns = _stat_cpu_ns(pid)
+            if ns is None:
+                continue
         found[pid] = ns
         stack.extend(_children_of(pid))
     return found
+
+
+def _stat_cpu_ns(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * _TICK_NS
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def reaped_cpu_ns(pids) -> dict[int, int]:
@@ -458,6 +640,38 @@ def pin_referee(threads: int) -> list[int] | None:
     return rest
 
 
+_SANDBOXES: set[int] = set()  # every sandbox this referee started (their zygotes' pids)
+
+
+def _memfd(name: str, size: int, sealed: bool = True) -> int:
+    """A shared buffer of `size` bytes, sealed against shrinking and growing (confine.py)."""
+    if not sealed:
+        fd = os.memfd_create(name, 0)
+        os.ftruncate(fd, size)
+        return fd
+    try:
+        return confine.sealed_memfd(name, size)
+    except (confine.ConfineError, OSError) as exc:
+        raise WorkerStartError(f"cannot make a sealed shared buffer: {exc}") from exc
+
+
+def confinement_missing(report, skipped=()) -> str | None:
+    """What a forked worker's report says does not hold (None: all of it holds). Items in
+    `skipped` (the tests' private switch) are not required."""
+    if not isinstance(report, dict):
+        return "no confinement report"
+    problems = []
+    if report.get("candidate_modules_in_zygote") != 0:
+        problems.append("candidate code was loaded in the zygote")
+    if "caps" not in skipped and report.get("cap_eff") != 0:
+        problems.append(f"capabilities {report.get('cap_eff')} {report.get('cap_error') or ''}")
+    if "dump" not in skipped and report.get("dumpable") is not False:
+        problems.append(f"dumpable {report.get('dump_error') or ''}")
+    if "seccomp" not in skipped and report.get("seccomp") != 2:
+        problems.append(f"no seccomp filter {report.get('seccomp_error') or ''}")
+    return "; ".join(p.strip() for p in problems) or None
+
+
 class WorkerProcess:
     """One worker: started, asked to import, called, killed. Every wait has a deadline."""
 
@@ -481,16 +695,22 @@ class WorkerProcess:
         self.visible = (self.impl_dir, *(p.resolve() for p in also_visible))
         self.framework, self.device, self.threads = framework, device, int(threads)
         self.log_path = log_path
-        self.in_fd = os.memfd_create("rsi-in", 0)
-        self.out_fd = os.memfd_create("rsi-out", 0)
-        self.ctl_fd = os.memfd_create("rsi-ctl", 0)
-        os.ftruncate(self.ctl_fd, CTL_SIZE)
+        self.in_size, self.out_size = max(in_size, 1), max(out_size, 1)
+        self.unconfined = unconfined()
+        # NB: sealed against shrinking and growing before the worker gets them: a worker that
+        # truncated one (its fds are in its argv) made the referee die of SIGBUS on its mapping
+        sealed = "seal" not in self.unconfined
+        self.in_fd, self.out_fd, self.ctl_fd = (
+            _memfd(name, size, sealed)
+            for name, size in (
+                ("rsi-in", self.in_size),
+                ("rsi-out", self.out_size),
+                ("rsi-ctl", CTL_SIZE),
+            )
+        )
         self.ctl = mmap.mmap(self.ctl_fd, CTL_SIZE)
         _SEQ.pack_into(self.ctl, REQ_AT, NO_CALL)
         _SEQ.pack_into(self.ctl, DONE_AT, NO_CALL)
-        self.in_size, self.out_size = max(in_size, 1), max(out_size, 1)
-        os.ftruncate(self.in_fd, self.in_size)
-        os.ftruncate(self.out_fd, self.out_size)
         self.in_buf = mmap.mmap(self.in_fd, self.in_size)
         self.out_buf = mmap.mmap(self.out_fd, self.out_size)
         req_r, self.req_w = os.pipe()
@@ -513,6 +733,7 @@ class WorkerProcess:
             "in_size": self.in_size,
             "out_size": self.out_size,
             "own_pid_namespace": mode == "namespaces",
+            "unconfined": self.unconfined,
         }
         home = "/tmp"
         argv = [sys.executable, "-I", "-B", str(worker_script), json.dumps(args)]
@@ -551,11 +772,13 @@ class WorkerProcess:
             if preexec:
                 preexec()
 
+        self.worker_env = _env(threads, home)
+        self.worker_cpus = cpus
         try:
             self.proc = subprocess.Popen(
                 argv,
                 cwd=cwd,
-                env=_env(threads, home),
+                env=self.worker_env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -571,8 +794,10 @@ class WorkerProcess:
             os.close(req_r)
             os.close(resp_w)
         self.pid = self.proc.pid
+        _SANDBOXES.add(self.pid)
         self.startup_timeout_s = startup_timeout_s
         self.child_alive = False
+        self.confinement: dict | None = None
         try:
             ready = self.recv(startup_timeout_s)
         except WorkerFault as exc:
@@ -584,15 +809,28 @@ class WorkerProcess:
             self.kill()
             raise WorkerStartError(f"worker ({mode}) answered {ready!r} instead of ready")
 
+    def fork_request(self) -> dict:
+        """What a forked worker re-applies and protects before any candidate code runs: the
+        environment and CPUs it was started with, and (outside a pid namespace, where pids
+        are the referee's) the referee, its parent and every sandbox's zygote."""
+        protect = []
+        if self.mode != "namespaces":
+            protect = sorted({os.getpid(), os.getppid(), *_SANDBOXES})
+        return {"op": "fork", "env": self.worker_env, "cpus": self.worker_cpus, "protect": protect}
+
     def fork(self) -> None:
         """A fresh worker forked from the sandbox's pristine zygote (no candidate code yet)."""
         try:
-            reply = self.request({"op": "fork"}, self.startup_timeout_s)
+            reply = self.request(self.fork_request(), self.startup_timeout_s)
         except WorkerFault as exc:
             raise WorkerStartError(f"worker fork failed: {exc.detail}") from exc
         if reply.get("op") != "ready":
             raise WorkerStartError(f"worker fork answered {str(reply)[:200]}")
         self.child_alive = True
+        self.confinement = reply.get("confined")
+        missing = confinement_missing(self.confinement, self.unconfined)
+        if missing:
+            raise WorkerStartError(f"the forked worker is not confined: {missing}")
         # NB: its pid as seen from here (it reports the one in its own pid namespace), found
         # before any candidate code runs: the referee reads its CPU clock around every call
         self.child_pid = _outside_pid(self.pid, reply.get("pid"))
@@ -618,6 +856,7 @@ class WorkerProcess:
             raise WorkerFault("crash", "the worker took its sandbox down (its zygote is gone)")
 
     def _bwrap_argv(self, work_dir: Path, worker_script: Path) -> list[str]:
+        # NB: confine.py travels with every worker script (worker.py loads it by path)
         argv = [
             _bwrap(),
             "--unshare-user",
@@ -652,7 +891,9 @@ class WorkerProcess:
                 argv += ["--ro-bind", str(path), str(path)]
         for path in self.visible:
             argv += ["--ro-bind", str(path), str(path)]
-        argv += ["--ro-bind", str(worker_script), str(worker_script), "--chdir", "/tmp"]
+        argv += ["--ro-bind", str(worker_script), str(worker_script)]
+        here = Path(__file__).resolve().with_name("confine.py")
+        argv += ["--ro-bind", str(here), str(here), "--chdir", "/tmp"]
         return argv
 
     # ------------------------------------------------------------------------ protocol
@@ -670,13 +911,7 @@ class WorkerProcess:
         if size > MAX_MESSAGE:
             raise WorkerFault("protocol", f"a {size}-byte reply (the limit is {MAX_MESSAGE})")
         body = self._read(size, deadline)
-        try:
-            doc = json.loads(body)
-        except ValueError as exc:
-            raise WorkerFault("protocol", f"a reply that is not JSON: {exc}") from exc
-        if not isinstance(doc, dict):
-            raise WorkerFault("protocol", "a reply that is not a JSON object")
-        return doc
+        return parse_reply(body)
 
     def _read(self, size: int, deadline: float) -> bytes:
         chunks, left = [], size
@@ -720,6 +955,7 @@ class WorkerProcess:
         return tree_cpu_ns(self.pid)
 
     def kill(self) -> None:
+        _SANDBOXES.discard(getattr(self, "pid", None))
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -834,6 +1070,7 @@ class Call:
         "output",
         "inputs_intact",
         "event_ns",
+        "cpu_unread",
     )
 
     def __init__(self):
@@ -844,6 +1081,7 @@ class Call:
         self.output = None
         self.inputs_intact = None
         self.event_ns = None
+        self.cpu_unread = None  # why the call's CPU figures could not be read (None: read)
 
 
 def timed_call(
@@ -868,9 +1106,13 @@ def timed_call(
     # blocked, before it is armed and after it has answered: another process's clock leaves
     # out the slice its threads are running now (the kernel adds it at the next tick or
     # switch), so a reading taken while the worker spins would miss up to a tick of it
+    # NB: of every process in the worker's sandbox, not only below the worker: a helper it
+    # double-forked is re-parented to the zygote (a subreaper) and would be missed. The
+    # sandbox's own processes (bwrap, the zygote) sleep through a call.
     cpu_pid = getattr(worker, "child_pid", None) if worker.child_alive else None
+    root = worker.pid if cpu_pid else None
     w0 = time.perf_counter_ns()
-    c0 = subtree_cpu(cpu_pid) if cpu_pid else None
+    c0 = subtree_cpu(root) if root else None
     # NB: and what is not the calling thread's: helper processes reaped within the call (their
     # parents' cutime) and every other thread or process; on a threads = 1 binding that must
     # be nothing, however slow a busy host makes the call's wall time
@@ -907,16 +1149,28 @@ def timed_call(
     t1 = clock()
     call.elapsed_ns = t1 - t0
     reply = worker.recv(max(1.0, timeout_s - (t1 - t0) / 1e9))
-    if c0 and _wait_blocked(cpu_pid, 0.005):
-        c1 = subtree_cpu(cpu_pid)
-        if c1:
+    # NB: a figure that cannot be read makes the call's CPU unknown (cpu_unread), never a
+    # skipped check: a worker whose main thread exited (pthread_exit) while another thread
+    # served the calls never went back to sleep, and its calls went unchecked
+    if c0 is not None:
+        why = _wait_blocked(cpu_pid)
+        c1 = subtree_cpu(root) if why is None else None
+        if why is None and (cpu_pid not in c1 or cpu_pid not in c0):
+            why = "the worker's CPU clock could not be read"
+        m1 = thread_cpu_ns(cpu_pid, cpu_pid) if why is None else None
+        if why is None and (m0 is None or m1 is None):
+            why = "the worker's calling thread's CPU could not be read"
+        if why is None:
             r1 = reaped_cpu_ns(c1)
-            reaped = sum(ns - r0.get(pid, 0) for pid, ns in r1.items())
-            call.cpu_ns = sum(ns - c0.get(pid, 0) for pid, ns in c1.items()) + reaped
+            # NB: totals, not per-process differences: a process that ended in the call
+            # leaves its clock and shows in its parent's reaped time instead
+            call.cpu_ns = max(
+                0, sum(c1.values()) - sum(c0.values()) + sum(r1.values()) - sum(r0.values())
+            )
             call.cpu_window_ns = clock() - w0
-            m1 = thread_cpu_ns(cpu_pid, cpu_pid)
-            if m0 is not None and m1 is not None:
-                call.helper_cpu_ns = max(0, call.cpu_ns - (m1 - m0))
+            call.helper_cpu_ns = max(0, call.cpu_ns - (m1 - m0))
+        else:
+            call.cpu_unread = f"the CPU of call {index} could not be read: {why}"
     if unpack(ctl, DONE_AT)[0] != index:
         raise WorkerFault("crash", f"protocol: reply {str(reply)[:200]} before call {index} ended")
     call.reply = reply

@@ -14,6 +14,7 @@ Stdlib + numpy, torch only when the framework is torch. Never imports rsi, rules
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import mmap
 import os
@@ -30,6 +31,18 @@ _SEQ = struct.Struct("<q")
 CTL_SIZE = 4096
 REQ_AT, DONE_AT = 0, 64  # NB: the referee's and the worker's sequence numbers, a line apart
 ARM_SPIN_S = 5.0
+
+
+def _load_confine():
+    spec = importlib.util.spec_from_file_location(
+        "_rsi_confine", Path(__file__).resolve().with_name("confine.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+confine = _load_confine()
 
 
 def read_message(fd: int) -> dict | None:
@@ -322,8 +335,8 @@ class Worker:
         dest[...] = flat.reshape(-1).view(np.uint8)
         return meta
 
-    def serve(self) -> None:
-        write_message(self.resp, {"op": "ready", "pid": os.getpid()})
+    def serve(self, confined: dict | None = None) -> None:
+        write_message(self.resp, {"op": "ready", "pid": os.getpid(), "confined": confined})
         while True:
             msg = read_message(self.req)
             if msg is None or msg.get("op") == "exit":
@@ -374,9 +387,19 @@ def zygote(args: dict) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     except (OSError, AttributeError):
         pass
+    import shutil  # noqa: F401  (imported before forking: _empty needs it)
+    import time  # noqa: F401
+
+    # NB: nothing a worker does may reach this process (every later arm is forked from it):
+    # non-dumpable, so a same-uid worker without CAP_SYS_PTRACE cannot ptrace it, read or write
+    # its memory (process_vm_*, /proc/<pid>/mem); the workers' seccomp filter refuses it too
+    unconfined = set(args.get("unconfined") or ())  # NB: tests only (the referee's private flag)
+    if "dump" not in unconfined:
+        confine.no_dump()
     gc.collect()
     gc.freeze()
     req, resp = args["req_fd"], args["resp_fd"]
+    zygote_fds = _open_fds()
     write_message(resp, {"op": "zygote"})
     while True:
         msg = read_message(req)
@@ -384,12 +407,15 @@ def zygote(args: dict) -> None:
             return
         sys.stdout.flush()
         sys.stderr.flush()
+        # NB: the zygote's own parent (bwrap's init, or the referee) is protected too
+        msg["protect"] = [os.getppid(), *(msg.get("protect") or ())]
+        msg["unconfined"] = sorted(unconfined)
         pid = os.fork()
         if pid == 0:
             code = 0
             try:
-                os.setpgid(0, 0)
-                Worker(args).serve()
+                confined = _confine_child(msg, args, zygote_fds)
+                Worker(args).serve(confined)
             except BaseException:  # noqa: BLE001  never fall back into the zygote's loop
                 code = 70
                 try:
@@ -416,6 +442,83 @@ def zygote(args: dict) -> None:
             "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
         }
         write_message(resp, ended)
+
+
+def _open_fds(limit: int = 1024) -> set[int]:
+    """Descriptors open now (fcntl probe: the sandbox's /proc is empty)."""
+    import fcntl
+
+    found = set()
+    for fd in range(limit):
+        try:
+            fcntl.fcntl(fd, fcntl.F_GETFD)
+        except OSError:
+            continue
+        found.add(fd)
+    return found
+
+
+def _confine_child(msg: dict, args: dict, zygote_fds: set[int]) -> dict:
+    """In a freshly forked worker, before any candidate code: re-apply what it inherits from
+    the zygote and confine it (see the module docstring). Returns what holds, for the referee;
+    raises nothing it can avoid (a failure shows as a missing item in the report).
+
+    NB: set in every worker, not once in the zygote: a zygote changed behind our back (it
+    should not be possible, see zygote()) must not reach a later arm through its settings."""
+    report: dict = {}
+    os.setsid()  # its own session and process group: signals to others' groups are refused
+    _pin_malloc()
+    env = msg.get("env")
+    if isinstance(env, dict):
+        os.environ.clear()
+        os.environ.update({str(k): str(v) for k, v in env.items()})
+    cpus = msg.get("cpus")
+    if isinstance(cpus, list) and cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError:
+            pass
+    keep = set(zygote_fds) | {
+        args["req_fd"],
+        args["resp_fd"],
+        args["in_fd"],
+        args["out_fd"],
+        args["ctl_fd"],
+    }
+    stray = sorted(_open_fds() - keep)
+    for fd in stray:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    report["stray_fds_closed"] = len(stray)
+    report["candidate_modules_in_zygote"] = sum(m.startswith("_rsi_impl_") for m in sys.modules)
+    skip = set(msg.get("unconfined") or ())  # NB: tests only (the referee's private flag)
+    try:
+        if "caps" not in skip:
+            confine.drop_caps()
+        report["cap_eff"] = confine.effective_caps()
+    except confine.ConfineError as exc:
+        report["cap_error"] = str(exc)[:200]
+    try:
+        if "dump" not in skip:
+            confine.no_dump()
+        report["dumpable"] = confine.is_dumpable()
+    except confine.ConfineError as exc:
+        report["dump_error"] = str(exc)[:200]
+    protect = [os.getppid(), *(p for p in msg.get("protect") or () if isinstance(p, int))]
+    zygote_pid = os.getppid()
+    try:
+        protect.append(os.getpgid(zygote_pid))
+    except OSError:
+        pass
+    try:
+        if "seccomp" not in skip:
+            confine.install_seccomp(protect, protect, own_pid=os.getpid())
+        report["seccomp"] = confine.seccomp_mode()
+    except confine.ConfineError as exc:
+        report["seccomp_error"] = str(exc)[:200]
+    return report
 
 
 def _pin_malloc() -> None:
