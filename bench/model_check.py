@@ -45,11 +45,12 @@ from model_check_ws import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+LATE_S = 0.05  # see Sequence.late_reports
 STEP_KINDS = ("concurrent", "race", "kill", "serverkill", "jobkill")
 ALL_MODES = (*SINGLE_MODES, *STEP_KINDS)
 SOURCE_OPS = {
     **{"edit": 3, "same_size": 3, "touch": 2, "rename": 2, "reuse_inode": 2},
-    **{"swap": 1, "replace_dir": 1},
+    **{"swap": 1, "replace_dir": 1, "revert": 2},
 }
 BUILD_OPS = {"filter": 2, "retag_same_size": 3, "add_target": 1, "remove_target": 1, "srcs": 1}
 
@@ -92,6 +93,7 @@ class Sequence:
         self.previous_out: dict[str, bytes] = {}
         self.crosschecks = 0
         self.changes: dict[str, int] = {}
+        self.late: list[float] = []  # seconds between a change and a stale ok reported after it
 
     # ------------------------------------------------------------------------- changes
     def change(self) -> str:
@@ -238,13 +240,55 @@ class Sequence:
         mode, pattern = self.rng.choice(self.single), self.pattern()
         pause = self.rng.uniform(0.0, 0.4)
         self.log.append(f"start {mode} {pattern}; change after {pause:.2f} s:")
+        started = time.time()
         proc = self.builds.start(mode, pattern)
         time.sleep(pause)
         self.change()
+        changed = time.time()
+        want = self.expected(pattern)
         got = self.builds.finish(proc)
         self.by_mode[got.mode] = self.by_mode.get(got.mode, 0) + 1
         self.log.append(f"racing build {mode} -> exit {got.rc}")
+        self.late_reports(step, got, started, changed, want)
         self.single_step(step)
+
+    def late_reports(
+        self, step: int, got: Outcome, started: float, changed: float, want: dict | None
+    ) -> None:
+        """A target the racing build reported ok (`target_finished`) after the change ended
+        must have left the changed sources' output: reporting an older one is a stale result.
+        Within `LATE_S` of the change it is only counted (a check and an export cannot be
+        atomic with an edit no lock orders); later, it is a difference."""
+        if got.rc != 0 or want is None:
+            return
+        outdir = str(self.ws / "out") + "/"
+        for log in (self.ws / "cache" / "events").glob("*.jsonl"):
+            if log.stat().st_mtime < started:
+                continue
+            for line in log.read_text().splitlines():
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if ev.get("kind") != "target_finished" or not ev.get("ok"):
+                    continue
+                late = ev["time"] - changed
+                for path in ev.get("outputs") or []:
+                    rel = path[len(outdir) :] if path.startswith(outdir) else None
+                    if late <= 0 or rel not in want:
+                        continue
+                    file = self.ws / "out" / rel
+                    if file.is_file() and file.read_bytes() == want[rel]:
+                        continue
+                    self.late.append(round(late, 3))
+                    if late > LATE_S:
+                        self._difference(
+                            step,
+                            "race",
+                            [f"{ev['label']} reported ok {late:.3f} s after a change, {rel} "
+                             "not its output"],
+                            got,
+                        )  # fmt: skip
 
     def kill_step(self, step: int, kind: str) -> None:
         """A build killed with SIGKILL mid-run (kill: the client; serverkill: the server;
@@ -337,6 +381,7 @@ def main(argv: list[str] | None = None) -> dict:
         "steps": 0,
         "builds": {},
         "crosschecks": 0,
+        "late_reports_s": [],
         "changes": {},
         "differences": [],
         "unexpected_failures": [],
@@ -377,6 +422,7 @@ def main(argv: list[str] | None = None) -> dict:
             for mode, n in seq.by_mode.items():
                 summary["builds"][mode] = summary["builds"].get(mode, 0) + n
             summary["crosschecks"] += seq.crosschecks
+            summary["late_reports_s"] += seq.late
             for name, n in seq.changes.items():
                 summary["changes"][name] = summary["changes"].get(name, 0) + n
             summary["differences"] += seq.differences

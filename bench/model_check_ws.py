@@ -26,6 +26,7 @@ FILTERS = {
     "tr -d aeiou": lambda d: bytes(c for c in d if c not in b"aeiou"),
     "sort": lambda d: b"".join(sorted(ln.rstrip(b"\n") + b"\n" for ln in d.splitlines(True))),
     "sha256sum": lambda d: hashlib.sha256(d).hexdigest().encode() + b"  -\n",
+    "(sleep 0.2; cat)": lambda d: d,  # NB: a slow action widens the window a change can hit
 }
 CMD = re.compile(r"^\{ echo (\w+); cat (.+); \} \| (.+) > \$\(OUT\)$")
 INPUT = re.compile(r"(\$\(SRCS\)|\$\(location ([^)]+)\))")
@@ -53,6 +54,7 @@ class Model:
     sources: list[str] = field(default_factory=list)  # workspace-relative
     deleted: list[str] = field(default_factory=list)
     mounts: list[str] = field(default_factory=list)  # workspace-relative, newest last
+    history: dict[str, list[bytes]] = field(default_factory=dict)  # earlier contents
     serial: int = 0
 
     def mounted(self, rel: str) -> bool:
@@ -300,6 +302,12 @@ def edit_source(ws: Path, model: Model, rng: random.Random, kind: str) -> str:
         return f"write {rel} (it was gone)"
     old = path.read_bytes()
     st = _stat(path)
+    if kind == "revert":  # an editor's undo: earlier bytes back (a poisoned cache entry shows)
+        if not model.history.get(rel):
+            return "noop"
+        path.write_bytes(model.history[rel].pop())
+        return f"revert {rel} to its previous content"
+    model.history.setdefault(rel, []).append(old)
     if kind == "edit":
         new = old + words(rng, 1) if rng.random() < 0.5 or len(old) < 8 else old[: len(old) // 2]
         path.write_bytes(new)
