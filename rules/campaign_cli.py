@@ -20,6 +20,7 @@ from rsi.errors import EXIT_USAGE, RsiError
 from rules.campaign.documents import (
     ABANDON_SCHEMA,
     ADD_SCHEMA,
+    CHECK_SCHEMA,
     FINAL_SCHEMA,
     REGRADE_SCHEMA,
     REPORT_RESULT_SCHEMA,
@@ -205,6 +206,51 @@ def candidate_add(
             err=True,
         )
     click.echo(doc["label"])
+
+
+@candidate.command("check", cls=_json_errors(CHECK_SCHEMA))
+@click.argument("campaign")
+@click.option(
+    "--from",
+    "src",
+    required=True,
+    type=click.Path(),
+    help="Folder holding the candidate's editable files (as for `rsi round --from`).",
+)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def candidate_check(ctx: click.Context, campaign: str, src: str, as_json: bool) -> None:
+    """Pre-flight a candidate without spending a round: every file parses, the entry module
+    imports, the entry point exists and takes the baseline's arguments.
+
+    Runs in the sandbox in about a second; appends nothing to the log, counts nothing in the
+    budget, measures nothing and never calls the entry (so it reveals nothing about hidden
+    cases); at most 60 per campaign and hour. Advice only: the round judges the candidate again.
+
+    \b
+    Exit codes:
+      0  every check passed
+      1  a check failed (or the pre-flight step could not report)
+      2  usage error;  3  rate limit reached
+    """
+    doc = _run(ctx, CHECK_SCHEMA, campaign, as_json, lambda svc: svc.check(campaign, src))
+    if as_json:
+        _emit_json(doc)
+    else:
+        for c in doc["checks"]:
+            where = c["file"] + (f":{c['line']}" if c.get("line") else "") if c["file"] else ""
+            mark = "ok  " if c["ok"] else "FAIL"
+            click.echo(f"{mark} {c['name']:<10} {where}  {c['detail']}")
+        if doc.get("error"):
+            click.echo(f"rsi: error: {doc['error']['message']}", err=True)
+        if doc.get("note"):
+            click.echo(f"rsi: note: {doc['note']}", err=True)
+        r = doc["rate"]
+        click.echo(
+            f"pre-flight {'passed' if doc['ok'] else 'failed'} in {doc['seconds']:.2f} s "
+            f"(not a round; {r['used']}/{r['limit']} checks this hour)"
+        )
+    sys.exit(0 if doc["ok"] else 1)
 
 
 @click.command("round", cls=_json_errors(ROUND_SCHEMA))

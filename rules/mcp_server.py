@@ -4,10 +4,12 @@ transport; optionally streamable HTTP on 127.0.0.1).
 Every tool calls the in-process service (rules.campaign.Campaigns) and returns the same JSON
 document as the command it stands for (`rsi round --json` → rsi.round/1, …). A malformed call
 — an unknown campaign, a file outside the editable scope, a path that leaves the folder, bad
-arguments — is a tool error whose text names the code and what to do, and it is refused
-before anything is written: the campaign's log is unchanged.
+arguments — is a tool error whose structured content is the CLI's `rsi.error/1` document (code,
+message, hint naming the MCP tool to call, retryable), and it is refused before anything is
+written: the campaign's log is unchanged.
 
-Tools: `describe_task`, `submit_round` (files in as {path: content}, the round's verdict out),
+Tools: `describe_task`, `check_candidate` (a pre-flight that spends no round), `submit_round`
+(files in as {path: content}, the round's verdict out),
 `retry_round`, `status`, `best`, `stop`, `final`, `report`, `knowledge`, `sessions`.
 Resources: `rsi://task/{campaign}` (the task's TASK.md; the label without its leading `//`)
 and `rsi://evidence/{hash}/{size}` (a blob of the store: any evidence file a document names
@@ -222,6 +224,19 @@ class CampaignTools:
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
+    def check_candidate(self, campaign: str, files: dict) -> dict:
+        camp = self._camp(campaign)
+        clean = clean_files(files, list(camp.scope), camp.kind)
+        work = Path(tempfile.mkdtemp(prefix="rsi-mcp-"))
+        try:
+            for rel, content in clean.items():
+                path = work / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(content)
+            return self._call(self.service.check, campaign, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
     def retry_round(self, campaign: str, round: int) -> dict:
         self._camp(campaign)
         if isinstance(round, bool) or not isinstance(round, int) or round < 1:
@@ -348,6 +363,15 @@ def make_server(ws, *, package: str = ""):
         session: str | None = None,
     ) -> dict[str, Any]:
         return wrap(tools.submit_round)(campaign, files, hypothesis, usage, session)
+
+    @server.tool(
+        description="Pre-flight a candidate ({path: full content} of editable files) without "
+        "spending a round: files parse, the entry imports, exists and takes the baseline's "
+        "arguments. rsi.candidate.check/1; about a second; never counted, never measured; "
+        "at most 60 per campaign and hour. Use it before submit_round after an edit."
+    )
+    def check_candidate(campaign: str, files: dict[str, str]) -> dict[str, Any]:
+        return wrap(tools.check_candidate)(campaign, files)
 
     @server.tool(description="Build round N again (a retry after an infrastructure fault).")
     def retry_round(campaign: str, round: int) -> dict[str, Any]:

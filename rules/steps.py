@@ -44,6 +44,8 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
     "final": ("final.py",),
     "dashboard": ("dashboard.py",),
     "review": ("review.py",),
+    # NB: a candidate's pre-flight (rules/campaign/preflight.py): parse, import, signature
+    "preflight": ("preflight.py",),
     # NB: a multi-rank binding's check and measure (one script, two subcommands)
     "multirank": (
         "multirank.py",

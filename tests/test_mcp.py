@@ -109,6 +109,15 @@ def test_an_mcp_client_runs_three_rounds_and_a_final(tmp_path, make_workspace, r
                 desc = await call(session, "describe_task", {"campaign": c})
                 assert "Row-wise softmax" in desc["task_md"]
                 assert desc["editable"] == ["kernel.py"] and desc["budget"]["rounds_left"] == 3
+                # NB: a pre-flight spends no round and appends nothing
+                pre = await call(
+                    session,
+                    "check_candidate",
+                    {"campaign": c, "files": {"kernel.py": "def softmax(x:\n"}},
+                )
+                assert pre["ok"] is False and pre["counted"] is False
+                assert pre["checks"][0]["name"] == "syntax" and pre["checks"][0]["line"] == 1
+                assert log_bytes(ws) == b""
 
                 r1 = await call(
                     session,

@@ -30,6 +30,7 @@ from rules.steps import HARNESS_DIR
 
 ROUND_SCHEMA = "rsi.round/1"
 ADD_SCHEMA = "rsi.candidate.add/1"
+CHECK_SCHEMA = "rsi.candidate.check/1"
 STATUS_SCHEMA = "rsi.campaign.status/1"
 FINAL_SCHEMA = "rsi.campaign.final_result/1"
 STOP_SCHEMA = "rsi.campaign.stop/1"

@@ -57,6 +57,7 @@ from rules.campaign.model import (
     state_of,
 )
 from rules.campaign.snapshot import freeze_project, snapshot_candidate
+from rules.campaign.preflight import preflight
 from rules.campaign.usage import validate_usage
 
 
@@ -733,6 +734,12 @@ class Campaigns:
             "ignored_outside_scope": res["ignored_outside_scope"],
             "budget": budget_doc(camp.policy, res["state"], camp.clock()),
         }
+
+    def check(self, campaign: str, src: str | Path) -> dict:
+        """rsi.candidate.check/1: the candidate's pre-flight (parse, import, entry, signature);
+        appends nothing, counts nothing, measures nothing (rules/campaign/preflight.py)."""
+        camp = self.open(campaign)
+        return preflight(camp, Path(src), now=camp.clock())
 
     def round(
         self,
