@@ -24,7 +24,10 @@ def test_a_build_of_many_patterns_is_named_by_its_first_and_a_count():
 def test_a_holder_line_says_how_long_it_held_and_the_time_it_has_left():
     now = time.time()
     h = Holder(42, "//tasks/softmax:verdict.measure", True, now - 30, expected_s=90.0)
-    assert h.describe(now) == "pid 42 //tasks/softmax:verdict.measure (exclusive, for 30s, ~1m00s left)"
+    assert (
+        h.describe(now)
+        == "pid 42 //tasks/softmax:verdict.measure (exclusive, for 30s, ~1m00s left)"
+    )
     late = Holder(42, "//a:b", True, now - 100, expected_s=90.0)
     assert "10s over its last 1m30s" in late.describe(now)
     unknown = Holder(42, "//a:b", True, now - 5)
