@@ -194,6 +194,21 @@ class Tracker:
             return False
         return all(store.has(Digest.parse(d)) for d in self.blobs)
 
+    def moved_reads(self) -> list[str]:
+        """The declarations (and `rsi.toml`) whose content differs now, or a note when a path's
+        existence, kind, mode or real path does: for a build about to export (rsi.recheck)."""
+        moved = []
+        for p, want in self.files.items():
+            try:
+                got = self.memo.digest(p).hash
+            except OSError:
+                got = "absent"
+            if got != want:
+                moved.append(p)
+        if not moved and not _stats_unchanged(self.stats, {}):
+            moved.append("(a source's existence, mode or real path)")
+        return sorted(moved)
+
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "memo"}
 
@@ -330,31 +345,43 @@ KEEP_BYTES = 1 << 30
 
 
 # NB: in a long-lived process (the build server), the analyses it last read, by file: an
-# entry is written once under its key (a new one is a new file, so a new inode), so the file's
-# inode and size say it is the same; off unless `rsi.incremental.keeping`
+# entry is rewritten under the same key whenever the declarations change, and a file system
+# may give the new file the inode the old one had, with the same size; so a kept analysis is
+# served only while the file's whole signature (device, inode, size, mtime, ctime) and its
+# seal (the first line: the digest of its content) are as when it was read; off unless
+# `rsi.incremental.keeping`
 _KEPT: dict[str, tuple] = {}
 KEEP_IN_MEMORY = 2
+
+
+def _entry_identity(path: Path) -> tuple | None:
+    """(stat signature, seal) of an analysis entry: what a kept copy must still match."""
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            head = f.read(160).split(b"\n", 1)[0]
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns), head
 
 
 def _read(store, key: str) -> tuple | None:
     from rsi import incremental
 
     path = store.root / "analysis" / key
+    ident = None
     if incremental.keeping:
-        try:
-            st = os.stat(path)
-            sig = (st.st_ino, st.st_size)
-        except OSError:
-            sig = None
+        ident = _entry_identity(path)
         kept = _KEPT.get(str(path))
-        if sig is not None and kept is not None and kept[0] == sig:
+        if ident is not None and kept is not None and kept[0] == ident:
             touch(path)
             kept[1][2].memo = store.meta_memo
             return kept[1]
     found = _read_file(store, key)
-    if incremental.keeping and found is not None and sig is not None:
+    if incremental.keeping and found is not None and ident is not None:
         _KEPT.pop(str(path), None)
-        _KEPT[str(path)] = (sig, found)
+        # NB: the identity taken before the read: a file replaced meanwhile differs next time
+        _KEPT[str(path)] = (ident, found)
         while len(_KEPT) > KEEP_IN_MEMORY:
             _KEPT.pop(next(iter(_KEPT)))
     return found

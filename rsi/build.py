@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from rsi import recheck, wslock
 from rsi.errors import RsiError, UsageError
 from rsi.events import EventLog
 from rsi.fsutil import pid_alive
@@ -129,6 +130,64 @@ def interruptible() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+# NB: a build whose sources changed while it ran builds again (what did not change is served
+# from the cache); past this many attempts it fails, saying so, and exports nothing
+MAX_BUILD_ATTEMPTS = 3
+
+
+class SourcesMoved(Exception):
+    """What this build read changed before it could export (internal: `build` goes again)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+        first = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+        super().__init__(
+            f"sources changed during the build ({first}): outputs not exported; build again"
+        )
+
+
+def _moved(seen: Mapping[str, tuple], plan: Any, analysis: dict, store: LocalStore) -> list[str]:
+    """What this build read that the workspace no longer holds (rsi.recheck)."""
+    moved = recheck.moved_sources(recheck.expected_sources(seen, plan), store.function)
+    return moved + recheck.moved_declarations(analysis.get("tracker"))
+
+
+@contextmanager
+def _outputs_held(
+    ws: Workspace,
+    store: LocalStore,
+    events: EventLog,
+    parent: int,
+    patterns: list[str],
+    timeout_s: float | None,
+    materialise: bool = True,
+) -> Iterator[None]:
+    """The workspace's outputs lock (rsi.wslock) for this build's check and export; a wait
+    is a `build_waiting` event and one line naming the holder. A build that exports nothing
+    takes none."""
+    if not materialise:
+        yield
+        return
+    path = wslock.lock_path(store.root, ws.out_dir)
+
+    def on_wait(holder: dict | None, waited_s: float) -> None:
+        events.emit(
+            "build_waiting",
+            parent,
+            lock=str(path),
+            holder=holder,
+            waited_s=round(waited_s, 3),
+            timeout_s=timeout_s,
+        )
+        events.notice(
+            f"waiting for {ws.out_dir}: held by {wslock.describe(holder)}; Ctrl-C stops",
+            new=True,
+        )
+
+    with wslock.held(path, " ".join(patterns), timeout_s=timeout_s, on_wait=on_wait):
+        yield
 
 
 def executor_capabilities(executor: Any) -> Callable[[], Capabilities] | None:
@@ -367,6 +426,15 @@ def load_graph(
     return labels, graph
 
 
+def analyse_request(
+    ws: Workspace, patterns: list[str], store: LocalStore, current: str
+) -> tuple[list[Label], BuildGraph, dict]:
+    """(labels, graph, what the analysis depended on: its key, which covers the engine and
+    rule code, and the tracker of its reads) for `patterns` from package `current`; the
+    analysis cache serves it when nothing it read changed."""
+    return _analyse(ws, patterns, store, current)
+
+
 def _analyse(
     ws: Workspace, patterns: list[str], store: LocalStore, current: str, *, use_cache: bool = True
 ) -> tuple[list[Label], BuildGraph, dict]:
@@ -533,9 +601,37 @@ def build(
             pid=os.getpid(),
         )
         try:
-            report = _build(
-                ws, patterns, store, events, root_event, build_id, materialise, lock_timeout, t0
-            )
+            attempt = 1
+            while True:
+                try:
+                    report = _build(
+                        ws,
+                        patterns,
+                        store,
+                        events,
+                        root_event,
+                        build_id,
+                        materialise,
+                        lock_timeout,
+                        t0,
+                        attempt,
+                    )
+                    break
+                except SourcesMoved as moved:
+                    # NB: what it built is cached under its keys; the next attempt keys the
+                    # sources as they are now and serves whatever did not change
+                    events.emit(
+                        "sources_changed",
+                        root_event,
+                        paths=moved.paths[:20],
+                        count=len(moved.paths),
+                        attempt=attempt,
+                        again=True,
+                    )
+                    events.notice(f"{moved}: building again", new=True)
+                    for name in events.counts:
+                        events.counts[name] = 0
+                    attempt += 1
         except BaseException as exc:
             # NB: every build's log ends with build_finished, saying why it ended early
             ended: dict[str, Any] = {"ok": False}
@@ -577,6 +673,7 @@ def _build(
     materialise: bool,
     lock_timeout: float | None,
     t0: float,
+    attempt: int = 1,
 ) -> BuildReport:
     from rsi import analysis_cache, incremental
 
@@ -590,11 +687,14 @@ def _build(
         # scheduler get to it
         warmed.append(_warm_in_background(ws))
 
-    plan = incremental.plan(ws, store, patterns, current, on_edit) if request else None
-    if plan is not None and not plan.dirty:
-        return _build_unchanged(
-            ws, patterns, store, events, root_event, build_id, materialise, t0, plan
-        )
+    # NB: a no-op build holds the workspace's outputs from its check to its export, so no
+    # other build's export comes between; one that runs something lets go meanwhile
+    with _outputs_held(ws, store, events, root_event, patterns, lock_timeout, materialise):
+        plan = incremental.plan(ws, store, patterns, current, on_edit) if request else None
+        if plan is not None and not plan.dirty:
+            return _build_unchanged(
+                ws, patterns, store, events, root_event, build_id, materialise, t0, plan
+            )
     found = None
     if not warmed:
         _clean_stale_sandboxes()
@@ -715,72 +815,90 @@ def _build(
             _register_refs(ws, store, refs, events, root_event)
     else:
         _register_roots(ws, store, graph, ran, events, root_event)
-    report = BuildReport(
-        build_id,
-        # NB: an action a pattern only matched may be incompatible; one a named target
-        # needs may not (the ones the state vouched for are hits)
-        ok=all(o.ok or (o.needs is not None and o.id not in required) for o in ran.values()),
-        events_path=str(events.path),
-        outcomes=outcomes,
-        graph_source=graph,
-    )
-    settled = _settled_hit()
-    state_targets = {t["label"]: t for t in plan.state["targets"]} if plan is not None else None
-    for label in labels:
-        if len(labels) == 1 and known is not None:
-            # NB: the one target needs every wanted action: those the run saw, and the ones
-            # the state vouched for (hits, all alike), without walking the graph for them
-            mine = [ran[i] for i in sorted(ran) if i in wanted]
-            if len(mine) < len(wanted):
-                mine.append(settled)
-        else:
-            ids = sorted(graph.actions_for([label]))
-            mine = [ran.get(i) or settled for i in ids if i in outcomes]
-        ok = all(o.ok for o in mine)
-        needs = sorted({o.needs for o in mine if o.needs})
-        broken = any(o.status in ("failed", "error") for o in mine)
-        skipped = None
-        if not ok and needs and not broken and label not in named:
-            skipped = "needs " + ", ".join(needs)
-        outputs: list[str] = []
-        # NB: served by the state, a target's files and "show" are as the state recorded them
-        # from this very analysis: the graph's providers (all of them, at first use) stay unread
-        recorded = state_targets.get(str(label)) if state_targets is not None else None
-        if ok and materialise:
-            if recorded is not None:
-                outputs = _export_files(ws, store, recorded["files"], outcomes)
-            else:
-                outputs = _materialise(ws, store, graph, label, outcomes)
-        cache = "hit" if all(o.status in ("hit", "remote_hit") for o in mine) else "miss"
-        failed = [
-            {"action": o.id, "status": o.status, "message": o.message}
-            for o in mine
-            if not o.ok and skipped is None
-        ]
-        if recorded is not None:
-            show = recorded["show"]
-        else:
-            show = graph.providers[label].info.get("show")
-        shown = next((o for o in outputs if show and o.endswith("/" + show)), None)
-        report.targets[str(label)] = {
-            "ok": ok,
-            "cache": cache,
-            "outputs": outputs,
-            "failed": failed,
-            "show": shown,
-            "skipped": skipped,
-        }
-        extra = {"skipped": skipped} if skipped else {}
-        events.emit(
-            "target_finished",
-            root_event,
-            label=str(label),
-            ok=ok,
-            cache=cache,
-            outputs=outputs,
-            failed=failed,
-            **extra,
+    # NB: an action a pattern only matched may be incompatible; one a named target needs may
+    # not (the ones the state vouched for are hits)
+    built = all(o.ok or (o.needs is not None and o.id not in required) for o in ran.values())
+    moved: list[str] = []
+    with _outputs_held(ws, store, events, root_event, patterns, lock_timeout, materialise):
+        if built:
+            # NB: under the lock: what this build read is what the workspace holds now, or it
+            # builds again (a build exporting meanwhile saw newer sources); past the last
+            # attempt it says so and leaves out/ to a build that saw them
+            moved = _moved(scheduler.sources_seen, plan, analysis, store)
+            if moved and attempt < MAX_BUILD_ATTEMPTS:
+                raise SourcesMoved(moved)
+        report = BuildReport(
+            build_id,
+            ok=built and not moved,
+            events_path=str(events.path),
+            outcomes=outcomes,
+            graph_source=graph,
         )
+        failed_moved = (
+            [{"action": None, "status": "sources_changed", "message": str(SourcesMoved(moved))}]
+            if moved
+            else []
+        )
+        settled = _settled_hit()
+        state_targets = {t["label"]: t for t in plan.state["targets"]} if plan is not None else None
+        for label in labels:
+            if len(labels) == 1 and known is not None:
+                # NB: the one target needs every wanted action: those the run saw, and the ones
+                # the state vouched for (hits, all alike), without walking the graph for them
+                mine = [ran[i] for i in sorted(ran) if i in wanted]
+                if len(mine) < len(wanted):
+                    mine.append(settled)
+            else:
+                ids = sorted(graph.actions_for([label]))
+                mine = [ran.get(i) or settled for i in ids if i in outcomes]
+            ok = all(o.ok for o in mine)
+            needs = sorted({o.needs for o in mine if o.needs})
+            broken = any(o.status in ("failed", "error") for o in mine)
+            skipped = None
+            if not ok and needs and not broken and label not in named:
+                skipped = "needs " + ", ".join(needs)
+            outputs: list[str] = []
+            # NB: served by the state, a target's files and "show" are as the state recorded them
+            # from this very analysis: the graph's providers (all of them, at first use) stay unread
+            recorded = state_targets.get(str(label)) if state_targets is not None else None
+            unexported: list[dict] = []
+            if ok and moved:
+                ok, unexported = False, failed_moved
+            if ok and materialise:
+                if recorded is not None:
+                    outputs = _export_files(ws, store, recorded["files"], outcomes)
+                else:
+                    outputs = _materialise(ws, store, graph, label, outcomes)
+            cache = "hit" if all(o.status in ("hit", "remote_hit") for o in mine) else "miss"
+            failed = [
+                {"action": o.id, "status": o.status, "message": o.message}
+                for o in mine
+                if not o.ok and skipped is None
+            ] or unexported
+            if recorded is not None:
+                show = recorded["show"]
+            else:
+                show = graph.providers[label].info.get("show")
+            shown = next((o for o in outputs if show and o.endswith("/" + show)), None)
+            report.targets[str(label)] = {
+                "ok": ok,
+                "cache": cache,
+                "outputs": outputs,
+                "failed": failed,
+                "show": shown,
+                "skipped": skipped,
+            }
+            extra = {"skipped": skipped} if skipped else {}
+            events.emit(
+                "target_finished",
+                root_event,
+                label=str(label),
+                ok=ok,
+                cache=cache,
+                outputs=outputs,
+                failed=failed,
+                **extra,
+            )
     store.save_memos()
     uncached = any(o.result is not None and not o.result.cacheable for o in ran.values())
     if request is not None and uncached:

@@ -34,6 +34,7 @@ def _help_key(argv: list[str]) -> tuple[str, str] | None:
             st.st_mtime_ns,
             st.st_size,
             st.st_ino,
+            st.st_ctime_ns,  # NB: a same-size edit with its mtime put back moves it
             os.environ.get("COLUMNS", ""),
         ]
         for entry in sys.path:

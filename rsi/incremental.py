@@ -491,18 +491,28 @@ def _watched_unchanged(p: Plan, sources: dict, watched: Any) -> set[str]:
     folders = watched["folders"]
     watcher.watch(folders)
     mark = watcher.mark()
+    # NB: after the mark: a mount made since the last check changes what a path shows with no
+    # event, so then every source is stat'ed; a source that is a mount point always is (a
+    # write through the mount's other path is reported to that path's folder only)
+    moved = watcher.mounts_moved()
     before, linked = watched["mark"], watched["linked"]
     p.watch = {"mark": mark, "linked": linked, "folders": folders}
     unchanged: set[str] = set()
-    if before is None:
+    if before is None or moved:
         return unchanged
+    mounts = watcher.mount_points
     for folder, paths in folders.items():
         changed = watcher.changed_since(folder, before)
         if changed is None:
             continue
         cut = len(folder) + 1 if folder != "/" else 1
         for path in paths:
-            if path[cut:] not in changed and path not in linked and sources[path][1] is not None:
+            if (
+                path[cut:] not in changed
+                and path not in linked
+                and sources[path][1] is not None
+                and path not in mounts
+            ):
                 unchanged.add(path)
     return unchanged
 

@@ -278,11 +278,12 @@ class _Stream:
         return True
 
 
-def _loaded_files() -> dict[str, tuple[int, int, int]]:
-    """(inode, size, mtime) of the file of every module imported from outside the standard
-    library, and of the installed packages' folders."""
+def _loaded_files() -> dict[str, tuple[int, ...]]:
+    """(device, inode, size, mtime, ctime) of the file of every module imported from outside
+    the standard library, and of the installed packages' folders: never less than the build
+    state's signature (a same-size rewrite with its mtime put back still moves the ctime)."""
     stdlib = (os.path.dirname(os.__file__) + os.sep,)
-    found: dict[str, tuple[int, int, int]] = {}
+    found: dict[str, tuple[int, ...]] = {}
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
         if not path or path.startswith(stdlib) and "site-packages" not in path:
@@ -290,14 +291,14 @@ def _loaded_files() -> dict[str, tuple[int, int, int]]:
         try:
             st = os.stat(path)
         except OSError:
-            found[path] = (0, 0, 0)
+            found[path] = (0, 0, 0, 0, 0)
             continue
-        found[path] = (st.st_ino, st.st_size, st.st_mtime_ns)
+        found[path] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     for entry in sys.path:
         if entry.endswith(("site-packages", "dist-packages")):
             try:
                 st = os.stat(entry)
-                found[entry] = (st.st_ino, 0, st.st_mtime_ns)
+                found[entry] = (st.st_dev, st.st_ino, 0, st.st_mtime_ns, st.st_ctime_ns)
             except OSError:
                 pass
     return found

@@ -59,20 +59,28 @@ LOCAL_FS = frozenset(
 )
 
 
-def local_fs_types() -> list[tuple[str, str]]:
-    """(mount point, file system type) of every mount, longest mount point first."""
-    mounts = []
+def _read_mountinfo() -> bytes | None:
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                fields = left.split()
-                if len(fields) < 5 or not right:
-                    continue
-                point = fields[4].replace("\\040", " ")
-                mounts.append((point, right.split()[0]))
+        with open("/proc/self/mountinfo", "rb") as f:
+            return f.read()
     except OSError:
-        return []
+        return None
+
+
+def local_fs_types(raw: bytes | None = None) -> list[tuple[str, str]]:
+    """(mount point, file system type) of every mount, longest mount point first."""
+    if raw is None:
+        raw = _read_mountinfo()
+        if raw is None:
+            return []
+    mounts = []
+    for line in raw.decode("utf-8", "replace").splitlines():
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        if len(fields) < 5 or not right:
+            continue
+        point = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
+        mounts.append((point.replace("\\134", "\\"), right.split()[0]))
     mounts.sort(key=lambda m: len(m[0]), reverse=True)
     return mounts
 
@@ -97,7 +105,9 @@ class Watcher:
         self._last: dict[str, int] = {}  # NB: events on a folder itself
         self._names: dict[str, dict[str, int]] = {}  # NB: folder -> entry -> its last event
         self._named = 0
-        self._mounts = local_fs_types()
+        self._mountinfo = _read_mountinfo()
+        self._mounts = local_fs_types(self._mountinfo)
+        self.mount_points = frozenset(p for p, _ in self._mounts)
         self._local: dict[str, bool] = {}
 
     def close(self) -> None:
@@ -153,6 +163,19 @@ class Watcher:
                     # NB: the watch is gone (or soon): the folder is watched again if asked
                     self._wd.pop(wd, None)
                     self._folders.pop(folder, None)
+
+    def mounts_moved(self) -> bool:
+        """Whether a mount was added or removed since the last call (or since this watcher
+        was made); `mount_points` is then brought up to date. No event says so: a mount over
+        a watched path, or a file bind-mounted, changes what a path shows without one."""
+        raw = _read_mountinfo()
+        if raw is not None and raw == self._mountinfo:
+            return False
+        self._mountinfo = raw
+        self._mounts = local_fs_types(raw) if raw is not None else []
+        self.mount_points = frozenset(p for p, _ in self._mounts)
+        self._local.clear()
+        return True
 
     def mark(self) -> int:
         """The current moment: every change made before this call is counted at or before it."""

@@ -10,7 +10,9 @@ A kind has two halves:
   gets, and what identifies the job's inputs (digested with the profile and the executor
   settings into the job's key: a second submit with the same key attaches to the first).
   `attach_done`: whether a succeeded job with the same key is attached to (its inputs are
-  snapshots) or a new one made (a build reads the workspace's sources when it runs).
+  snapshots) or a new one made (a build reads the workspace's sources when it runs). A build's
+  key holds the digest of what it would read at submit (`rsi.inputs`): the analysis, every
+  declaration and every source, so a submit after an edit never attaches to an older run.
 - `run(ctx, spec)`, in the runner: do the work through `ctx.build` (rsi.build.build with the
   job's event stream, executor settings and budgets), charging `ctx.ledger` before each unit;
   returns `{"ok": bool, "result": doc, "artifacts": [...]}`.
@@ -21,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from rsi.errors import UsageError
+from rsi.errors import RsiError, UsageError
 
 KINDS_GROUP = "rsi.job_kinds"
 
@@ -48,7 +50,16 @@ def _prepare_build(ws: Any, args: dict, package: str) -> tuple[dict, dict]:
         Pattern.parse(text, package)  # NB: a bad label fails the submit (exit 2), not the job
         patterns.append(text)
     spec = {"patterns": patterns, "package": package}
-    return spec, {"patterns": patterns, "package": package}
+    # NB: the key names what the build would read now (declarations, sources, code): a submit
+    # attaches only to a job of the same inputs; after an edit it is a new job
+    from rsi.inputs import request_inputs  # NB: the analysis' imports, for this kind only
+
+    try:
+        inputs = request_inputs(ws, patterns, package)
+    except RsiError as exc:
+        # NB: the job fails with this, as the build would; the same failure attaches
+        inputs = f"not analysed: {type(exc).__name__}: {exc}"
+    return spec, {"patterns": patterns, "package": package, "inputs": inputs}
 
 
 def build_artifacts(report: Any) -> list[dict]:

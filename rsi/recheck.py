@@ -1,0 +1,61 @@
+"""Whether what a build read is still what the workspace holds, asked just before it exports:
+every source by its stat signature (hashed again only where that signature is racy or moved)
+and every declaration analysis read. It never decides a result: a build whose reads moved
+builds again or says so, and never exports outputs older than the sources it last saw.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from rsi.digest import digest_file
+
+
+def expected_sources(seen: Mapping[str, tuple], plan: Any) -> dict[str, tuple]:
+    """{path: (signature or None, hash, size)} of every source the build's outputs come from:
+    what the run keyed (`seen`, the scheduler's), else what the incremental state's check
+    found (its hashed edits first, then the recorded entries it vouched for)."""
+    expected: dict[str, tuple] = {}
+    if plan is not None:
+        for path, entry in plan.state["sources"].items():
+            expected[path] = (entry[0], entry[1], entry[2])
+        for path, (_, trusted, digest) in plan.fresh.items():
+            expected[path] = (trusted, digest.hash, digest.size)
+    expected.update(seen)
+    return expected
+
+
+def moved_sources(expected: Mapping[str, tuple], function: str) -> list[str]:
+    """The sources whose content is no longer what the build read (sorted)."""
+    moved = []
+    for path, (sig, hash_hex, size) in expected.items():
+        try:
+            st = os.stat(path)
+        except OSError:
+            moved.append(path)
+            continue
+        if sig is not None and tuple(sig) == (
+            st.st_ino,
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+        ):
+            continue
+        if hash_hex is None or st.st_size != size:
+            moved.append(path)
+            continue
+        try:
+            digest = digest_file(path, function)
+        except OSError:
+            moved.append(path)
+            continue
+        if digest.hash != hash_hex or digest.size != size:
+            moved.append(path)
+    return sorted(moved)
+
+
+def moved_declarations(tracker: Any) -> list[str]:
+    """What analysis read that differs now ([] without a tracker: a remote build keeps none)."""
+    return [] if tracker is None else tracker.moved_reads()
