@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rsi.errors import EXIT_BUILD_FAILED, EXIT_USAGE, RsiError
+from rsi.errors import EXIT_BUILD_FAILED, EXIT_USAGE, RsiError, not_writable
 
 
 def report_lines(report: Any) -> list[str]:
@@ -50,14 +50,18 @@ def plain_build(targets: list[str], echo: Callable[[str], None] | None = None) -
         from rsi.workspace import Workspace
 
         ws = Workspace.discover().with_overrides()
+        ws.check_out()
         report = run_build(ws, list(targets))
         for line in report_lines(report):
             out(line)
         return exit_code(report)
-    except RsiError as exc:
+    except (RsiError, OSError) as exc:
+        clean = exc if isinstance(exc, RsiError) else not_writable(exc)
+        if clean is None:
+            raise
         sys.stdout.flush()
-        sys.stderr.write(f"rsi: error: {exc}\n")
-        return exc.exit_code if exc.exit_code else EXIT_USAGE
+        sys.stderr.write(f"rsi: error: {clean}\n")
+        return clean.exit_code if clean.exit_code else EXIT_USAGE
     except KeyboardInterrupt as exc:
         # NB: a build stopped by SIGTERM exits 143, by Ctrl-C (SIGINT) 130
         sys.stdout.flush()

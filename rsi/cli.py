@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from rsi import __version__
-from rsi.errors import EXIT_BUILD_FAILED, EXIT_USAGE, RsiError
+from rsi.errors import EXIT_BUILD_FAILED, EXIT_USAGE, RsiError, not_writable
 
 EPILOG = """\b
 Exit codes:
@@ -91,7 +91,13 @@ class RsiCommand(click.Command):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            try:
+                return super().invoke(ctx)
+            except OSError as exc:
+                clean = not_writable(exc)
+                if clean is None:
+                    raise
+                raise clean from None
         except RsiError as exc:
             if not ctx.params.get("as_json"):
                 raise
@@ -125,6 +131,12 @@ class RsiGroup(click.Group):
         except RsiError as exc:
             click.echo(f"rsi: error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except OSError as exc:
+            clean = not_writable(exc)
+            if clean is None:
+                raise
+            click.echo(f"rsi: error: {clean}", err=True)
+            sys.exit(clean.exit_code)
         except KeyboardInterrupt as exc:
             # NB: a build stopped by SIGTERM exits 143, by Ctrl-C (SIGINT) 130
             name = getattr(exc, "signal", "SIGINT")
@@ -238,6 +250,7 @@ def build(
         remote_mode=remote_mode,
         remote_fallback=remote_fallback,
     )
+    ws.check_out()
     report = run_build(ws, list(targets), events_to=events, lock_timeout=lock_timeout)
     if as_json:
         _emit(report.to_json(), True)

@@ -79,3 +79,20 @@ class ExecutionError(RsiError):
 
 class RemoteError(RsiError):
     """A remote cache or execution service failed or could not be reached."""
+
+
+def not_writable(exc: OSError) -> RsiError | None:
+    """A folder rsi could not write or read (a read-only mount, an immutable folder, a mode
+    closed to this user) met after the up-front checks, as one clean error (exit 2) naming
+    the path; None for any other OSError, which stays what it is."""
+    import errno
+
+    if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return None
+    where = exc.filename or "a file"
+    return DeclarationError(
+        f"cannot write {where}: {exc.strerror or exc}",
+        file=str(where) if exc.filename else None,
+        hint="a read-only mount or an immutable folder (`lsattr`)? make it writable, or point "
+        "rsi elsewhere (`store` in rsi.toml, --store)",
+    )

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from rsi.errors import DeclarationError
+
 EVENTS_SCHEMA = "rsi.events/1"
 
 
@@ -25,8 +27,18 @@ class EventLog:
         self.path = path
         self._files: list[IO[str]] = []
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._files.append(open(path, "a", encoding="utf-8"))
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._files.append(open(path, "a", encoding="utf-8"))
+            except OSError as exc:
+                # NB: the first file a build writes in its store: a store that cannot be
+                # written is refused here, before anything else is, and never a traceback
+                raise DeclarationError(
+                    f"the store cannot be written: {exc.filename}: {exc.strerror or exc}",
+                    field="store",
+                    hint="make the store writable (a read-write mount, `chattr -i`, its mode), "
+                    "or use another folder; nothing was written",
+                ) from None
         if also is not None:
             self._files.append(also)
         self._lock = threading.Lock()

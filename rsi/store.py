@@ -140,6 +140,42 @@ def store_folder_problem(root: Path) -> str | None:
     return f"its {STORE_MARKER} is not an rsi store marker (schema {schema!r})"
 
 
+def folder_write_problem(root: Path, what: str = "it") -> str | None:
+    """Why rsi could not write under `root` (a store, or `out/`), or None: the folder, each
+    folder directly in it, or where it is to be made, is read-only (a read-only mount, an
+    immutable folder: root bypasses modes but not these) or closed to this user. Checked
+    before a build writes anything, so a refusal leaves nothing half written."""
+    want = os.R_OK | os.W_OK | os.X_OK
+    here = root
+    while not os.path.lexists(here):
+        if here.parent == here:
+            return None
+        here = here.parent
+        what = f"the folder it would be made in ({here})"
+    folders = [here]
+    if here == root:
+        try:
+            with os.scandir(root) as found:
+                folders += [Path(e.path) for e in found if e.is_dir(follow_symlinks=False)]
+        except OSError as exc:
+            return f"{what} cannot be read ({exc.strerror or exc})"
+    for folder in folders:
+        if os.access(folder, want):
+            continue
+        try:
+            read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+        except OSError:
+            read_only = False
+        if read_only:
+            why = "on a read-only file system"
+        elif os.access(folder, os.R_OK | os.X_OK):
+            why = "not writable (an immutable folder, or its mode)"
+        else:
+            why = "not readable by this user"
+        return f"{what if folder == here else folder} is {why}"
+    return None
+
+
 @lru_cache(maxsize=1)
 def _syncfs():
     try:

@@ -57,6 +57,59 @@ def _limits(section: object, file: str) -> dict:
     return dict(section)
 
 
+REMOTE_HINT = (
+    'write e.g. remote = "grpc://127.0.0.1:50051" (grpcs:// for TLS, an optional /INSTANCE '
+    "path for the REAPI instance name)"
+)
+
+
+def remote_address_problem(url: str) -> str | None:
+    """What is wrong with a remote address, or None for `grpc[s]://HOST:PORT[/INSTANCE]` (the
+    form rsi.remote's endpoint takes; checked here so that a bad setting is refused with the
+    other settings, before anything is written, without loading the gRPC client)."""
+    from urllib.parse import urlparse
+
+    try:
+        parsed = urlparse(url)
+        port = parsed.port
+    except ValueError:
+        port = None
+        parsed = None
+    if parsed is None or parsed.scheme not in ("grpc", "grpcs") or not parsed.hostname or not port:
+        return f"remote address {url!r:.80} is not grpc://HOST:PORT"
+    return None
+
+
+def _refuse_hostile(data: dict, file: str) -> None:
+    """A NUL character or a non-finite number anywhere in rsi.toml (a key or a value, in any
+    section) is refused naming the setting: neither can reach a path, an argv or a key."""
+    import math
+
+    stack: list[tuple[str, object]] = [("", data)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            for k, v in value.items():
+                name = f"{where}.{k}" if where else str(k)
+                if "\x00" in str(k):
+                    raise DeclarationError(
+                        "a setting's name holds a NUL character",
+                        file=file,
+                        field=repr(name)[1:-1],
+                    )
+                stack.append((name, v))
+        elif isinstance(value, list):
+            stack.extend((where, v) for v in value)
+        elif isinstance(value, str) and "\x00" in value:
+            raise DeclarationError(
+                f"{value!r:.60} contains a NUL character", file=file, field=where.split(".")[-1]
+            )
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise DeclarationError(
+                f"expected a finite number, got {value!r}", file=file, field=where.split(".")[-1]
+            )
+
+
 class Workspace(Frozen):
     _fields = (
         "root",
@@ -147,8 +200,14 @@ class Workspace(Frozen):
         if "digest_function" in clean:
             clean["digest_function_explicit"] = True
         if "store" in clean:
+            if "\x00" in str(clean["store"]):
+                raise UsageError("--store: a path cannot hold a NUL character")
             clean["store"] = Path(str(clean["store"])).absolute()
             clean["store_from"] = "--store"
+        if clean.get("remote"):
+            problem = remote_address_problem(str(clean["remote"]))
+            if problem:
+                raise UsageError(f"--remote: {problem}", hint=REMOTE_HINT)
         ws = self.replace(**clean)
         ws._check()
         if ws.executor == "remote" and not ws.remote:
@@ -195,7 +254,7 @@ class Workspace(Frozen):
         """Refuse a store folder rsi must not write into: the workspace root or a folder above
         it, `out/`, or a folder that holds files and is not an rsi store (rsi deletes files in
         its store). Exit 2, naming where the setting came from."""
-        from rsi.store import store_folder_problem
+        from rsi.store import folder_write_problem, store_folder_problem
 
         store = self.store_dir.resolve()
         root = self.root.resolve()
@@ -207,10 +266,16 @@ class Workspace(Frozen):
             problem = "it is under out/, which rsi replaces"
         else:
             problem = store_folder_problem(store)
+        hint = "use a new or empty folder, or an existing rsi store; nothing was written"
+        if problem is None:
+            problem = folder_write_problem(store)
+            hint = (
+                "make it writable (a read-write mount, `chattr -i`, its mode), or use another "
+                "folder; nothing was written"
+            )
         if problem is None:
             return
         message = f"the store {store} cannot be used: {problem}"
-        hint = "use a new or empty folder, or an existing rsi store; nothing was written"
         if self.store_from == "--store":
             raise UsageError(f"--store: {message}", hint=hint)
         raise DeclarationError(
@@ -220,10 +285,25 @@ class Workspace(Frozen):
             hint=hint + ("" if self.store_from else "; set `store` under [workspace]"),
         )
 
+    def check_out(self) -> None:
+        """Refuse a build whose `out/` (or the folder it would be made in) rsi cannot write,
+        before anything is built: exit 2 naming it, nothing written."""
+        from rsi.store import folder_write_problem
+
+        problem = folder_write_problem(self.out_dir, f"{self.out_dir}")
+        if problem is not None:
+            raise DeclarationError(
+                f"the build's outputs cannot be written under out/: {problem}",
+                file=str(self.out_dir),
+                hint="make out/ writable (a read-write mount, `chattr -i`, its mode); "
+                "nothing was written",
+            )
+
     @classmethod
     def load(cls, root: Path) -> "Workspace":
         path = root / CONFIG_FILE
         data = _config_data(path)
+        _refuse_hostile(data, str(path))
         section = data.get("workspace", {})
         extra = set(data) - {"workspace", "limits", "slurm"}
         if extra or not isinstance(section, dict):
@@ -254,6 +334,10 @@ class Workspace(Frozen):
                     f"expected {want.__name__}, got {value!r}", file=str(path), field=key
                 )
             kw[key] = value
+        if kw.get("remote"):
+            problem = remote_address_problem(kw["remote"])
+            if problem:
+                raise DeclarationError(problem, file=str(path), field="remote", hint=REMOTE_HINT)
         if "store" in kw:
             kw["store"] = Path(kw["store"])
         if "rules" in kw:
@@ -339,9 +423,18 @@ def _config_data(path: Path) -> dict:
 
     now = time.time_ns()
     try:
-        data = tomllib.loads(path.read_text())
+        raw = path.read_bytes()
+        text = raw.decode("utf-8")
+        data = tomllib.loads(text)
     except OSError as exc:
         raise DeclarationError(f"cannot read it: {exc.strerror or exc}", file=str(path)) from None
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DeclarationError(
+            f"not UTF-8 text (byte {raw[exc.start]:#04x} on line {line})",
+            file=str(path),
+            hint="TOML files are UTF-8; write the value with \\u escapes or re-save as UTF-8",
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise DeclarationError(f"not valid TOML: {exc}", file=str(path)) from None
     except RecursionError:  # NB: tomllib recurses per nested array/inline table

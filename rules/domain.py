@@ -19,8 +19,9 @@ from rsi.attrs import attr
 from rsi.executors.host_python import host_python_identity as python_identity
 from rsi.rule import Artifact, Provider, Rule, RuleContext
 from rules import steps
-from rules.providers import BindingInfo, CandidateInfo, TaskInfo, VerdictInfo
+from rules.providers import BindingInfo, CandidateInfo, TaskInfo, VerdictInfo, dep_info
 from rules.review import review_rules
+from rules.spec_checks import check_binding, check_task
 from rules.step_imports import JUDGE_STEPS, step_imports
 
 # NB: the harness steps are defined once, in rules/steps.py; these names stay importable here
@@ -82,8 +83,12 @@ def toolchain_platform(ctx: RuleContext, label) -> dict[str, str]:
     if label is None:
         return {"toolchain": host_python_identity()}
     value = ctx.dep(label).info.get("toolchain")
-    if not value:
-        raise ctx.error(f"{label} is not a toolchain target", "toolchain")
+    if not isinstance(value, str) or not value:
+        raise ctx.error(
+            f"{label} is not a toolchain target",
+            "toolchain",
+            hint="point toolchain at a `toolchain` target (or leave it out for this interpreter)",
+        )
     return {"toolchain": value}
 
 
@@ -92,6 +97,7 @@ def toolchain_platform(ctx: RuleContext, label) -> dict[str, str]:
 
 def _task(ctx: RuleContext) -> Provider:
     a = ctx.attrs
+    check_task(a, ctx.error)
     runtime = tuple(ctx.source(f, "runtime") for f in a["runtime"])
     names = {Path(r.path).name for r in runtime}
     for needed in ("workloads.py", "oracle.py"):
@@ -256,9 +262,10 @@ BINDING_EXECUTORS = ("local", "bwrap", "docker", "slurm")
 
 def _binding(ctx: RuleContext) -> Provider:
     a = ctx.attrs
-    task = TaskInfo.of(ctx.dep(a["task"]))
+    task = dep_info(ctx, "task", TaskInfo)
     spec = dict(task.spec)
     platform = toolchain_platform(ctx, a["toolchain"])
+    check_binding(a, spec["tolerances"], ctx.error)
     if a["toolchain"] is None:
         check_framework(ctx, a["task"], spec["framework"], "toolchain")
     host_platform = dict(platform)
@@ -460,7 +467,7 @@ BINDING = Rule(
 
 def _candidate(ctx: RuleContext) -> Provider:
     a = ctx.attrs
-    task = TaskInfo.of(ctx.dep(a["task"]))
+    task = dep_info(ctx, "task", TaskInfo)
     files = ctx.source_tree(a["src"], "src")
     if not files:
         raise ctx.error(f"candidate folder {a['src']!r} is empty", "src")
@@ -604,8 +611,9 @@ def render_action(
 
 def _verdict(ctx: RuleContext) -> Provider:
     a = ctx.attrs
+    dep_info(ctx, "binding", BindingInfo)
     binding = ctx.dep(a["binding"])
-    cand = CandidateInfo.of(ctx.dep(a["candidate"]))
+    cand = dep_info(ctx, "candidate", CandidateInfo)
     out = verdict_actions(
         ctx,
         binding,
@@ -636,7 +644,8 @@ VERDICT = Rule(
 
 def _pair(ctx: RuleContext, make) -> Provider:
     a = ctx.attrs
-    cand = CandidateInfo.of(ctx.dep(a["candidate"]))
+    dep_info(ctx, "binding", BindingInfo)
+    cand = dep_info(ctx, "candidate", CandidateInfo)
     out = make(
         ctx,
         ctx.dep(a["binding"]),
@@ -684,8 +693,7 @@ MEASURE = _pair_rule(
 
 
 def _calibration(ctx: RuleContext) -> Provider:
-    binding = ctx.dep(ctx.attrs["binding"])
-    return Provider(files=(BindingInfo.of(binding).calibration,))
+    return Provider(files=(dep_info(ctx, "binding", BindingInfo).calibration,))
 
 
 CALIBRATION = Rule(

@@ -212,3 +212,57 @@ class DashboardInfo(Info):
     json: Artifact
     text: Artifact
     show: str | None = field(default=None)
+
+
+# ------------------------------------------------------------------------- label kinds
+
+# NB: what each payload is, in the words of the rule that gives it (for refusals)
+KIND_NAMES = {
+    TaskInfo: "task",
+    BindingInfo: "binding",
+    CandidateInfo: "candidate",
+    VerdictInfo: "verdict",
+    CampaignInfo: "campaign",
+    ProjectDecl: "external_project",
+    ProjectBaseline: "campaign_baseline",
+    RoundInfo: "campaign_round",
+    BestInfo: "campaign_best",
+    FinalInfo: "campaign_final",
+    ReportInfo: "campaign_report",
+    DashboardInfo: "campaign_dashboard",
+}
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun.lstrip('`')[:1] in 'aeiou' else 'a'} {noun}"
+
+
+def kind_of(info: Any) -> str:
+    """`a task target`, ... or what a target of no payload of ours is."""
+    name = KIND_NAMES.get(type(info))
+    if name is not None:
+        return _a(f"`{name}` target")
+    if isinstance(info, Mapping) and info.get("toolchain"):
+        return "a `toolchain` target"
+    return "a target of another kind (a command, check, measure or calibration gives files only)"
+
+
+def dep_info(ctx: Any, field_name: str, *kinds: type[T], label: Any = None) -> Any:
+    """The payload of the dependency the label attribute `field_name` names (or `label`, one
+    entry of a label list) when it is one of `kinds`; a target of any other kind is refused
+    at analysis naming the file, target and field, never a TypeError."""
+    label = ctx.attrs[field_name] if label is None else label
+    info = ctx.dep(label).info
+    if isinstance(info, kinds):
+        return info
+    wanted = " or ".join(_a(f"`{KIND_NAMES[k]}`") for k in kinds)
+    raise ctx.error(
+        f"{label} is {kind_of(info)}, not {wanted} target",
+        field_name,
+        hint=f"point {field_name} at {wanted} target",
+    )
+
+
+def dep_infos(ctx: Any, field_name: str, *kinds: type[T]) -> list[Any]:
+    """`dep_info` of every label of the label-list attribute `field_name`."""
+    return [dep_info(ctx, field_name, *kinds, label=lb) for lb in ctx.attrs[field_name]]

@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 import grpc
 
 from rsi.digest import Digest, digest_bytes
-from rsi.errors import RemoteError, UsageError
+from rsi.errors import EXIT_USAGE, RemoteError, UsageError
 from rsi.remote._proto.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as re_pb2,
 )
@@ -61,6 +61,13 @@ class DigestFunctionMismatch(UsageError):
     """The workspace hashes with a function the remote does not offer; never mixed."""
 
 
+class RemoteAddressError(RemoteError):
+    """A remote address that is not grpc[s]://HOST:PORT: the caller's mistake (exit 2), not a
+    server that failed."""
+
+    exit_code = EXIT_USAGE
+
+
 class QueueTimeout(RemoteError):
     """No worker took an execution job before its queue deadline."""
 
@@ -86,7 +93,7 @@ class RemoteEndpoint:
     def parse(cls, url: str) -> RemoteEndpoint:
         parsed = urlparse(url)
         if parsed.scheme not in ("grpc", "grpcs") or not parsed.hostname or not parsed.port:
-            raise RemoteError(
+            raise RemoteAddressError(
                 f"remote address {url!r} is not grpc://HOST:PORT",
                 hint="write e.g. --remote grpc://127.0.0.1:50051 (grpcs:// for TLS, "
                 "an optional /INSTANCE path for the REAPI instance name)",

@@ -39,8 +39,11 @@ from rules.providers import (
     ProjectDecl,
     ReportInfo,
     RoundInfo,
+    dep_info,
+    dep_infos,
 )
 from rules.review import review_action
+from rules.spec_checks import ASSESS_KEYS, check_policy
 from rules.steps import ENV, HARNESS_EXEC, NO_SITE, PY, harness_files, plan_step
 
 
@@ -423,7 +426,7 @@ def _snapshot_action(
 
 def _campaign_baseline(ctx: RuleContext) -> Provider:
     a = ctx.attrs
-    decl = ProjectDecl.of(ctx.dep(a["project"]))
+    decl = dep_info(ctx, "project", ProjectDecl)
     name = ctx.label.name
     platform = decl.platform
     base_dir = ctx.exec_path(f"{name}/base")
@@ -539,6 +542,8 @@ def evidence_dir(ctx: RuleContext, binding: Label | str) -> str:
 
 def _round(ctx: RuleContext) -> Provider:
     a = ctx.attrs
+    dep_info(ctx, "binding", BindingInfo, ProjectBaseline)
+    check_policy(a["assess"], ASSESS_KEYS, "assess", ctx.error)
     binding = ctx.dep(a["binding"])
     name = ctx.label.name
     kind = "project" if isinstance(binding.info, ProjectBaseline) else "task"
@@ -693,8 +698,8 @@ CAMPAIGN_ROUND = Rule(
 
 
 def _best(ctx: RuleContext) -> Provider:
-    docs = [RoundInfo.of(ctx.dep(r)).doc for r in ctx.attrs["rounds"]]
-    platform = tool_platform(ctx.dep(ctx.attrs["binding"]).info.platform)
+    docs = [r.doc for r in dep_infos(ctx, "rounds", RoundInfo)]
+    platform = tool_platform(dep_info(ctx, "binding", BindingInfo, ProjectBaseline).platform)
     argv = [*PY, NO_SITE, f"{HARNESS_EXEC}/select.py"]
     for d in docs:
         argv += ["--round", d.path]
@@ -846,7 +851,10 @@ def _pending_message(a: Mapping[str, Any]) -> str:
 def _final(ctx: RuleContext) -> Provider:
     a = ctx.attrs
     name = ctx.label.name
-    platform = tool_platform(ctx.dep(a["binding"]).info.platform)
+    platform = tool_platform(dep_info(ctx, "binding", BindingInfo, ProjectBaseline).platform)
+    # NB: checked before the pending branch too, so a wrong kind is refused either way
+    rounds = dep_infos(ctx, "rounds", RoundInfo)
+    best = dep_info(ctx, "best", BestInfo).best
     if not a["ended"] or a["ended"] not in a["accepted"]:
         doc = ctx.action(
             argv=[
@@ -866,9 +874,7 @@ def _final(ctx: RuleContext) -> Provider:
             timeout_s=60,
         )[0]
         return Provider(files=(doc,), info=FinalInfo(final=doc, state="pending", show=None))
-    info = ctx.dep(a["binding"]).info
-    rounds = [RoundInfo.of(ctx.dep(r)) for r in a["rounds"]]
-    best = BestInfo.of(ctx.dep(a["best"])).best
+    info = dep_info(ctx, "binding", BindingInfo, ProjectBaseline)
     if isinstance(info, ProjectBaseline):
         plan, used = _project_plan(info), PROJECT_FINAL_STEPS
         inputs = [*info.base, info.spec_file]
@@ -936,9 +942,9 @@ CAMPAIGN_FINAL = Rule(
 def _report(ctx: RuleContext) -> Provider:
     a = ctx.attrs
     name = ctx.label.name
-    docs = [RoundInfo.of(ctx.dep(r)).doc for r in a["rounds"]]
-    best = BestInfo.of(ctx.dep(a["best"])).best
-    final = FinalInfo.of(ctx.dep(a["final"])).final
+    docs = [r.doc for r in dep_infos(ctx, "rounds", RoundInfo)]
+    best = dep_info(ctx, "best", BestInfo).best
+    final = dep_info(ctx, "final", FinalInfo).final
     argv = [*PY, NO_SITE, f"{HARNESS_EXEC}/report.py", "--campaign", a["campaign"]]
     for d in docs:
         argv += ["--round", d.path]
@@ -965,7 +971,7 @@ def _report(ctx: RuleContext) -> Provider:
         outputs=[f"{name}/report.json", f"{name}/report.md"],
         mnemonic="Report",
         env=ENV,
-        platform=tool_platform(ctx.dep(a["binding"]).info.platform),
+        platform=tool_platform(dep_info(ctx, "binding", BindingInfo, ProjectBaseline).platform),
         timeout_s=60,
     )
     return Provider(files=outs, info=ReportInfo(json=outs[0], markdown=outs[1], show=outs[1].path))
@@ -993,8 +999,10 @@ CAMPAIGN_REPORT = Rule(
 def _dashboard(ctx: RuleContext) -> Provider:
     a = ctx.attrs
     name = ctx.label.name
-    rounds = [RoundInfo.of(ctx.dep(r)) for r in a["rounds"]]
-    report = ReportInfo.of(ctx.dep(a["report"]))
+    rounds = dep_infos(ctx, "rounds", RoundInfo)
+    report = dep_info(ctx, "report", ReportInfo)
+    dep_info(ctx, "final", FinalInfo)
+    dep_info(ctx, "binding", BindingInfo, ProjectBaseline)
     final = ctx.dep(a["final"])
     page = f"{name}/index.html"
     here = os.path.dirname(ctx.exec_path(page))
