@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import uuid
 from pathlib import Path
 
@@ -382,6 +383,7 @@ def main(argv: list[str] | None = None) -> dict:
         "builds": {},
         "crosschecks": 0,
         "late_reports_s": [],
+        "checker_errors": [],
         "changes": {},
         "differences": [],
         "unexpected_failures": [],
@@ -416,7 +418,12 @@ def main(argv: list[str] | None = None) -> dict:
                 not opts.no_mounts,
                 rsi,
             )
-            seq.run()
+            try:
+                seq.run()
+            except Exception:  # NB: a fault of the checker's own is reported, not a verdict
+                summary["checker_errors"].append(
+                    {"seed": seq.seed, "error": traceback.format_exc()[-800:], "log": seq.log}
+                )
             summary["sequences"] += 1
             summary["steps"] += sum(seq.by_mode.values())
             for mode, n in seq.by_mode.items():
@@ -447,7 +454,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"{summary.get('last_seed', opts.seed)}), {summary['steps']} builds {summary['builds']}, "
         f"{summary['crosschecks']} clean cross-checks; {len(summary['differences'])} "
         f"differences, {len(summary['unexpected_failures'])} unexpected failures, "
-        f"{len(summary['oracle_disagreements'])} oracle disagreements; {summary['wall_s']} s"
+        f"{len(summary['oracle_disagreements'])} oracle disagreements, "
+        f"{len(summary['checker_errors'])} checker errors; {summary['wall_s']} s"
     )
     for d in summary["differences"][:10]:
         print(f"  DIFFERENCE seed {d['seed']} step {d['step']} ({d['kind']}, {d['mode']}):")

@@ -81,6 +81,7 @@ def test_a_short_run_of_every_mode_finds_no_stale_output(tmp_path):
     )  # fmt: skip
     assert summary["sequences"] == 10 and summary["crosschecks"] > 0
     assert set(summary["builds"]) == {"plain", "served", "watch", "job", "env2"}
+    assert summary["checker_errors"] == [], summary["checker_errors"]
     assert summary["oracle_disagreements"] == [], summary["oracle_disagreements"]
     assert summary["differences"] == [], json.dumps(summary["differences"], indent=1)
     assert summary["unexpected_failures"] == [], summary["unexpected_failures"]
