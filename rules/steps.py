@@ -31,8 +31,8 @@ ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 # own sibling loads), so editing the renderer reruns no measurement and the GPU query in
 # _common.py no assessment
 SCRIPTS: dict[str, tuple[str, ...]] = {
-    "check": ("check.py", "referee.py", "worker.py", "_common.py", "_core.py"),
-    "measure": ("measure.py", "referee.py", "worker.py", "_common.py", "_core.py"),
+    "check": ("check.py", "referee.py", "worker.py", "confine.py", "_common.py", "_core.py"),
+    "measure": ("measure.py", "referee.py", "worker.py", "confine.py", "_common.py", "_core.py"),
     "assess": ("assess.py", "stats.py", "_core.py", "render.py"),
     "render": ("render.py",),
     "project": ("project.py",),
@@ -49,11 +49,13 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
     # NB: a multi-rank binding's check and measure (one script, two subcommands)
     "multirank": (
         "multirank.py",
+        "mr_sandbox.py",
         "mr_worker.py",
         "check.py",
         "measure.py",
         "referee.py",
         "worker.py",
+        "confine.py",
         "_common.py",
         "_core.py",
     ),
@@ -197,7 +199,13 @@ RENDER = Step("render", "render.py", ("verdict", "check", "out"), "render", stdl
 # multirank.py (world_size rank workers per arm-run, lockstep calls; rules/harness/SPEC.md)
 MR_CHECK = Step("mr_check", "multirank.py", CHECK.flags, "multirank", sub=("check",))
 MR_MEASURE = Step(
-    "mr_measure", "multirank.py", MEASURE.flags, "multirank", sub=("measure",), exclusive=True
+    "mr_measure",
+    "multirank.py",
+    MEASURE.flags,
+    "multirank",
+    sub=("measure",),
+    exclusive=True,
+    uncached_exit=BUSY_EXIT,
 )
 
 

@@ -44,7 +44,7 @@ def _load_confine():
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(
-        name, Path(__file__).resolve().with_name("confine.py")
+        name, Path(__file__).resolve().parent / "confine.py"
     )
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -892,7 +892,7 @@ class WorkerProcess:
         for path in self.visible:
             argv += ["--ro-bind", str(path), str(path)]
         argv += ["--ro-bind", str(worker_script), str(worker_script)]
-        here = Path(__file__).resolve().with_name("confine.py")
+        here = Path(__file__).resolve().parent / "confine.py"
         argv += ["--ro-bind", str(here), str(here), "--chdir", "/tmp"]
         return argv
 

@@ -35,7 +35,7 @@ ARM_SPIN_S = 5.0
 
 def _load_confine():
     spec = importlib.util.spec_from_file_location(
-        "_rsi_confine", Path(__file__).resolve().with_name("confine.py")
+        "_rsi_confine", Path(__file__).resolve().parent / "confine.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
