@@ -109,6 +109,9 @@ def test_the_filter_refuses_reaching_the_parent_and_allows_the_own_tree():
                 "kill_all": lambda: os.kill(-1, 0),
                 "killpg_parent": lambda: os.killpg(os.getpgid(parent), 0),
                 "affinity_parent": lambda: os.sched_setaffinity(parent, os.sched_getaffinity(0)),
+                "nice_parent": lambda: os.setpriority(os.PRIO_PROCESS, parent, 0),
+                "nice_uid": lambda: os.setpriority(os.PRIO_USER, 0, 0),
+                "nice_self": lambda: os.setpriority(os.PRIO_PROCESS, 0, 0),
                 "kill_self": lambda: os.kill(os.getpid(), 0),
                 "killpg_own": lambda: os.killpg(0, 0),
             }
@@ -129,9 +132,11 @@ def test_the_filter_refuses_reaching_the_parent_and_allows_the_own_tree():
     got = json.loads(os.read(r, 65536))
     os.waitpid(pid, 0)
     os.close(r)
-    for name in ("kill_parent", "kill_all", "killpg_parent", "affinity_parent"):
+    for name in ("kill_parent", "kill_all", "killpg_parent", "affinity_parent", "nice_parent"):
         assert got[name] == errno.EPERM, got
+    assert got["nice_uid"] == errno.EPERM, got
     assert got["kill_self"] == "ok" and got["killpg_own"] == "ok", got
+    assert got["nice_self"] == "ok", got
     assert got["ptrace"] == -1 and got["caps"] == 0 and got["dumpable"] is False
 
 

@@ -21,8 +21,9 @@ API:
   BPF filter built here (x86_64 and aarch64; PR_SET_NO_NEW_PRIVS first), installed for the
   calling thread and everything it later forks. It refuses with EPERM:
     * always: ptrace, process_vm_readv/writev, pidfd_getfd, pidfd_send_signal, kcmp,
-      process_madvise, process_mrelease, setpriority, ioprio_set (a renice of the zygote would
-      be inherited by every later arm), any syscall of a foreign ABI (i386 int 0x80, x32);
+      process_madvise, process_mrelease, any syscall of a foreign ABI (i386 int 0x80, x32);
+    * setpriority and ioprio_set on a process group, a uid, or a protected pid (a renice of
+      the zygote would be inherited by every later arm); on any other one process, allowed;
     * kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo aimed at a negative pid (-1,
       any process group) other than -own_pid, or at a protected pid / -protected pgid;
     * sched_setaffinity/setparam/setscheduler/setattr, prlimit64, migrate_pages, move_pages
@@ -210,10 +211,11 @@ DENIED = (
     "pidfd_getfd",
     "process_madvise",
     "process_mrelease",
-    "setpriority",
-    "ioprio_set",
 )
 SIGNALS = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
+# (which, who): allowed only for one process (PRIO_PROCESS 0 / IOPRIO_WHO_PROCESS 1) that is
+# not protected; a process group or a whole uid (the zygote's too) is refused
+WHICH_WHO = {"setpriority": 0, "ioprio_set": 1}
 PID_TARGETED = (
     "sched_setparam",
     "sched_setscheduler",
@@ -227,7 +229,7 @@ PID_TARGETED = (
 _LD_W_ABS, _JEQ, _JSET, _JGE, _RET = 0x20, 0x15, 0x45, 0x35, 0x06
 RET_ALLOW = 0x7FFF0000
 RET_EPERM = 0x00050000 | 1
-_OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16
+_OFF_NR, _OFF_ARCH, _OFF_ARG0, _OFF_ARG1 = 0, 4, 16, 24
 
 
 def _arch() -> str | None:
@@ -273,7 +275,14 @@ def build_filter(
         prog.append(("jeq", _NR[name][col], "signal", None))
     for name in PID_TARGETED:
         prog.append(("jeq", _NR[name][col], "pid", None))
+    for name in WHICH_WHO:
+        prog.append(("jeq", _NR[name][col], f"which_{name}", None))
     prog.append(("ret", RET_ALLOW))
+    for name, process in WHICH_WHO.items():
+        prog += [("label", f"which_{name}"), ("ld", _OFF_ARG0), ("jeq", process, None, "deny")]
+        prog.append(("ld", _OFF_ARG1))
+        prog += [("jeq", k, "deny", None) for k in pids]
+        prog.append(("ret", RET_ALLOW))
     prog += [("label", "signal"), ("ld", _OFF_ARG0)]
     if own_pid:
         prog.append(("jeq", (-int(own_pid)) & 0xFFFFFFFF, "allow", None))
