@@ -194,9 +194,10 @@ class Tracker:
             return False
         return all(store.has(Digest.parse(d)) for d in self.blobs)
 
-    def moved_reads(self) -> list[str]:
+    def moved_reads(self, lstats: dict | None = None, unchanged=frozenset()) -> list[str]:
         """The declarations (and `rsi.toml`) whose content differs now, or a note when a path's
-        existence, kind, mode or real path does: for a build about to export (rsi.recheck)."""
+        existence, kind, mode or real path does: for a build about to export (rsi.recheck);
+        `lstats` and `unchanged` as for `still_valid`."""
         moved = []
         for p, want in self.files.items():
             try:
@@ -205,7 +206,7 @@ class Tracker:
                 got = "absent"
             if got != want:
                 moved.append(p)
-        if not moved and not _stats_unchanged(self.stats, {}):
+        if not moved and not _stats_unchanged(self.stats, lstats or {}, unchanged):
             moved.append("(a source's existence, mode or real path)")
         return sorted(moved)
 

@@ -150,8 +150,14 @@ class SourcesMoved(Exception):
 
 def _moved(seen: Mapping[str, tuple], plan: Any, analysis: dict, store: LocalStore) -> list[str]:
     """What this build read that the workspace no longer holds (rsi.recheck)."""
-    moved = recheck.moved_sources(recheck.expected_sources(seen, plan), store.function)
-    return moved + recheck.moved_declarations(analysis.get("tracker"))
+    from rsi.incremental import unchanged_since_check
+
+    # NB: with a watcher (the build server), what no event named since the check is as read
+    unchanged = unchanged_since_check(plan)
+    lstats: dict = {}
+    expected = recheck.expected_sources(seen, plan)
+    moved = recheck.moved_sources(expected, store.function, unchanged, lstats)
+    return moved + recheck.moved_declarations(analysis.get("tracker"), lstats, unchanged)
 
 
 @contextmanager

@@ -517,6 +517,28 @@ def _watched_unchanged(p: Plan, sources: dict, watched: Any) -> set[str]:
     return unchanged
 
 
+def unchanged_since_check(p: Plan | None) -> set[str]:
+    """The sources a watcher (the build server's) saw no change to since this build's check
+    (its mark): in a folder watched since before it, named by no event since, never a
+    symlink, a file of two links or a mount point, and no mount added or removed since
+    (looked at, not taken: the next build's check sees it too). Empty without a watcher."""
+    if p is None or p.watch is None or watcher is None:
+        return set()
+    if watcher.mounts_moved(update=False):
+        return set()
+    mark, linked, mounts = p.watch["mark"], p.watch["linked"], watcher.mount_points
+    unchanged: set[str] = set()
+    for folder, paths in p.watch["folders"].items():
+        changed = watcher.changed_since(folder, mark)
+        if changed is None:
+            continue
+        cut = len(folder) + 1 if folder != "/" else 1
+        for path in paths:
+            if path[cut:] not in changed and path not in linked and path not in mounts:
+                unchanged.add(path)
+    return unchanged
+
+
 def _check_sources(
     store: Any,
     sources: dict,

@@ -7,6 +7,7 @@ builds again or says so, and never exports outputs older than the sources it las
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,12 +28,25 @@ def expected_sources(seen: Mapping[str, tuple], plan: Any) -> dict[str, tuple]:
     return expected
 
 
-def moved_sources(expected: Mapping[str, tuple], function: str) -> list[str]:
-    """The sources whose content is no longer what the build read (sorted)."""
+def moved_sources(
+    expected: Mapping[str, tuple],
+    function: str,
+    unchanged: set[str] | frozenset[str] = frozenset(),
+    lstats: dict | None = None,
+) -> list[str]:
+    """The sources whose content is no longer what the build read (sorted). Those in
+    `unchanged` (a watcher saw no change to them since the build's check) are not looked at;
+    the `lstat` of each other one goes into `lstats` (for `moved_declarations`)."""
     moved = []
     for path, (sig, hash_hex, size) in expected.items():
+        if hash_hex is not None and path in unchanged:
+            continue
         try:
-            st = os.stat(path)
+            st = os.lstat(path)
+            if lstats is not None:
+                lstats[path] = st
+            if stat.S_ISLNK(st.st_mode):
+                st = os.stat(path)
         except OSError:
             moved.append(path)
             continue
@@ -56,6 +70,9 @@ def moved_sources(expected: Mapping[str, tuple], function: str) -> list[str]:
     return sorted(moved)
 
 
-def moved_declarations(tracker: Any) -> list[str]:
-    """What analysis read that differs now ([] without a tracker: a remote build keeps none)."""
-    return [] if tracker is None else tracker.moved_reads()
+def moved_declarations(
+    tracker: Any, lstats: dict, unchanged: set[str] | frozenset[str] = frozenset()
+) -> list[str]:
+    """What analysis read that differs now ([] without a tracker: a remote build keeps none);
+    `lstats` and `unchanged` as `moved_sources` left them."""
+    return [] if tracker is None else tracker.moved_reads(lstats, unchanged)

@@ -164,13 +164,16 @@ class Watcher:
                     self._wd.pop(wd, None)
                     self._folders.pop(folder, None)
 
-    def mounts_moved(self) -> bool:
+    def mounts_moved(self, update: bool = True) -> bool:
         """Whether a mount was added or removed since the last call (or since this watcher
-        was made); `mount_points` is then brought up to date. No event says so: a mount over
-        a watched path, or a file bind-mounted, changes what a path shows without one."""
+        was made); `mount_points` is then brought up to date (unless not `update`: a look
+        that leaves the answer to the next call). No event says so: a mount over a watched
+        path, or a file bind-mounted, changes what a path shows without one."""
         raw = _read_mountinfo()
         if raw is not None and raw == self._mountinfo:
             return False
+        if not update:
+            return True
         self._mountinfo = raw
         self._mounts = local_fs_types(raw) if raw is not None else []
         self.mount_points = frozenset(p for p, _ in self._mounts)
