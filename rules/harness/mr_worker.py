@@ -1,15 +1,18 @@
 """The multi-rank referee's callees: a zygote that forks one worker per rank, in one sandbox.
 
-Started by multirank.py (the referee) in a sandbox of its own, like worker.py's zygote, with one
-channel per rank (two pipes and three shared buffers each) and one of its own. On `fork` it
-forks `world_size` workers at once; rank r closes every descriptor but its own channel's
-before anything else (no rank can reach another rank's buffers or the zygote's pipes), joins
-the process group over a rendezvous file in the sandbox's own temp folder (the referee names
-it per arm-run), and only then serves its channel with worker.py's protocol. The candidate's
-entry is called as `entry(**rank_local_inputs, group=process_group)`. No candidate code ever
-runs in the zygote: it says `rank_ended` as each rank ends (the referee names a rank that died while
-the others wait), and after all have ended it kills what they left, empties the temp folder and
-says `ended`.
+Started by mr_sandbox.py (the referee) in a sandbox of its own, like worker.py's zygote, with a
+channel of its own (two pipes, and a socket on which each `fork` brings that arm-run's fresh
+rank channels: two pipes and three sealed buffers per rank). It never keeps a rank's channel:
+on `fork` it resets the sandbox's temp folder (permissions repaired, emptied, a fresh folder
+per arm-run), forks `world_size` workers at once and closes every channel it was handed. Rank
+r keeps only its own channel, re-applies what it inherits (environment, CPUs, malloc,
+threads, umask, folder), is confined (no capabilities, non-dumpable, a seccomp filter that
+protects the zygote and the referee: confine.py) and joins the process group, all before any
+candidate code; then it serves worker.py's protocol, its entry called as
+`entry(**rank_local_inputs, group=process_group)`. No candidate code ever runs in the zygote,
+which is non-dumpable: no rank can ptrace it, read or write its memory, or take its
+descriptors. It says `rank_ended` as each rank ends and, once all have, kills what they left
+and says `ended`.
 
 Stdlib + torch (torch.distributed). Never imports rsi, rules or _common.
 """
@@ -35,6 +38,7 @@ def _load(name: str, stem: str):
 
 W = _load("_rsi_mr_worker_base", "worker")
 CHANNEL_FDS = ("req_fd", "resp_fd", "in_fd", "out_fd", "ctl_fd")
+FDS_PER_RANK = len(CHANNEL_FDS)
 
 
 class RankWorker(W.Worker):
@@ -48,9 +52,9 @@ class RankWorker(W.Worker):
         return inputs
 
 
-def _join(args: dict, rank: int) -> object:
-    """Join the process group (before any candidate code runs): a FileStore in the sandbox's own
-    temp folder, gloo over the loopback of the sandbox's own network namespace."""
+def _join(args: dict, rank: int, run_dir: str) -> object:
+    """Join the process group (before any candidate code runs): a FileStore in this arm-run's
+    own fresh temp folder, gloo over the loopback of the sandbox's own network namespace."""
     from datetime import timedelta
 
     import torch
@@ -60,8 +64,8 @@ def _join(args: dict, rank: int) -> object:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if args["backend"] == "nccl":
         torch.cuda.set_device(rank % max(1, torch.cuda.device_count()))
-    tmp = os.environ.get("TMPDIR") or "/tmp"
-    store = dist.FileStore(os.path.join(tmp, f"rsi-rendezvous-{args['store']}"), world)
+    name = "rsi-rendezvous-" + os.path.basename(run_dir).removeprefix("rsi-run-")
+    store = dist.FileStore(os.path.join(run_dir, name), world)
     dist.init_process_group(
         args["backend"],
         store=store,
@@ -72,32 +76,123 @@ def _join(args: dict, rank: int) -> object:
     return dist.group.WORLD
 
 
-def _rank_main(args: dict, rank: int) -> None:
-    mine = args["ranks"][rank]
-    keep = {mine[k] for k in CHANNEL_FDS}
-    for other in [args["zreq_fd"], args["zresp_fd"]] + [
-        ch[k] for ch in args["ranks"] for k in CHANNEL_FDS
-    ]:
-        if other not in keep:
-            try:
-                os.close(other)
-            except OSError:
-                pass
-    os.setpgid(0, 0)
-    worker = RankWorker(dict(args, **mine))
+def _reapply(msg: dict, args: dict, run_dir: str) -> None:
+    """What a rank inherits from the zygote, set again from the referee's request: nothing an
+    earlier arm-run could have changed in the zygote reaches this one through it."""
+    os.setsid()  # its own session and process group: signals to others' groups are refused
+    env = msg.get("env")
+    if isinstance(env, dict):
+        os.environ.clear()
+        os.environ.update({str(k): str(v) for k, v in env.items()})
+    os.environ.update(TMPDIR=run_dir, GLOO_SOCKET_IFNAME="lo")
+    os.umask(0o077)
+    os.chdir(run_dir)
+    cpus = msg.get("cpus")
+    if isinstance(cpus, list) and cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError:
+            pass
+    W._pin_malloc()
+    import torch
+
+    torch.set_num_threads(int(args["threads"]))
+
+
+def _confine(msg: dict, zygote_pid: int) -> dict:
+    """No capabilities, non-dumpable, the seccomp filter (confine.py) protecting the zygote,
+    its parent and what the referee names; what holds is reported, the referee checks it."""
+    confine, report = W.confine, {}
+    skip = set(msg.get("unconfined") or ())
     try:
-        worker.group = _join(args, rank)
+        if "caps" not in skip:
+            confine.drop_caps()
+        report["cap_eff"] = confine.effective_caps()
+    except confine.ConfineError as exc:
+        report["cap_error"] = str(exc)[:200]
+    try:
+        if "dump" not in skip:
+            confine.no_dump()
+        report["dumpable"] = confine.is_dumpable()
+    except confine.ConfineError as exc:
+        report["dump_error"] = str(exc)[:200]
+    protect = [zygote_pid, *(p for p in msg.get("protect") or () if isinstance(p, int))]
+    try:
+        protect.append(os.getpgid(zygote_pid))
+    except OSError:
+        pass
+    try:
+        zparent = int(msg.get("zygote_parent") or 0)
+        if zparent > 1:
+            protect.append(zparent)
+        if "seccomp" not in skip:
+            confine.install_seccomp(protect, protect, own_pid=os.getpid())
+        report["seccomp"] = confine.seccomp_mode()
+    except confine.ConfineError as exc:
+        report["seccomp_error"] = str(exc)[:200]
+    return report
+
+
+def _rank_main(args: dict, msg: dict, rank: int, mine: list[int], keep: set[int]) -> None:
+    # NB: first of all: every descriptor but its own channel and the zygote's standard ones
+    for fd in sorted(W._open_fds() - keep - set(mine)):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    zygote_pid = os.getppid()
+    run_dir = msg["run_dir"]
+    _reapply(msg, args, run_dir)
+    confined = _confine(msg, zygote_pid)
+    in_size, out_size = msg["sizes"][rank]
+    channel = dict(zip(CHANNEL_FDS, mine, strict=True), in_size=int(in_size), out_size=int(out_size))
+    worker = RankWorker(dict(args, **channel))
+    try:
+        worker.group = _join(args, rank, run_dir)
     except BaseException as exc:  # noqa: BLE001  nothing of the candidate ran: the referee's fault
         W.write_message(worker.resp, {"op": "join_failed", "rank": rank, "error": W._error(exc)})
         raise
-    worker.serve()
+    worker.serve(confined)
+
+
+def _reset_tmp(base: str, store: str, repair: bool = True) -> str:
+    """The arm-run's temp folder: the sandbox's temp folder repaired (made ours and writable
+    again: a rank may have made it or anything in it read-only), emptied of what can go, and a
+    fresh folder under it with a name nobody knew, written to. Raises OSError with what could
+    not be done."""
+    import stat
+
+    if repair:
+        st = os.lstat(base)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise OSError(f"the temp folder {base} is no longer a folder of ours")
+        os.chmod(base, 0o700)
+        for here, dirs, _ in os.walk(base):
+            for name in dirs:
+                path = os.path.join(here, name)
+                if not os.path.islink(path):
+                    try:
+                        os.chmod(path, 0o700)
+                    except OSError:
+                        pass
+        # NB: what cannot go (mount points of visible folders under /tmp) may stay: the ranks
+        # get a folder nobody knew, and the rendezvous lives in it
+        W._empty(base)
+    run_dir = os.path.join(base, f"rsi-run-{store}")
+    os.mkdir(run_dir, 0o700)
+    with open(os.path.join(run_dir, ".probe"), "wb") as f:  # NB: writable, not only made
+        f.write(b"0")
+    os.unlink(os.path.join(run_dir, ".probe"))
+    return run_dir
 
 
 def zygote(args: dict) -> None:
-    """Import the framework once; per `fork`, one fresh worker per rank; after they all ended,
-    kill what they left (its own pid namespace: everything), empty the temp folder, report."""
+    """Import the framework once; per `fork`, reset the temp folder and fork one fresh worker
+    per rank on the channels the request brought (closed here at once); after they all ended,
+    kill what they left (its own pid namespace: everything) and report."""
     import gc
     import signal
+    import socket
 
     W._pin_malloc()
     import torch
@@ -113,16 +208,39 @@ def zygote(args: dict) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     except (OSError, AttributeError):
         pass
+    unconfined = set(args.get("unconfined") or ())  # NB: tests only (the referee's switch)
+    if "dump" not in unconfined:
+        # NB: every later arm-run is forked from here: no rank may ptrace this process, read
+        # or write its memory or take its descriptors (the ranks' seccomp filter refuses it too)
+        W.confine.no_dump()
     gc.collect()
     gc.freeze()
     req, resp = args["zreq_fd"], args["zresp_fd"]
+    sock = socket.socket(fileno=args["zsock_fd"])
+    keep = W._open_fds() - {req, resp, sock.fileno()}
     W.write_message(resp, {"op": "zygote"})
     world = int(args["world_size"])
+    base = os.environ.get("TMPDIR") or "/tmp"
     while True:
         msg = W.read_message(req)
         if msg is None or msg.get("op") != "fork":
             return
-        run = dict(args, store=str(msg["store"]))
+        try:
+            _, fds, _, _ = socket.recv_fds(sock, 16, FDS_PER_RANK * world)
+        except OSError as exc:
+            W.write_message(resp, {"op": "fork_failed", "message": f"no channels: {exc}"})
+            return
+        if len(fds) != FDS_PER_RANK * world:
+            W.write_message(resp, {"op": "fork_failed", "message": f"{len(fds)} descriptors"})
+            return
+        try:
+            run_dir = _reset_tmp(base, str(msg["store"]), "tmp_reset" not in unconfined)
+        except OSError as exc:
+            for fd in fds:
+                os.close(fd)
+            W.write_message(resp, {"op": "fork_failed", "message": str(exc)[:1000]})
+            continue
+        run = dict(msg, run_dir=run_dir, unconfined=sorted(unconfined), zygote_parent=os.getppid())
         sys.stdout.flush()
         sys.stderr.flush()
         pids = []
@@ -131,7 +249,8 @@ def zygote(args: dict) -> None:
             if pid == 0:
                 code = 0
                 try:
-                    _rank_main(run, rank)
+                    mine = fds[FDS_PER_RANK * rank : FDS_PER_RANK * (rank + 1)]
+                    _rank_main(args, run, rank, mine, keep)
                 except BaseException:  # noqa: BLE001  never fall back into the zygote's loop
                     code = 70
                     try:
@@ -146,6 +265,10 @@ def zygote(args: dict) -> None:
                         pass
                     os._exit(code)
             pids.append(pid)
+        # NB: the ranks' channels are theirs alone from here: a rank's death is an end-of-file
+        # for the referee, and no later arm-run (or rank) can find them in this process
+        for fd in fds:
+            os.close(fd)
         statuses = {}
         while len(statuses) < world:
             try:
@@ -155,8 +278,6 @@ def zygote(args: dict) -> None:
             if pid in pids:
                 rank = pids.index(pid)
                 statuses[rank] = status
-                # NB: said at once: the referee cannot see a rank die on its own pipe (this
-                # zygote keeps every rank's write end, for the next arm-run)
                 W.write_message(resp, dict(_how(status), op="rank_ended", rank=rank))
         for pid in pids:
             try:
@@ -164,7 +285,6 @@ def zygote(args: dict) -> None:
             except OSError:
                 pass
         W._reap_strays(bool(args.get("own_pid_namespace")))
-        W._empty(os.environ.get("TMPDIR"))
         W.write_message(
             resp,
             {

@@ -4,10 +4,9 @@ A binding with `ranks = {world_size, backend, topology}` judges its candidates h
 check.py / measure.py, with the same documents (`rsi.check/1`, `rsi.measure/1`, plus per-rank
 detail) and the same referee/worker split (rules/harness/SPEC.md, "Multi-rank"):
 
-- One sandbox (referee.py's isolation) holds a zygote (mr_worker.py) that forks `world_size`
-  fresh workers per arm-run, one per rank, each with its own channel; each rank closes every
-  other descriptor, joins the process group (a rendezvous file the referee names, in the
-  sandbox's own temp folder; gloo over the sandbox's own loopback) before any candidate code,
+- One sandbox (mr_sandbox.py) holds a zygote (mr_worker.py) that forks `world_size` fresh
+  workers per arm-run, one per rank, on channels made fresh for that arm-run and held by that
+  rank alone; each rank is confined and joins the process group before any candidate code,
   then imports the candidate. Two sandboxes per measurement, swapped every pair.
 - The referee draws every input (secret seed), computes the oracle on the whole layer
   (`workloads.make_inputs`), hands rank r only its shard (`workloads.shard_inputs(inputs, r,
@@ -17,8 +16,13 @@ detail) and the same referee/worker split (rules/harness/SPEC.md, "Multi-rank"):
   input is written and the call published to all; each rank's time is read when the referee
   sees it finish; the sample is the slowest rank's. Any rank's crash, hang (past
   call_timeout_s) or wrong output is the candidate's failure, with the rank in the reason.
+  How long the referee and each rank waited for a CPU is read around every timed call
+  (contention, as measure.py).
 
-Stdlib + numpy + torch. Exits 2 only for a harness fault before any candidate code ran.
+Stdlib + numpy + torch. Exits 2 only for a harness fault before any candidate code ran: from
+the candidate's first import on, whatever goes wrong on the referee's side is the candidate's
+failure (`referee_error`), with the evidence written; a sandbox an implementation left
+unusable is that implementation's failure (`sandbox_damaged`).
 """
 
 from __future__ import annotations
@@ -26,16 +30,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
-import json
 import math
-import mmap
 import os
 import platform
 import select
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -86,395 +86,9 @@ def ranks_of(spec: dict) -> dict:
 
 # ------------------------------------------------------------------------------- sandbox
 
-
-class RankFault(R.WorkerFault):
-    """A rank (or several) failed a call: `ranks` names them."""
-
-    def __init__(self, code: str, ranks: list[int], detail: str):
-        super().__init__(code, detail)
-        self.ranks = ranks
-
-
-class Pipe:
-    """One request/reply channel to a process of the sandbox (worker.py's framing)."""
-
-    send = R.WorkerProcess.send
-    recv = R.WorkerProcess.recv
-    request = R.WorkerProcess.request
-
-    def __init__(self, who: str) -> None:
-        self.who = who
-        self.req_r, self.req_w = os.pipe()
-        self.resp_r, self.resp_w = os.pipe()
-        for fd in (self.req_r, self.resp_w):
-            os.set_inheritable(fd, True)
-
-    def _read(self, size: int, deadline: float) -> bytes:
-        chunks, left = [], size
-        while left:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise R.WorkerFault("timeout", f"{self.who}: no reply in time")
-            ready, _, _ = select.select([self.resp_r], [], [], remaining)
-            if not ready:
-                continue
-            chunk = os.read(self.resp_r, left)
-            if not chunk:
-                raise R.WorkerFault("crash", f"{self.who} ended without a reply")
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-
-    def child_ends(self) -> list[int]:
-        return [self.req_r, self.resp_w]
-
-    def close_child_ends(self) -> None:
-        """Once the sandbox holds them (each end closed once: a number is reused at once)."""
-        for fd in (self.req_r, self.resp_w):
-            if fd >= 0:
-                os.close(fd)
-        self.req_r = self.resp_w = -1
-
-    def close(self) -> None:
-        for fd in (self.req_r, self.req_w, self.resp_r, self.resp_w):
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        self.req_r = self.req_w = self.resp_r = self.resp_w = -1
-
-
-class RankChannel(Pipe):
-    """Rank r's channel: pipes, and its own input, output and control buffers (memfd).
-
-    NB: a rank that dies leaves no end-of-file on its pipe (the zygote keeps every rank's write
-    end for the next arm-run); the zygote says `rank_ended` instead, so every wait for a rank's
-    reply also watches the zygote (`box.watch`)."""
-
-    layout = R.WorkerProcess.layout
-
-    def __init__(self, rank: int, in_size: int, out_size: int, box=None) -> None:
-        super().__init__(f"rank {rank}")
-        self.rank, self.box = rank, box
-        self.in_size, self.out_size = max(in_size, 1), max(out_size, 1)
-        self.in_fd = os.memfd_create(f"rsi-in-{rank}", 0)
-        self.out_fd = os.memfd_create(f"rsi-out-{rank}", 0)
-        self.ctl_fd = os.memfd_create(f"rsi-ctl-{rank}", 0)
-        os.ftruncate(self.in_fd, self.in_size)
-        os.ftruncate(self.out_fd, self.out_size)
-        os.ftruncate(self.ctl_fd, R.CTL_SIZE)
-        for fd in (self.in_fd, self.out_fd, self.ctl_fd):
-            os.set_inheritable(fd, True)
-        self.in_buf = mmap.mmap(self.in_fd, self.in_size)
-        self.out_buf = mmap.mmap(self.out_fd, self.out_size)
-        self.ctl = mmap.mmap(self.ctl_fd, R.CTL_SIZE)
-        R._SEQ.pack_into(self.ctl, R.REQ_AT, R.NO_CALL)
-        R._SEQ.pack_into(self.ctl, R.DONE_AT, R.NO_CALL)
-        self.child_pid = None
-        self.header = None
-
-    def fds(self) -> dict:
-        return {
-            "req_fd": self.req_r,
-            "resp_fd": self.resp_w,
-            "in_fd": self.in_fd,
-            "out_fd": self.out_fd,
-            "ctl_fd": self.ctl_fd,
-            "in_size": self.in_size,
-            "out_size": self.out_size,
-        }
-
-    def child_ends(self) -> list[int]:
-        return [self.req_r, self.resp_w, self.in_fd, self.out_fd, self.ctl_fd]
-
-    def _read(self, size: int, deadline: float) -> bytes:
-        chunks, left = [], size
-        zfd = self.box.zygote.resp_r if self.box is not None else -1
-        while left:
-            if self.box is not None:
-                self.box.check_ended()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise R.WorkerFault("timeout", f"{self.who}: no reply in time")
-            fds = [self.resp_r] + ([zfd] if zfd >= 0 else [])
-            ready, _, _ = select.select(fds, [], [], remaining)
-            if zfd in ready and self.resp_r not in ready:
-                self.box.watch()
-                continue
-            if not ready:
-                continue
-            chunk = os.read(self.resp_r, left)
-            if not chunk:
-                raise R.WorkerFault("crash", f"{self.who} ended without a reply")
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-
-    def set_layout(self, header: dict, timeout_s: float) -> None:
-        if header != self.header:
-            self.layout(header, timeout_s)
-            self.header = header
-
-    def close(self) -> None:
-        super().close()
-        for fd in (self.in_fd, self.out_fd, self.ctl_fd):
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        self.in_fd = self.out_fd = self.ctl_fd = -1
-        for buf in (self.in_buf, self.out_buf, self.ctl):
-            try:
-                buf.close()
-            except (BufferError, ValueError):
-                pass
-
-
-class RankSandbox:
-    """One sandbox holding the rank zygote (mr_worker.py) and a channel per rank."""
-
-    def __init__(
-        self,
-        *,
-        index: int,
-        spec: dict,
-        impls: tuple[Path, ...],
-        sizes: list[tuple[int, int]],
-        work_dir: Path,
-        mode: str,
-    ) -> None:
-        ranks = spec["ranks"]
-        self.index, self.mode, self.spec = index, mode, spec
-        self.world = int(ranks["world_size"])
-        self.device = spec["device"]
-        self.visible = tuple(p.resolve() for p in impls)
-        self.timeout = float(spec["call_timeout_s"])
-        self.startup = float(spec["startup_timeout_s"])
-        self.log = work_dir / f"ranks{index}.log"
-        self._home = None
-        self.alive = False
-        self.zygote = Pipe("the rank zygote")
-        self.channels = [RankChannel(r, *sizes[r], box=self) for r in range(self.world)]
-        self.ended: dict[int, str] = {}
-        self.last_zygote: dict | None = None
-        here = Path(__file__).resolve().parent
-        script = here / "mr_worker.py"
-        args = {
-            "framework": "torch",
-            "device": self.device,
-            "threads": int(spec["threads"]),
-            "world_size": self.world,
-            "backend": ranks["backend"],
-            "join_timeout_s": self.startup,
-            "own_pid_namespace": mode == "namespaces",
-            "zreq_fd": self.zygote.req_r,
-            "zresp_fd": self.zygote.resp_w,
-            "ranks": [ch.fds() for ch in self.channels],
-        }
-        argv = [sys.executable, "-I", "-B", str(script), json.dumps(args)]
-        home, cwd, preexec = "/tmp", "/", None
-        if mode == "namespaces":
-            base = R.WorkerProcess._bwrap_argv(self, work_dir, script)
-            argv = base + ["--ro-bind", str(here / "worker.py"), str(here / "worker.py")] + argv
-        elif mode == "uid":
-            home_dir = Path(os.environ.get("TMPDIR") or "/tmp") / (
-                f"rsi-ranks-{os.getpid()}-{time.monotonic_ns()}"
-            )
-            home_dir.mkdir(mode=0o700)
-            os.chown(home_dir, R.WORKER_UID, R.WORKER_UID)
-            self._home = home_dir
-            home = cwd = str(home_dir)
-
-            def preexec():
-                os.setgroups([])
-                os.setgid(R.WORKER_UID)
-                os.setuid(R.WORKER_UID)
-        else:
-            home_dir = work_dir / f"ranks-home-{index}-{time.monotonic_ns()}"
-            home_dir.mkdir()
-            self._home = home_dir
-            home = cwd = str(home_dir)
-        ends = self.zygote.child_ends() + [fd for ch in self.channels for fd in ch.child_ends()]
-        self._released = False
-        log = open(self.log, "ab")  # noqa: SIM115
-        try:
-            self.proc = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env=R._env(int(spec["threads"]), home),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                pass_fds=ends,
-                start_new_session=True,
-                preexec_fn=preexec,
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
-            self._release()
-            raise R.WorkerStartError(f"cannot start the rank sandbox ({mode}): {exc}") from exc
-        finally:
-            log.close()
-            self.zygote.close_child_ends()
-            for ch in self.channels:
-                ch.close_child_ends()
-        self.pid = self.proc.pid
-
-    def wait_ready(self) -> None:
-        """The zygote has imported torch (sandboxes start in parallel, then wait here)."""
-        try:
-            ready = self.zygote.recv(self.startup)
-        except R.WorkerFault as exc:
-            self.kill()
-            raise R.WorkerStartError(
-                f"rank sandbox ({self.mode}) did not get ready: {exc.detail}; "
-                f"log: {R.tail(self.log)}"
-            ) from exc
-        if ready.get("op") != "zygote":
-            self.kill()
-            raise R.WorkerStartError(f"rank sandbox ({self.mode}) answered {str(ready)[:200]}")
-
-    # NB: the pipe ends the children hold were closed above; our ends stay
-    def fork(self) -> None:
-        """Fresh rank workers (no candidate code yet), joined in a process group."""
-        nonce = os.urandom(8).hex()
-        try:
-            self.zygote.send({"op": "fork", "store": nonce})
-            self.ended = {}
-            self.alive = True
-            for ch in self.channels:
-                ch.header = None
-                reply = ch.recv(self.startup)
-                if reply.get("op") != "ready":
-                    raise R.WorkerStartError(
-                        f"rank {ch.rank} did not join the process group: {str(reply)[:400]}"
-                    )
-                ch.child_pid = R._outside_pid(self.pid, reply.get("pid"))
-                if ch.child_pid is None:
-                    raise R.WorkerStartError(f"rank {ch.rank}'s worker is not in /proc")
-        except R.WorkerFault as exc:
-            raise R.WorkerStartError(
-                f"rank workers failed to start: {exc.detail}; log: {R.tail(self.log)}"
-            ) from exc
-
-    def import_impl(self, impl: Path) -> tuple[str, str] | None:
-        """Import the implementation in every rank; (reason code, detail) when one failed."""
-        impl = impl.resolve()
-        if impl not in self.visible:
-            raise C.HarnessError(f"{impl} is not visible in rank sandbox {self.index}")
-        entry = dict(self.spec["entry"])
-        try:
-            for ch in self.channels:
-                ch.send({"op": "import", "impl_dir": str(impl), "entry": entry})
-            replies = [ch.recv(self.timeout) for ch in self.channels]
-        except R.WorkerFault as exc:
-            code = "timeout" if exc.code == "timeout" else "crash"
-            return code, f"while importing: {exc.detail}"
-        for ch, reply in zip(self.channels, replies, strict=True):
-            if reply.get("op") == "import_failed":
-                kind = reply.get("kind")
-                err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
-                code = kind if kind in ("syntax_error", "missing_entry") else "import_error"
-                return code, f"rank {ch.rank}: {err.get('type')}: {err.get('message')}"
-            if reply.get("op") != "imported":
-                return "crash", f"rank {ch.rank}: protocol: import answered {str(reply)[:200]}"
-        return None
-
-    def watch(self) -> None:
-        """Read what the zygote said (a rank ended) and raise for a rank that ended during
-        a call; `ended` (after exit requests) is kept for end_ranks."""
-        msg = self.zygote.recv(1.0)
-        if msg.get("op") == "rank_ended":
-            how = f"signal {msg.get('signal')}" if msg.get("signal") else f"exit {msg.get('exit')}"
-            self.ended[int(msg.get("rank", -1))] = how
-            self.check_ended()
-        else:
-            self.last_zygote = msg
-
-    def check_ended(self) -> None:
-        if self.alive and self.ended:
-            rank = min(self.ended)
-            raise RankFault("crash", [rank], f"rank {rank} ended ({self.ended[rank]}) mid-run")
-
-    def end_ranks(self) -> None:
-        """Ask every rank to exit, wait for the zygote to say they ended, and check from
-        outside that nothing of them is left."""
-        if not self.alive:
-            return
-        self.alive = False
-        for ch in self.channels:
-            try:
-                ch.send({"op": "exit"})
-            except R.WorkerFault:
-                pass
-        reply = self.zygote.recv(self.timeout)
-        while reply.get("op") == "rank_ended":
-            reply = self.zygote.recv(self.timeout)
-        if reply.get("op") != "ended":
-            raise R.WorkerFault("crash", f"protocol: exit answered {str(reply)[:200]}")
-        keep = 2 if self.mode == "namespaces" else 0
-        deadline = time.monotonic() + 2.0
-        while len(R.descendants(self.pid)) > keep:
-            if time.monotonic() > deadline:
-                raise R.WorkerFault("crash", "processes of the ranks outlived them")
-            time.sleep(0.005)
-        if self.proc.poll() is not None:
-            raise R.WorkerFault("crash", "the ranks took their sandbox down")
-
-    def cpu_ns(self) -> int:
-        return R.tree_cpu_ns(self.pid)
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, AttributeError):
-            pass
-        for pid in R.descendants(getattr(self, "pid", -1)):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        proc = getattr(self, "proc", None)
-        if proc is not None:
-            try:
-                proc.kill()
-                proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        self._release()
-
-    def _release(self) -> None:
-        if getattr(self, "_released", False):
-            return
-        self._released = True
-        self.zygote.close()
-        for ch in self.channels:
-            ch.close()
-        if self._home is not None:
-            shutil.rmtree(self._home, ignore_errors=True)
-
-
-def start_sandboxes(count: int, attempts: int = 3, **kw) -> list[RankSandbox]:
-    """`count` sandboxes in the strongest isolation that works here, started in parallel (each
-    imports torch once); a failed start is retried (nothing of the candidate ran)."""
-    errors = []
-    for attempt in range(attempts):
-        for mode in R.isolation_modes():
-            boxes: list[RankSandbox] = []
-            try:
-                for index in range(count):
-                    boxes.append(RankSandbox(index=index, mode=mode, **kw))
-                for box in boxes:
-                    box.wait_ready()
-                return boxes
-            except R.WorkerStartError as exc:
-                errors.append(str(exc))
-                for box in boxes:
-                    box.kill()
-        if attempt + 1 < attempts:
-            time.sleep(0.2)
-    raise R.WorkerStartError("; ".join(errors[-3:]))
+# NB: the sandbox, its zygote and the ranks' channels: mr_sandbox.py
+S = _load("_rsi_harness_mr_sandbox", "mr_sandbox")
+RankFault, RankSandbox, start_sandboxes = S.RankFault, S.RankSandbox, S.start_sandboxes
 
 
 # ------------------------------------------------------------------------------ one call
@@ -758,13 +372,16 @@ def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path, secret
             box.fork()
         except R.WorkerStartError as exc:
             raise C.HarnessError(f"ranks failed before any candidate code ran: {exc}") from exc
-        if _judge_cases(box, impl_dir, preps, records, spec, timeout):
-            try:
-                box.end_ranks()
-            except R.WorkerFault as exc:
-                records[-1].update(
-                    passed=False, reason="crash", detail=f"after its last call: {exc.detail}"
-                )
+        try:
+            if _judge_cases(box, impl_dir, preps, records, spec, timeout):
+                try:
+                    box.end_ranks()
+                except R.WorkerFault as exc:
+                    records[-1].update(
+                        passed=False, reason="crash", detail=f"after its last call: {exc.detail}"
+                    )
+        except Exception as exc:  # noqa: BLE001  the candidate was asked to import: its failure
+            K.referee_error(records, exc)
     finally:
         box.kill()
     log = R.tail(box.log)
@@ -809,6 +426,7 @@ def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path, secret
             "ranks": f"{world} rank workers forked per check in one sandbox, lockstep calls",
             "secret_seed": str(secret),
             "seed_source": "os.urandom" if spec.get("_seed_given") is None else "--seed (replay)",
+            "unconfined": S.unconfined() or None,
         },
         "wall_s": round(time.monotonic() - started, 3),
     }
@@ -851,6 +469,14 @@ def _judge_cases(box: RankSandbox, impl_dir: Path, preps, records, spec, timeout
 # ---------------------------------------------------------------------------- measure
 
 
+class Damaged(Exception):
+    """The sandbox could not be made ready for an arm-run after `arm`'s code ran in it."""
+
+    def __init__(self, arm: str, detail: str) -> None:
+        super().__init__(detail)
+        self.arm, self.detail = arm, detail
+
+
 class ArmRun:
     """One arm of one pair in one sandbox, start to end (the arms of a pair run one after the
     other: a stopped sandbox would stall a collective, see SPEC.md)."""
@@ -861,8 +487,16 @@ class ArmRun:
         self.timeout = float(spec["call_timeout_s"])
         self.cuda = spec["device"] != "cpu"
         self.doc = M.new_arm(name)
-        self.doc.update(sandbox=box.index, rank_samples_ns=[], slowest_rank=[])
-        self.busy = self.calls = 0
+        self.doc.update(
+            sandbox=box.index,
+            rank_samples_ns=[],
+            slowest_rank=[],
+            run_delay_ns=0,
+            rank_run_delay_ns=[0] * world,
+            referee_run_delay_ns=0,
+        )
+        self.busy = self.calls = self.n_contended = 0
+        self.imported = False
 
     def fail(self, code: str, sample, detail: str, rank=None) -> bool:
         self.doc["reasons"].append({"code": code, "sample": sample, "detail": detail, "rank": rank})
@@ -890,9 +524,14 @@ class ArmRun:
 
     def run(self, n_warm: int, n_samples: int) -> bool:
         started = time.monotonic()
+        before = self.box.last_arm
         try:
-            self.box.fork()
+            self.box.fork(self.name)
         except R.WorkerStartError as exc:
+            # NB: the sandbox forked ranks before (the IPC probe); when an implementation ran in
+            # it since, that implementation left it unusable: its failure, not a harness fault
+            if before is not None:
+                raise Damaged(before, f"rank sandbox {self.box.index}: {exc}") from exc
             raise C.HarnessError(
                 f"rank sandbox {self.box.index} could not fork before any implementation code "
                 f"ran: {exc}"
@@ -911,8 +550,20 @@ class ArmRun:
         self.calls += res.sample_ns
         return res
 
+    def _contention(self, res: Lockstep, waited: list[int]) -> None:
+        """A call during which the referee or any rank waited for a CPU (another process had
+        it) for more than CALL_WAIT_MAX of its wall time is contended (measure.py's rule)."""
+        doc = self.doc
+        doc["referee_run_delay_ns"] += waited[0]
+        for r, ns in enumerate(waited[1:]):
+            doc["rank_run_delay_ns"][r] += ns
+        doc["run_delay_ns"] += sum(waited)
+        self.n_contended += max(waited) > M.CALL_WAIT_MAX * res.sample_ns
+        doc["contention"] = round(self.n_contended / (len(doc["samples_ns"]) + 1), 6)
+
     def _run(self, n_warm: int, n_samples: int) -> bool:
         doc, pair = self.doc, self.pair
+        self.imported = True
         failed = self.box.import_impl(self.impl)
         if failed:
             return self.fail(failed[0], None, failed[1])
@@ -925,7 +576,11 @@ class ArmRun:
                 if self._problem(res, k, timed=False):
                     return False
             for j in range(n_samples):
+                # NB: per call, outside the clock: the ranks' threads as they are now
+                probe = S.RankDelay(self.box)
+                delay0 = probe.read()
                 res = self._call(1000 + j, pair["timed_headers"][j], pair["timed_packed"][j])
+                self._contention(res, [b - a for a, b in zip(delay0, probe.read(), strict=True)])
                 sample = res.sample_ns
                 if self.cuda:
                     events = [c.event_ns for c in res.calls]
@@ -1107,6 +762,10 @@ def run_measure(
                 "slack_ns": CPU_SLACK_NS,
             },
             "call_timeout_s": float(spec["call_timeout_s"]),
+            "contention": "per timed call, how long the referee's thread and each rank's "
+            f"threads waited for a CPU (schedstat); over {M.CALL_WAIT_MAX:.0%} of the call's "
+            "wall for any of them: contended (run_delay_ns, rank_run_delay_ns)",
+            "unconfined": S.unconfined() or None,
         },
         "device": facts,
         "fingerprint": fprint,
@@ -1151,6 +810,7 @@ def _ipc_probe(box: RankSandbox, locals0: list[dict], expected: list[dict]) -> l
 def _run_pairs(spec, m, workloads, oracle, impls, boxes, expected, secret, world, deadline):
     n_pairs, n_samples, n_warm = int(m["pairs"]), int(m["samples"]), int(m["warmups"])
     out_pairs, invalid = [], {"baseline": [], "candidate": []}
+    ran = {"baseline": False, "candidate": False}  # NB: whose code was imported so far
     stopped = False
     for i in range(n_pairs):
         order = list(M.ARMS) if i % 2 == 0 else list(reversed(M.ARMS))
@@ -1207,7 +867,29 @@ def _run_pairs(spec, m, workloads, oracle, impls, boxes, expected, secret, world
         for name in order:
             box = boxes[i % 2] if name == "baseline" else boxes[(i + 1) % 2]
             arm = ArmRun(name, impls[name], box, pair, spec, oracle, expected, deadline, world)
-            ok = arm.run(n_warm, n_samples)
+            try:
+                ok = arm.run(n_warm, n_samples)
+            except Damaged as exc:
+                culprit = record["arms"].get(exc.arm) or M.new_arm(exc.arm)
+                culprit["valid"] = False
+                culprit["reasons"].append(
+                    {"code": "sandbox_damaged", "sample": None, "detail": exc.detail}
+                )
+                record["arms"][exc.arm] = culprit
+                break
+            except Exception as exc:  # noqa: BLE001  after candidate code ran: its failure
+                ran["candidate"] = ran["candidate"] or (name == "candidate" and arm.imported)
+                if not ran["candidate"]:
+                    raise
+                cand = arm.doc if name == "candidate" else record["arms"].get("candidate")
+                cand = cand or M.new_arm("candidate")
+                cand["valid"] = False
+                cand["reasons"].append(
+                    {"code": "referee_error", "sample": None, "detail": C.error_summary(exc)}
+                )
+                record["arms"]["candidate"] = cand
+                break
+            ran[name] = ran[name] or arm.imported
             record["arms"][name] = arm.doc
             if not ok:
                 break
@@ -1271,13 +953,22 @@ def main() -> int:
             )
             doc["host"]["loadavg_start"] = load_start
         C.kill_descendants()
-        C.write_json(out_path, doc)
+        try:
+            C.write_json(out_path, doc)
+        except (ValueError, TypeError, RecursionError) as exc:
+            doc = (K if args.step == "check" else M).failure_document(doc, exc)
+            C.write_json(out_path, doc)
+        busy = C.busy_reason(doc) if args.step == "measure" else None
     except C.HarnessError as exc:
         print(f"rsi harness fault (multirank {args.step}): {exc}", file=sys.stderr)
         return C.INFRA_EXIT
     finally:
         C.kill_descendants()
         shutil.rmtree(work_dir, ignore_errors=True)
+    if busy:
+        # NB: judged (assess: INCONCLUSIVE host_busy) but never cached, as measure.py
+        print(f"rsi multirank measure: the host was busy, not to be cached: {busy}", file=sys.stderr)
+        return C.BUSY_EXIT
     return 0
 
 
