@@ -182,8 +182,12 @@ TASK = Rule(
         ),
         "signature": attr("string", "the entry function's signature, for people", default=""),
         "editable": attr("string_list", "file names a candidate may replace", nonempty=True),
-        "tolerances": attr("table", "per-dtype {atol, rtol}"),
-        "cases": attr("table_list", "correctness cases: name, shape, dtype, kind, ..."),
+        "tolerances": attr("table", "per-dtype {atol, rtol} (numbers >= 0)"),
+        "cases": attr(
+            "table_list",
+            "correctness cases: name (unique), shape (a list of sizes >= 1), dtype (one with a "
+            "tolerance), kind, ... (checked at analysis: docs/declarations.md)",
+        ),
         "hidden_cases": attr(
             "table",
             "cases every check adds, drawn with the run's secret seed: {count = N, ranges = "
@@ -445,8 +449,14 @@ BINDING = Rule(
             "binding. Its checks and measurements run rules/harness/multirank.py",
             default={},
         ),
-        "measure": attr("table", "workload, warmups, samples, pairs, metric, direction, seed"),
-        "assess": attr("table", "min_improvement, confidence, bootstrap_resamples"),
+        "measure": attr(
+            "table",
+            "workload (a case), warmups, samples, pairs, metric, direction, seed, probes, "
+            "value_checks, units_per_call, bytes_per_call, arm_timeout_s; no other key",
+        ),
+        "assess": attr(
+            "table", "min_improvement, confidence, bootstrap_resamples, min_pairs; no other key"
+        ),
         "timeout_s": attr(
             "float",
             "limit of each action",

@@ -153,3 +153,47 @@ def test_a_campaign_goes_on_under_an_extra_and_names_the_package_that_moved(tmp_
 
     # NB: the other environment's analysis is its own: this one is not refused after it
     assert rsi(home, "candidate", "add", C, "--from", str(ws / "cand2"))["added"]
+
+
+@pytest.mark.fast
+def test_the_judge_steps_import_numpy_and_torch_and_the_dashboard_jinja2(tmp_path):
+    from rules.step_imports import JUDGE_STEPS, script_imports, step_imports
+
+    assert step_imports(*JUDGE_STEPS) == ("numpy", "torch")
+    assert step_imports("dashboard") == ("jinja2",)
+    script = tmp_path / "s.py"
+    script.write_text(
+        '"""Docs.\n\nimport the implementation, then call it\n"""\n'
+        "import os, numpy as np\n"
+        "from torch.nn import functional  # a comment\n"
+        "def f():\n    import scipy.linalg\n    from . import sibling\n"
+    )
+    assert script_imports(str(script)) == {"os", "numpy", "torch", "scipy"}
+
+
+@pytest.mark.fast
+def test_a_changed_package_is_named_with_both_versions_and_how_to_put_it_back():
+    from rules.campaign.judging import _restore_hint, judge_changes
+
+    was = {
+        "binding": "//p:b",
+        "toolchain": {"numpy": "2.0.0 a/1", "helper": "1.0 b/1"},
+        "harness": {"check.py": "d/1"},
+    }
+    now = {
+        "binding": "//p:b",
+        "toolchain": {"numpy": "2.1.0 c/1", "helper": "1.0 e/1", "extra": "3 f/1"},
+        "harness": {"check.py": "d/1"},
+    }
+    changes = judge_changes(was, now)
+    assert changes == [
+        "package extra 3 is now needed by the judge's imports",
+        "package helper 1.0 was reinstalled with other files",
+        "package numpy 2.0.0 is now 2.1.0",
+    ]
+    hint = _restore_hint(changes, was)
+    assert "pip install helper==1.0 numpy==2.0.0" in hint and "git checkout" not in hint
+    # NB: a judge recorded before judges named their packages has no toolchain part: nothing
+    # is reported as added for it
+    old = {k: v for k, v in was.items() if k != "toolchain"}
+    assert judge_changes(old, now) == []
