@@ -143,9 +143,8 @@ class SourcesMoved(Exception):
     def __init__(self, paths: list[str]) -> None:
         self.paths = paths
         first = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
-        super().__init__(
-            f"sources changed during the build ({first}): outputs not exported; build again"
-        )
+        self.what = f"sources changed during the build ({first})"
+        super().__init__(f"{self.what}, {MAX_BUILD_ATTEMPTS} times: outputs not exported")
 
 
 def _moved(seen: Mapping[str, tuple], plan: Any, analysis: dict, store: LocalStore) -> list[str]:
@@ -634,7 +633,7 @@ def build(
                         attempt=attempt,
                         again=True,
                     )
-                    events.notice(f"{moved}: building again", new=True)
+                    events.notice(f"{moved.what}: building again", new=True)
                     for name in events.counts:
                         events.counts[name] = 0
                     attempt += 1

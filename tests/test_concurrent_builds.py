@@ -161,3 +161,48 @@ def test_a_wait_for_the_outputs_names_the_holder_and_stops_on_ctrl_c(
     waiting = [e for e in read_events(tmp_path / "w.jsonl") if e["kind"] == "build_waiting"]
     assert waiting[0]["holder"]["pid"] == os.getpid()
     assert read_events(tmp_path / "w.jsonl")[-1]["kind"] == "build_finished"
+
+
+def test_a_build_whose_sources_keep_changing_fails_and_exports_nothing(
+    make_workspace, command, tmp_path, rsi_argv
+):
+    marker = f"{uuid.uuid4().int % 10**6:06d}"
+    ws = make_workspace(
+        tmp_path,
+        {
+            "leaf.txt": "v0\n",
+            "BUILD.toml": command(
+                "t",
+                cmd=f"cat $(SRCS) > $(OUT); sleep 300{marker}; true",
+                srcs=["leaf.txt"],
+                outs=["t.txt"],
+            ),
+        },
+    )
+    a = _start(rsi_argv, ws, tmp_path / "a.jsonl")
+    try:
+        for attempt in range(1, 4):
+            # NB: each attempt's action has read the leaf; it changes before the export
+            _wait_for(lambda: live_pids(f"sleep\0{300}{marker}"), a, f"attempt {attempt}")
+            (ws / "leaf.txt").write_text(f"v{attempt}\n")
+            for pid in live_pids(f"sleep\0{300}{marker}"):
+                os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while live_pids(f"sleep\0{300}{marker}") and time.monotonic() < deadline:
+                time.sleep(0.05)
+        _, err = a.communicate(timeout=120)
+    finally:
+        for pid in live_pids(f"sleep\0{300}{marker}"):
+            os.kill(pid, signal.SIGKILL)
+        if a.poll() is None:
+            a.kill()
+            a.wait(10)
+    assert a.returncode == 1, err
+    assert "sources changed during the build" in err and "leaf.txt" in err
+    assert not (ws / "out" / "t.txt").exists()
+    events = read_events(tmp_path / "a.jsonl")
+    assert [e["attempt"] for e in events if e["kind"] == "sources_changed"] == [1, 2]
+    finished = [e for e in events if e["kind"] == "target_finished"]
+    assert len(finished) == 1 and not finished[0]["ok"]
+    assert finished[0]["failed"][0]["status"] == "sources_changed"
+    assert events[-1]["kind"] == "build_finished" and not events[-1]["ok"]
