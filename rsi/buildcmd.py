@@ -50,7 +50,7 @@ def plain_build(targets: list[str], echo: Callable[[str], None] | None = None) -
         from rsi.workspace import Workspace
 
         ws = Workspace.discover().with_overrides()
-        ws.check_out()
+        ws.check_writable()
         report = run_build(ws, list(targets))
         for line in report_lines(report):
             out(line)

@@ -254,7 +254,7 @@ class Workspace(Frozen):
         """Refuse a store folder rsi must not write into: the workspace root or a folder above
         it, `out/`, or a folder that holds files and is not an rsi store (rsi deletes files in
         its store). Exit 2, naming where the setting came from."""
-        from rsi.store import folder_write_problem, store_folder_problem
+        from rsi.store import store_folder_problem
 
         store = self.store_dir.resolve()
         root = self.root.resolve()
@@ -266,16 +266,14 @@ class Workspace(Frozen):
             problem = "it is under out/, which rsi replaces"
         else:
             problem = store_folder_problem(store)
-        hint = "use a new or empty folder, or an existing rsi store; nothing was written"
-        if problem is None:
-            problem = folder_write_problem(store)
-            hint = (
-                "make it writable (a read-write mount, `chattr -i`, its mode), or use another "
-                "folder; nothing was written"
-            )
         if problem is None:
             return
-        message = f"the store {store} cannot be used: {problem}"
+        self._store_error(
+            f"the store {store} cannot be used: {problem}",
+            "use a new or empty folder, or an existing rsi store; nothing was written",
+        )
+
+    def _store_error(self, message: str, hint: str) -> None:
         if self.store_from == "--store":
             raise UsageError(f"--store: {message}", hint=hint)
         raise DeclarationError(
@@ -285,11 +283,23 @@ class Workspace(Frozen):
             hint=hint + ("" if self.store_from else "; set `store` under [workspace]"),
         )
 
-    def check_out(self) -> None:
-        """Refuse a build whose `out/` (or the folder it would be made in) rsi cannot write,
-        before anything is built: exit 2 naming it, nothing written."""
+    def check_writable(self) -> None:
+        """Refuse a build whose store or `out/` (or the folder either would be made in) rsi
+        cannot write (a read-only mount, an immutable folder, a mode closed to this user),
+        before it writes anything: exit 2 naming `store` or out/, nothing written. Commands
+        that only read the store (`why`, `cache stats`, `cache verify` of a sound store) do
+        not ask it."""
         from rsi.store import folder_write_problem
 
+        self.check_store()  # NB: first what the folder is, then whether it can be written
+        store = self.store_dir.resolve()
+        problem = folder_write_problem(store)
+        if problem is not None:
+            self._store_error(
+                f"the store {store} cannot be written: {problem}",
+                "make it writable (a read-write mount, `chattr -i`, its mode), or use another "
+                "folder; nothing was written",
+            )
         problem = folder_write_problem(self.out_dir, f"{self.out_dir}")
         if problem is not None:
             raise DeclarationError(

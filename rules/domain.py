@@ -440,7 +440,9 @@ BINDING = Rule(
             exclusive_minimum=True,
             maximum=86400,
         ),
-        "seed": attr("int", "seed of the correctness inputs", default=0),
+        "seed": attr(
+            "int", "seed of the correctness inputs", default=0, minimum=0, maximum=(1 << 63) - 1
+        ),
         "params": attr("table", "free parameters recorded in the spec", default={}),
         "ranks": attr(
             "table",

@@ -24,12 +24,15 @@ DTYPES = (
     "uint8",
 )
 MAX_DIM = 1 << 31
+# NB: past these a measurement never ends in any timeout, and a seed is no seed numpy takes
+MAX_COUNT = 10**7
+MAX_SEED = (1 << 63) - 1
 MEASURE_KEYS = {
     "workload": "table",
     "warmups": "count0",
     "samples": "count",
     "pairs": "count",
-    "seed": "int",
+    "seed": "seed",
     "probes": "count0",
     "value_checks": "count0",
     "metric": ("latency", "throughput"),
@@ -101,7 +104,12 @@ def check_case(case: Any, where: str, tolerances: dict | None) -> str | None:
 
 
 def check_task(attrs: dict, error: Error) -> None:
-    """The task's `tolerances` and `cases`."""
+    """The task's `entry`, `tolerances` and `cases`."""
+    for key, value in attrs["entry"].items():
+        if key not in ("module", "function", "class"):
+            raise error(f"unknown key {key!r} (module, function, class)", "entry")
+        if not value.isidentifier():
+            raise error(f"{key} {value!r:.40} is not a Python name", "entry")
     tolerances = attrs["tolerances"]
     if not tolerances:
         raise error("must give {atol, rtol} for at least one dtype", "tolerances")
@@ -130,12 +138,17 @@ def check_task(attrs: dict, error: Error) -> None:
 def _value_problem(key: str, want: Any, value: Any) -> str | None:
     if isinstance(want, tuple):
         return None if value in want else f"{key} must be one of {', '.join(want)}"
-    if want == "int":
-        return None if _is_int(value) else f"{key} must be a whole number"
+    if want == "seed":
+        ok = _is_int(value) and 0 <= value <= MAX_SEED
+        return None if ok else f"{key} must be a whole number from 0 to 2**63-1, not {value!r:.30}"
     if want in ("count", "count0"):
         low = 1 if want == "count" else 0
-        ok = _is_int(value) and value >= low
-        return None if ok else f"{key} must be a whole number >= {low}, not {value!r:.30}"
+        ok = _is_int(value) and low <= value <= MAX_COUNT
+        return (
+            None
+            if ok
+            else f"{key} must be a whole number from {low} to {MAX_COUNT}, not {value!r:.30}"
+        )
     if want == "positive":
         ok = _is_number(value) and value > 0
         return None if ok else f"{key} must be a number > 0, not {value!r:.30}"

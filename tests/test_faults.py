@@ -250,7 +250,7 @@ def shared_tmp():
         shutil.rmtree(path, ignore_errors=True)
 
 
-def test_unwritable_store_is_a_clear_error_exit_1_and_leaves_no_entry(
+def test_unwritable_store_is_a_clear_error_exit_2_and_leaves_no_entry(
     build,
     command,
     make_workspace,
@@ -277,9 +277,9 @@ def test_unwritable_store_is_a_clear_error_exit_1_and_leaves_no_entry(
     for path in [cas, *cas.rglob("*")]:
         path.chmod(0o555 if path.is_dir() else 0o444)
 
-    run = build(ws, "//:t", expect=1, user=as_user)
-    text = run.stdout + run.stderr
-    assert "cannot write to the store" in text and "Permission denied" in text
+    # NB: refused before anything is written (issue 30: exit 2, naming rsi.toml's `store`)
+    run = build(ws, "//:t", expect=2, user=as_user)
+    assert "field 'store'" in run.stderr and "cas is not writable" in run.stderr, run
     assert "Traceback" not in run.stderr
     assert not any(p.is_file() for p in (ws / "cache" / "ac").rglob("*"))
     assert_store_whole(ws / "cache")
