@@ -13,8 +13,11 @@ becomes `tasks/<name>/`:
 - `oracle.py`: `Model` itself, built from the same init inputs and seed, run in float64;
 - `BUILD.toml` (task, a `cpu` binding) and `TASK.md`.
 
-The cases are the problem's own sizes in every kind, the free sizes at an eighth, and hidden
-cases drawn from [eighth, default] of each free size. What cannot be imported (CUDA code,
+Sizes are fitted to a memory budget per call first (`--max-call-mb`; the probe sizes the
+problem on torch's meta device and halves the largest size, free ones first, until a call's
+inputs and output fit): KernelBench's own sizes are made for a large GPU. The cases are the
+fitted sizes in every kind, the free sizes at an eighth, and hidden cases drawn from [eighth,
+default] of each free size. What cannot be imported (CUDA code,
 an unsupported dtype, inputs that are not tensors or numbers, a Model that fails on its own
 inputs) is refused with the reason, and nothing is written for it.
 """
@@ -40,6 +43,9 @@ TOLERANCES = {
     "float16": {"atol": 2e-3, "rtol": 2e-3},
 }
 INIT_SEED = 0
+# NB: the probe's own cap (it sizes on the meta device and runs once at the fitted sizes)
+PROBE_CAP_BYTES = 3 << 30
+DEFAULT_CALL_BYTES = 16 << 20
 
 
 class ImportRefused(RsiError):
@@ -53,20 +59,40 @@ def task_name(path: Path) -> str:
     return f"kb_{stem}" or "kb_problem"
 
 
-def probe(path: Path, timeout_s: float = 300) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-I", "-B", str(PROBE), str(path)],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
+def _cap_memory(limit: int):
+    def apply() -> None:
+        import resource
+
+        # NB: private writable memory (the heap, tensors): the probe is the user's code
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+    return apply
+
+
+def probe(path: Path, timeout_s: float = 300, max_call_bytes: int = DEFAULT_CALL_BYTES) -> dict:
+    """Probe `path` in its own interpreter, its memory capped at PROBE_CAP_BYTES: a problem
+    that cannot be sized or fitted is refused with the reason, and so is one that runs out."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-I", "-B", str(PROBE), str(path), str(max_call_bytes)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            preexec_fn=_cap_memory(PROBE_CAP_BYTES),
+        )
+    except subprocess.TimeoutExpired:
+        raise ImportRefused(f"{path}: probing it took over {timeout_s:g} s") from None
     try:
         doc = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise ImportRefused(
-            f"{path}: probing it failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}"
-        ) from None
+        tail = proc.stderr.strip()[-500:]
+        if proc.returncode < 0 or "can't allocate memory" in tail or "MemoryError" in tail:
+            raise ImportRefused(
+                f"{path}: the probe failed (exit {proc.returncode}) under its memory cap of "
+                f"{PROBE_CAP_BYTES >> 20} MiB: {tail}"
+            ) from None
+        raise ImportRefused(f"{path}: probing it failed (exit {proc.returncode}): {tail}") from None
     if not doc.get("ok"):
         raise ImportRefused(f"{path}: not imported: {doc.get('reason')}")
     return doc
@@ -126,6 +152,9 @@ VARIED = {varied}
 NAMES = {names}
 INIT = {init}
 INIT_SEED = {seed}
+# NB: the sizes the import fitted to its memory budget (size policy: {policy}); set on the
+# problem module before every use, so its get_inputs() makes what the task was checked with
+FIXED = {fixed}
 SCALE = {{"normal": 1.0, "large": 100.0, "tiny": 1e-3, "transposed": 1.0}}
 
 
@@ -134,6 +163,8 @@ def _load():
     spec = importlib.util.spec_from_file_location(f"_rsi_problem_{{id(path)}}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    for name, value in FIXED.items():
+        setattr(module, name, value)
     return module
 
 
@@ -183,6 +214,7 @@ import torch
 NAMES = {names}
 INIT = {init}
 INIT_SEED = {seed}
+FIXED = {fixed}
 _MODEL = None
 
 
@@ -193,6 +225,8 @@ def _model():
         spec = importlib.util.spec_from_file_location(f"_rsi_oracle_{{id(path)}}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+        for name, value in FIXED.items():
+            setattr(module, name, value)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(INIT_SEED)
             model = module.Model(*INIT)
@@ -216,6 +250,13 @@ def render(path: Path, name: str, doc: dict) -> dict[str, str]:
     src = path.read_text(encoding="utf-8")
     digest = hashlib.sha256(src.encode()).hexdigest()
     kernel = re.sub(r"\bModel\b", "ModelNew", src)
+    fixed = doc.get("fixed") or {}
+    policy = doc.get("size_policy") or {}
+    if fixed:
+        kernel += (
+            "\n\n# rsi import: sizes fitted to the task's memory budget (the model is built "
+            "with them)\n" + "".join(f"{g} = {v}\n" for g, v in fixed.items())
+        )
     names = [i["name"] for i in doc["inputs"]]
     cases, hidden = _cases(doc)
     out_dtype = doc["output"]["dtype"]
@@ -278,6 +319,13 @@ def render(path: Path, name: str, doc: dict) -> dict[str, str]:
         f"Free sizes (set from a case's `shape`, in this order): {free}. Hidden cases draw "
         "them between an eighth of the default and the default.\n"
     )
+    if policy.get("scaled"):
+        changes = ", ".join(f"`{g}` {a} -> {b}" for g, (a, b) in policy["scaled"].items())
+        task_md += (
+            f"\nSizes fitted to a memory budget of {policy['max_call_bytes'] / 2**20:g} MiB per "
+            f"call (inputs and output; `rsi import kernelbench --max-call-mb`): {changes}. "
+            "The problem's own sizes are made for a large GPU; these are the defaults here.\n"
+        )
     return {
         "problem.py": src,
         "baseline/kernel.py": kernel,
@@ -286,9 +334,14 @@ def render(path: Path, name: str, doc: dict) -> dict[str, str]:
             names=json.dumps(names),
             init=json.dumps(doc["init"]),
             seed=INIT_SEED,
+            fixed=json.dumps(fixed),
+            policy=json.dumps(policy, sort_keys=True),
         ),
         "oracle.py": ORACLE.format(
-            names=json.dumps(names), init=json.dumps(doc["init"]), seed=INIT_SEED
+            names=json.dumps(names),
+            init=json.dumps(doc["init"]),
+            seed=INIT_SEED,
+            fixed=json.dumps(fixed),
         ),
         "BUILD.toml": "\n".join(build),
         "TASK.md": task_md,
@@ -296,7 +349,12 @@ def render(path: Path, name: str, doc: dict) -> dict[str, str]:
 
 
 def import_problems(
-    root: Path, files: list[Path], into: str = "tasks", force: bool = False, name: str = ""
+    root: Path,
+    files: list[Path],
+    into: str = "tasks",
+    force: bool = False,
+    name: str = "",
+    max_call_bytes: int = DEFAULT_CALL_BYTES,
 ):
     """Import each file; returns (written, refused) lists. A refused file writes nothing."""
     written, refused = [], []
@@ -310,7 +368,7 @@ def import_problems(
                 raise ImportRefused(
                     f"{path}: {dest.relative_to(root)} exists (--force replaces its files)"
                 )
-            doc = probe(path)
+            doc = probe(path, max_call_bytes=max_call_bytes)
             files_out = render(path, task, doc)
         except ImportRefused as exc:
             refused.append({"file": str(path), "reason": exc.message})
@@ -326,6 +384,7 @@ def import_problems(
                 "folder": str(dest.relative_to(root)),
                 "free_sizes": doc["varied"],
                 "inputs": doc["inputs"],
+                "size_policy": doc.get("size_policy"),
             }
         )
     return written, refused
@@ -347,10 +406,24 @@ def import_group() -> None:
 @click.option(
     "--name", default="", help="the task folder's name (one file only; default kb_<stem>)"
 )
+@click.option(
+    "--max-call-mb",
+    type=click.FloatRange(min=0.001, max=4096),
+    default=DEFAULT_CALL_BYTES / 2**20,
+    show_default=True,
+    help="memory budget of one call (its inputs and output): the problem's sizes are halved, "
+    "free sizes first, until a call fits; recorded in the task's workloads.py and TASK.md",
+)
 @click.option("--json", "as_json", is_flag=True, help="what was written and refused, as JSON")
 @click.pass_context
 def kernelbench_cmd(
-    ctx: click.Context, files, into: str, force: bool, name: str, as_json: bool
+    ctx: click.Context,
+    files,
+    into: str,
+    force: bool,
+    name: str,
+    max_call_mb: float,
+    as_json: bool,
 ) -> None:
     """Import KernelBench-format problem files (Model, get_inputs, get_init_inputs) as tasks
     under tasks/kb_<name>/ with the problem's Model as baseline and (in float64) oracle.
@@ -368,13 +441,24 @@ def kernelbench_cmd(
         raise click.UsageError("--name names one task: give one file with it")
     if name and not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         raise click.UsageError(f"--name {name!r}: lower-case letters, digits and _ only")
-    written, refused = import_problems(ws.root, [p.resolve() for p in files], into, force, name)
+    written, refused = import_problems(
+        ws.root,
+        [p.resolve() for p in files],
+        into,
+        force,
+        name,
+        max_call_bytes=int(max_call_mb * 2**20),
+    )
     if as_json:
         click.echo(json.dumps({"written": written, "refused": refused}, indent=1))
     else:
         for w in written:
             sizes = ", ".join(w["free_sizes"]) or "none"
             click.echo(f"imported {w['file']} -> {w['folder']} ({w['task']}; free sizes {sizes})")
+            scaled = (w.get("size_policy") or {}).get("scaled") or {}
+            if scaled:
+                fitted = ", ".join(f"{g} {a} -> {b}" for g, (a, b) in scaled.items())
+                click.echo(f"  sizes fitted to --max-call-mb: {fitted}")
         for r in refused:
             click.echo(f"refused: {r['reason']}", err=True)
         if written:
