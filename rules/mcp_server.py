@@ -305,14 +305,46 @@ class CampaignTools:
         return self._call(open_store(self.ws).read_bytes, digest)
 
 
+def _sdk_refusal(tool: str, exc: Exception) -> CallRefused:
+    """A refusal the SDK made before the tool ran, as a CallRefused naming the fields."""
+    cause = exc.__cause__
+    errors = getattr(cause, "errors", None)
+    if callable(errors):
+        parts = []
+        for err in errors():
+            field = ".".join(str(p) for p in err.get("loc", ())) or "arguments"
+            parts.append(f"`{field}`: {err.get('msg', 'invalid')}")
+        return CallRefused(
+            "bad_arguments",
+            f"{tool}: " + "; ".join(parts),
+            hint=f"see the {tool} tool's input schema (list_tools)",
+        )
+    return CallRefused("bad_call", str(exc), hint="list_tools names every tool and its arguments")
+
+
 def make_server(ws, *, package: str = ""):
     """The MCPServer over `ws` (tools and resources registered)."""
     from mcp.server.mcpserver import MCPServer
-    from mcp.server.mcpserver.exceptions import ResourceError
+    from mcp.server.mcpserver.exceptions import ResourceError, ToolError
     from mcp.types import CallToolResult, TextContent
 
+    class Server(MCPServer):
+        async def call_tool(self, name, arguments, context=None):
+            try:
+                return await super().call_tool(name, arguments, context)
+            except ToolError as exc:
+                # NB: the SDK's own refusals (arguments that fail the tool's schema, an
+                # unknown tool) are data too: the same document as every other refusal
+                refused = _sdk_refusal(name, exc)
+                doc = refused.document(name)
+                return CallToolResult(
+                    content=[TextContent(type="text", text=json.dumps(doc, sort_keys=True))],
+                    structured_content=doc,
+                    is_error=True,
+                )
+
     tools = CampaignTools(ws, package=package)
-    server = MCPServer("rsi", instructions=INSTRUCTIONS)
+    server = Server("rsi", instructions=INSTRUCTIONS)
 
     def wrap(fn):
         def call(*args, **kwargs):

@@ -114,3 +114,24 @@ def test_rsi_mcp_without_the_sdk_names_the_one_command_that_adds_it(tmp_path):
     assert "Traceback" not in proc.stderr
     assert f"{sys.executable} -m pip install 'mcp" in proc.stderr, proc.stderr
     assert not (tmp_path / "cache").exists()  # NB: nothing written
+
+
+def test_arguments_that_fail_the_schema_are_a_document_naming_the_field(tmp_path):
+    pytest.importorskip("mcp")
+    import anyio
+
+    from rsi.workspace import Workspace
+    from rules.mcp_server import make_server
+
+    (tmp_path / "rsi.toml").write_text("")
+    server = make_server(Workspace.load(tmp_path))
+
+    async def main():
+        bad = await server.call_tool("submit_round", {"campaign": "//a:c", "files": "kernel.py"})
+        unknown = await server.call_tool("no_such_tool", {})
+        return bad, unknown
+
+    bad, unknown = anyio.run(main)
+    assert bad.is_error and bad.structured_content["error"]["code"] == "bad_arguments"
+    assert "`files`" in bad.structured_content["error"]["message"]
+    assert unknown.is_error and unknown.structured_content["error"]["code"] == "bad_call"
