@@ -192,13 +192,16 @@ REPLY_FIELDS = {
 }
 
 
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float)
+
+
 def parse_reply(body: bytes) -> dict:
     """The worker's reply as a dict, or WorkerFault("protocol"): never anything else, whatever
     the bytes (nesting, NaN, Infinity, huge numbers, bad UTF-8, unknown fields, wrong types)."""
     try:
         if not _depth_ok(body):
             raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
-        doc = json.loads(body, parse_constant=_no_constant, parse_float=_finite_float)
+        doc = _DECODER.decode(body.decode("utf-8"))
         if type(doc) is not dict or "op" not in doc:
             raise ValueError("not a JSON object with an op")
         for key, value in doc.items():
@@ -338,6 +341,14 @@ def _outside_pid(root: int, inner: object) -> int | None:
 BLOCK_SPIN_S, BLOCK_WAIT_S = 0.005, 1.0
 
 
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _wait_blocked(pid: int, limit_s: float = BLOCK_WAIT_S) -> str | None:
     """None once the process's main thread went to sleep (after answering), within `limit_s`;
     else why not. Spins the first few ms (the usual case), then polls: on a busy host the
@@ -379,6 +390,26 @@ def subtree_cpu(root: int) -> dict[int, int]:
                 continue
         found[pid] = ns
         stack.extend(_children_of(pid))
+    return found
+
+
+def sandbox_cpu(zygote: int | None, worker_pid: int) -> dict[int, int]:
+    """subtree_cpu of the worker and of every other child of its zygote (where the worker's
+    orphans go): every process of the sandbox but the zygote, which sleeps through a call and
+    reaps nothing then (it waits for the worker), and bwrap's above it, which get no orphan."""
+    found = subtree_cpu(worker_pid)
+    if not zygote:
+        return found
+    # NB: the zygote's main thread only: it forked the worker, and orphans go to a live thread
+    # of the subreaper, its leader first (the zygote's leader waits for the worker meanwhile)
+    try:
+        with open(f"/proc/{zygote}/task/{zygote}/children", "rb") as f:
+            children = [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        children = _children_of(zygote)
+    for child in children:
+        if child not in found:
+            found.update(subtree_cpu(child))
     return found
 
 
@@ -836,6 +867,11 @@ class WorkerProcess:
         self.child_pid = _outside_pid(self.pid, reply.get("pid"))
         if self.child_pid is None:
             raise WorkerStartError(f"the forked worker (pid {reply.get('pid')}) is not in /proc")
+        # NB: the zygote, as seen from here: every process of the sandbox that is not bwrap's
+        # is below it (a subreaper: orphans of the worker's tree are re-parented to it)
+        self.zygote_pid = _parent_of(self.child_pid)
+        if self.zygote_pid is None:
+            raise WorkerStartError("the forked worker's zygote is not in /proc")
 
     def end_child(self, timeout_s: float) -> None:
         """Ask the worker to exit, wait for the zygote to say so, and check from outside that
@@ -1106,13 +1142,13 @@ def timed_call(
     # blocked, before it is armed and after it has answered: another process's clock leaves
     # out the slice its threads are running now (the kernel adds it at the next tick or
     # switch), so a reading taken while the worker spins would miss up to a tick of it
-    # NB: of every process in the worker's sandbox, not only below the worker: a helper it
-    # double-forked is re-parented to the zygote (a subreaper) and would be missed. The
-    # sandbox's own processes (bwrap, the zygote) sleep through a call.
+    # NB: of every process below the sandbox's zygote, not only below the worker: a helper it
+    # double-forked is re-parented to the zygote (a subreaper) and was missed. The zygote
+    # itself sleeps through a call (bwrap's processes above it can get no orphan).
     cpu_pid = getattr(worker, "child_pid", None) if worker.child_alive else None
-    root = worker.pid if cpu_pid else None
+    zygote = getattr(worker, "zygote_pid", None)
     w0 = time.perf_counter_ns()
-    c0 = subtree_cpu(root) if root else None
+    c0 = sandbox_cpu(zygote, cpu_pid) if cpu_pid else None
     # NB: and what is not the calling thread's: helper processes reaped within the call (their
     # parents' cutime) and every other thread or process; on a threads = 1 binding that must
     # be nothing, however slow a busy host makes the call's wall time
@@ -1154,7 +1190,7 @@ def timed_call(
     # served the calls never went back to sleep, and its calls went unchecked
     if c0 is not None:
         why = _wait_blocked(cpu_pid)
-        c1 = subtree_cpu(root) if why is None else None
+        c1 = sandbox_cpu(zygote, cpu_pid) if why is None else None
         if why is None and (cpu_pid not in c1 or cpu_pid not in c0):
             why = "the worker's CPU clock could not be read"
         m1 = thread_cpu_ns(cpu_pid, cpu_pid) if why is None else None
