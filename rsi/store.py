@@ -140,27 +140,43 @@ def store_folder_problem(root: Path) -> str | None:
     return f"its {STORE_MARKER} is not an rsi store marker (schema {schema!r})"
 
 
-def folder_write_problem(root: Path, what: str = "it") -> str | None:
-    """Why rsi could not write under `root` (a store, or `out/`), or None: the folder, each
-    folder directly in it, or where it is to be made, is read-only (a read-only mount, an
+# NB: the folders of a store a build writes in (checked by name: a listing costs more)
+WRITTEN_FOLDERS = (
+    "cas",
+    "ac",
+    "targets",
+    "tmp",
+    "roots",
+    "events",
+    "analysis",
+    "campaigns",
+    "toolchains",
+)
+
+
+def folder_write_problem(
+    root: str | os.PathLike, what: str = "it", inside: tuple[str, ...] = WRITTEN_FOLDERS
+) -> str | None:
+    """Why rsi could not write under `root` (a store, or `out/`), or None: the folder, the
+    folders `inside` it that exist, or where it is to be made, is read-only (a read-only mount, an
     immutable folder: root bypasses modes but not these) or closed to this user. Checked
-    before a build writes anything, so a refusal leaves nothing half written."""
+    before a build writes anything, so a refusal leaves nothing half written. (A file where
+    the folder should be is left to `store_folder_problem`.)"""
     want = os.R_OK | os.W_OK | os.X_OK
-    here = root
+    top = here = os.fspath(root)
     while not os.path.lexists(here):
-        if here.parent == here:
+        parent = os.path.dirname(here)
+        if parent == here:
             return None
-        here = here.parent
+        here = parent
         what = f"the folder it would be made in ({here})"
+    if not os.path.isdir(here):
+        return None
     folders = [here]
-    if here == root:
-        try:
-            with os.scandir(root) as found:
-                folders += [Path(e.path) for e in found if e.is_dir(follow_symlinks=False)]
-        except OSError as exc:
-            return f"{what} cannot be read ({exc.strerror or exc})"
+    if here == top:
+        folders += [os.path.join(here, name) for name in inside]
     for folder in folders:
-        if os.access(folder, want):
+        if os.access(folder, want) or (folder != here and not os.path.lexists(folder)):
             continue
         try:
             read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)

@@ -291,8 +291,7 @@ class Workspace(Frozen):
         not ask it."""
         from rsi.store import folder_write_problem
 
-        self.check_store()  # NB: first what the folder is, then whether it can be written
-        store = self.store_dir.resolve()
+        store = self.store_dir
         problem = folder_write_problem(store)
         if problem is not None:
             self._store_error(
@@ -300,7 +299,7 @@ class Workspace(Frozen):
                 "make it writable (a read-write mount, `chattr -i`, its mode), or use another "
                 "folder; nothing was written",
             )
-        problem = folder_write_problem(self.out_dir, f"{self.out_dir}")
+        problem = folder_write_problem(self.out_dir, f"{self.out_dir}", ())
         if problem is not None:
             raise DeclarationError(
                 f"the build's outputs cannot be written under out/: {problem}",
