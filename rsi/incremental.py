@@ -96,11 +96,17 @@ KEEP_STATES = 4
 keeping = False
 
 
-def _sig_of(path) -> tuple[int, int, int, int] | None:
+def _sig_of(path) -> tuple | None:
+    """A state or delta file's signature and seal (its first line, the digest of its content):
+    a file system may hand a rewritten file the old one's inode and size within one clock
+    tick, so the kept copy (`_KEEP`) is trusted by content, not by the stat alone."""
     try:
-        return _sig(os.stat(path))
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            head = f.read(160).split(b"\n", 1)[0]
     except OSError:
         return None
+    return _sig(st), head
 
 
 def keep(store: Any, p: Plan) -> None:
