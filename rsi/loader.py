@@ -109,8 +109,15 @@ class Loader:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise LabelError(f"no package //{package}: {path} does not exist") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise DeclarationError(f"cannot read: {exc}", file=rel) from None
+        except UnicodeDecodeError as exc:
+            line = exc.object[: exc.start].count(b"\n") + 1
+            raise DeclarationError(
+                f"not UTF-8 text (byte {exc.object[exc.start]:#04x} on line {line})",
+                file=rel,
+                hint="TOML files are UTF-8; re-save it as UTF-8",
+            ) from None
+        except OSError as exc:
+            raise DeclarationError(f"cannot read: {exc.strerror or exc}", file=rel) from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:

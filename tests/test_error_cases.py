@@ -113,6 +113,17 @@ def test_an_rsi_toml_that_is_not_utf8_exits_2_naming_it(raw, make_workspace, run
 
 
 @pytest.mark.fast
+def test_a_build_toml_that_is_not_utf8_exits_2_naming_it_and_the_line(
+    make_workspace, run_rsi, tmp_path
+):
+    ws = make_workspace(tmp_path, {"p/BUILD.toml": CMD.encode() + b'doc = "\xff"\n'})
+    run = run_rsi(ws, "build", "//p:t")
+    _assert_clean(run, "p/BUILD.toml", None)
+    assert "not UTF-8 text (byte 0xff on line 5)" in run.stderr, run
+    assert not (ws / "out").exists() and not list((ws / "cache").glob("ac/*/*"))
+
+
+@pytest.mark.fast
 def test_a_remote_flag_that_is_not_grpc_is_a_usage_error(make_workspace, run_rsi, tmp_path):
     ws = make_workspace(tmp_path, {"p/BUILD.toml": CMD})
     run = run_rsi(ws, "build", "--remote", "http://localhost:1234", "//p:t")
