@@ -68,3 +68,14 @@ def test_an_executor_checks_the_identity_it_is_given(tmp_path, monkeypatch):
     (site / "numpy-2.0.1.dist-info" / "METADATA").write_text("Name: numpy\nVersion: 2.0.1\n")
     assert not host_python.is_this_interpreter(ident)
     assert not host_python.is_this_interpreter("host-python@00:numpy;rm")
+
+
+@pytest.mark.fast
+def test_a_module_of_a_dist_named_otherwise_is_found_by_its_record(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    _dist(site, "PyYAML", "6.0", top="yaml")  # NB: no top_level.txt, another name
+    first = _identity(monkeypatch, [str(site)], imports=("yaml",))
+    assert {k: v.split()[0] for k, v in host_python.packages(["yaml"]).items()} == {"pyyaml": "6.0"}
+    (site / "PyYAML-6.0.dist-info" / "METADATA").write_text("Name: PyYAML\nVersion: 6.1\n")
+    (site / "PyYAML-6.0.dist-info").rename(site / "PyYAML-6.1.dist-info")
+    assert _identity(monkeypatch, [str(site)], imports=("yaml",)) != first

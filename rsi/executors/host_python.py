@@ -215,7 +215,29 @@ def _owner(module: str, paths: tuple[str, ...]) -> tuple[str, str | None]:
     for folder in listing.values():
         if module in _dist(folder)["top_level"]:
             return where, folder
+    # NB: a dist named otherwise and without top_level.txt (PyYAML's `yaml`): its RECORD
+    for folder in listing.values():
+        if module in _record_tops(folder):
+            return where, folder
     return where, None
+
+
+def _record_tops(folder: str) -> frozenset[str]:
+    """The top-level names a dist installed, from its RECORD (`yaml/__init__.py` -> yaml)."""
+    record = _record_file(folder)
+
+    def read() -> frozenset[str]:
+        tops = set()
+        try:
+            with open(record, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    first = line.split(",", 1)[0].split("/", 1)[0]
+                    tops.add(first[:-3] if first.endswith(".py") else first.split(".", 1)[0])
+        except OSError:
+            pass
+        return frozenset(tops)
+
+    return _memo("tops", folder, (_sig(record),), read)
 
 
 def closure(imports: Iterable[str], read: list[str] | None = None) -> dict:
