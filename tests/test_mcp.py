@@ -205,7 +205,10 @@ def test_an_mcp_client_runs_three_rounds_and_a_final(tmp_path, make_workspace, r
         assert fin["final"]["selected"]["round"] == 1
         assert fin["final"]["selected"]["review"] == "pass"
     else:
-        assert best["state"] == "none" and fin["final"]["state"] == "no_candidate"
+        # NB: a host_busy measurement is never cached, so after it `best` may have no evidence
+        # to select from (unavailable) rather than a selection of none
+        assert best["state"] == "none" or (busy and best["state"] == "unavailable"), best
+        assert fin["final"]["state"] == "no_candidate"
     rounds = seen["status"]["rounds"]
     assert [r["review"] for r in rounds] == ["pass", "fail", "pass"]
     report = seen["report"]["report"]
