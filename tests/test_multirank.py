@@ -240,7 +240,12 @@ def test_verdicts_pass_the_fast_candidate_and_fail_the_wrong_one_per_rank(
     verdict_wall = time.monotonic() - started
     out = ws / "out" / "tasks" / "tp_mlp"
     verdict = json.loads((out / "verdict" / "verdict.json").read_text())
-    assert verdict["verdict"] == "PASS", verdict["reasons"]
+    # NB: a measurement on a busy host (others' work took the CPUs the ranks needed) is
+    # INCONCLUSIVE host_busy and nothing else; on a quiet host the fast candidate passes
+    if verdict["verdict"] == "INCONCLUSIVE":
+        assert {r["code"] for r in verdict["reasons"]} == {"host_busy"}, verdict["reasons"]
+    else:
+        assert verdict["verdict"] == "PASS", verdict["reasons"]
     samples = json.loads((out / "_evidence" / "cpu" / "fast" / "samples.json").read_text())
     assert samples["ranks"]["world_size"] == 2
     for pair in samples["pairs"]:

@@ -145,7 +145,9 @@ def _rank_main(args: dict, msg: dict, rank: int, mine: list[int], keep: set[int]
     _reapply(msg, args, run_dir)
     confined = _confine(msg, zygote_pid)
     in_size, out_size = msg["sizes"][rank]
-    channel = dict(zip(CHANNEL_FDS, mine, strict=True), in_size=int(in_size), out_size=int(out_size))
+    channel = dict(
+        zip(CHANNEL_FDS, mine, strict=True), in_size=int(in_size), out_size=int(out_size)
+    )
     worker = RankWorker(dict(args, **channel))
     try:
         worker.group = _join(args, rank, run_dir)

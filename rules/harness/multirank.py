@@ -531,7 +531,7 @@ class ArmRun:
             # NB: the sandbox forked ranks before (the IPC probe); when an implementation ran in
             # it since, that implementation left it unusable: its failure, not a harness fault
             if before is not None:
-                raise Damaged(before, f"rank sandbox {self.box.index}: {exc}") from exc
+                raise Damaged(before, f"after the {before}'s arm-run in it: {exc}") from exc
             raise C.HarnessError(
                 f"rank sandbox {self.box.index} could not fork before any implementation code "
                 f"ran: {exc}"
@@ -967,7 +967,9 @@ def main() -> int:
         shutil.rmtree(work_dir, ignore_errors=True)
     if busy:
         # NB: judged (assess: INCONCLUSIVE host_busy) but never cached, as measure.py
-        print(f"rsi multirank measure: the host was busy, not to be cached: {busy}", file=sys.stderr)
+        print(
+            f"rsi multirank measure: the host was busy, not to be cached: {busy}", file=sys.stderr
+        )
         return C.BUSY_EXIT
     return 0
 
