@@ -151,6 +151,7 @@ WRITTEN_FOLDERS = (
     "analysis",
     "campaigns",
     "toolchains",
+    "locks",  # NB: the outputs lock of each workspace (rsi/wslock.py)
 )
 
 
