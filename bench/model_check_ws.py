@@ -55,6 +55,7 @@ class Model:
     deleted: list[str] = field(default_factory=list)
     mounts: list[str] = field(default_factory=list)  # workspace-relative, newest last
     history: dict[str, list[bytes]] = field(default_factory=dict)  # earlier contents
+    linked: set[str] = field(default_factory=set)  # changed through a later hard link
     serial: int = 0
 
     def mounted(self, rel: str) -> bool:
@@ -359,6 +360,15 @@ def edit_source(ws: Path, model: Model, rng: random.Random, kind: str) -> str:
         subprocess.run(["mount", "--bind", str(other), str(folder)], check=True)
         model.mounts.append(str(folder.relative_to(ws)))
         return f"bind-mount a copy of {folder.relative_to(ws)} over it ({rel} same size)"
+    if kind == "hardlink":  # rewritten through a hard link made now in an unwatched folder
+        link = ws.parent / "links" / f"l{model.serial}-{rng.randrange(10**6)}"
+        link.parent.mkdir(exist_ok=True)
+        os.link(path, link)
+        with open(link, "r+b") as f:
+            f.write(same_size_other(rng, old))
+        _put_back(link, st)
+        model.linked.add(rel)
+        return f"hard link to {rel} made elsewhere, rewritten through it (same size, mtime back)"
     if kind == "swap":
         same = [s for s in live if s != rel and (ws / s).stat().st_size == st.st_size]
         other = ws / (rng.choice(same) if same else rng.choice(live))
