@@ -136,3 +136,57 @@ def campaign(n_rounds: int, seed: int = 0, final_state: str = "done") -> dict:
         "final_links": {"final.json": "../campaign.final/final.json"},
     }
     return {"report": doc, "docs": docs, "verdicts": verdicts, "meta": meta}
+
+
+def reviewed(doc: dict, verdict: str | None, findings: list[dict] | None = None) -> dict:
+    """`doc` with an independent review (None: none, an external project), and `accepted` as
+    rules/harness/round.py writes it."""
+    if verdict is None:
+        doc["review"] = None
+    else:
+        found = findings or []
+        doc["review"] = {"verdict": verdict, "n_findings": len(found), "findings": found}
+    doc["accepted"] = doc["verdict"] == "PASS" and verdict in (None, "pass")
+    return doc
+
+
+FINDING = {
+    "rule": "frame_introspection",
+    "severity": "fail",
+    "file": "kernel.py",
+    "line": 7,
+    "detail": "reads the caller's frame (sys._getframe)",
+}
+
+
+def review_campaign(noise: float = 0.0) -> dict:
+    """The issue's case: round 1 a FAIL with nothing measured (its check failed), round 2 a
+    fast PASS whose review failed (never counted), round 3 INCONCLUSIVE, round 4 a PASS whose
+    review passed; usage (tokens, calls) known only for round 4."""
+    unknown = {"tokens": {"input": None, "output": None, "cached": None}, "calls": None}
+    known = {"tokens": {"input": 1200, "output": 300, "cached": None}, "calls": 3}
+    docs = [
+        reviewed(round_doc(1, "FAIL", None, unknown, "transpose in place"), "pass"),
+        reviewed(round_doc(2, "PASS", 1.8, unknown, "peek at the caller"), "fail", [FINDING]),
+        reviewed(round_doc(3, "INCONCLUSIVE", 1.01, unknown, "unroll"), "inconclusive"),
+        reviewed(round_doc(4, "PASS", 1.2, known, "fuse exp and sum"), "pass"),
+    ]
+    for d in docs:
+        d["noise_floor"] = noise
+    verdicts = {
+        d["round"]: {"verdict": d["verdict"], "fingerprint": dict(FINGERPRINT)} for d in docs
+    }
+    select, report = harness("select"), harness("report")
+    best = select.select(docs)
+    final = {"state": "pending", "message": "the campaign is still open", "verdict": None}
+    meta = {
+        "campaign": "//tasks/sm:campaign",
+        "binding": "//tasks/sm:small",
+        "kind": "task",
+        "started_at": START,
+        "max_rounds": 6,
+        "links": {},
+        "final_links": {},
+    }
+    doc = report.report("//tasks/sm:campaign", docs, best, final, [])
+    return {"report": doc, "docs": docs, "verdicts": verdicts, "meta": meta}

@@ -56,11 +56,14 @@ def test_plotted_points_and_best_so_far_are_the_evidence_numbers():
     c = S.campaign(20, seed=3)
     v, html = rendered(c)
     docs = {d["round"]: d for d in c["docs"]}
-    points = re.findall(
+    found = re.findall(
         r'<g class="pt" data-round="(\d+)" data-x="([^"]*)" data-point="([^"]*)" '
         r'data-lo="([^"]*)" data-hi="([^"]*)" data-verdict="(\w+)"',
-        html.split('id="chart-t_s"')[0],
+        html.split('id="chart-round"')[1].split("</svg>")[0],
     )
+    # NB: every judged round is on the chart; one without a measured speedup on the strip
+    assert {int(p[0]) for p in found} == set(docs)
+    points = [p for p in found if p[2]]
     measured = {n: d for n, d in docs.items() if d["speedup"]}
     assert {int(p[0]) for p in points} == set(measured)
     for n, x, point, lo, hi, verdict in points:
@@ -175,7 +178,7 @@ def test_the_page_is_self_contained_deterministic_and_accessible(tmp_path):
     assert html.count('<th scope="col"') >= 12
     for svg in re.findall(r"<svg[^>]*>", html):
         assert 'role="img"' in svg and "aria-labelledby" in svg
-    assert len(re.findall(r"<desc id=", html)) == 4
+    assert len(re.findall(r"<desc id=", html)) == len(re.findall(r"<svg ", html)) >= 2
     for r in v1["rounds"]:
         assert f"{r['symbol']} {r['verdict']}" in row_html(html, r["round"])
     # NB: the same bytes from a separate process in another folder
@@ -425,8 +428,9 @@ def test_the_html_report_builds_as_a_target_from_the_evidence(campaign_ws, build
         for n in (1, 2)
         for href in re.findall(rf'<tr id="round-{n}".*?href="([^"]*round\.json)"', html, re.S)
     }
+    chart = re.search(r'<svg id="chart-round".*?</svg>', html, re.S).group(0)
     pts = dict(
-        re.findall(r'<g class="pt" data-round="(\d+)" data-x="[^"]*" data-point="([^"]*)"', html)
+        re.findall(r'<g class="pt" data-round="(\d+)" data-x="[^"]*" data-point="([^"]+)"', chart)
     )
     assert set(pts) == {str(n) for n, d in docs.items() if d["speedup"]}
     for n, point in pts.items():
@@ -581,7 +585,7 @@ def test_in_a_real_browser_the_points_are_the_evidence_and_the_live_page_updates
             # NB: the static report loads nothing but itself
             assert requests == [page_path.as_uri()]
             pts = page.eval_on_selector_all(
-                "#chart-round g.pt",
+                "#chart-round g.pt[data-measured=true]",
                 "els => els.map(e => ({round: +e.dataset.round, point: +e.dataset.point,"
                 " lo: +e.dataset.lo, hi: +e.dataset.hi, verdict: e.dataset.verdict}))",
             )
@@ -599,7 +603,8 @@ def test_in_a_real_browser_the_points_are_the_evidence_and_the_live_page_updates
                     (sp["point"], sp["lo"], sp["hi"]), rel=1e-5
                 )
             assert page.locator("#rounds thead th[scope=col]").count() >= 10
-            assert page.locator("svg[role=img] > title").count() == 4
+            charts = page.locator("svg[role=img]").count()
+            assert charts >= 2 and page.locator("svg[role=img] > title").count() == charts
             shot = SHOTS / "report.png"
             page.screenshot(path=str(shot), full_page=True)
             assert shot.stat().st_size > 10_000

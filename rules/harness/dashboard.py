@@ -107,7 +107,8 @@ def view(
     for r in report["rounds"]:
         n = r["round"]
         doc = docs.get(n) or {}
-        counts = bool(r.get("speedup_counts", r["verdict"] == "PASS"))
+        review = _review(doc.get("review"), r.get("review"), r.get("review_findings"))
+        counts = _counts(r, doc, review)
         sp = r.get("speedup") or None
         measured = None if not sp or sp.get("point") is None else sp
         evidence = (doc.get("evidence_sha256") or {}).get("verdict")
@@ -125,6 +126,8 @@ def view(
                 "verdict": r["verdict"],
                 "symbol": SYMBOLS.get(r["verdict"], "?"),
                 "counts": counts,
+                "not_counted_why": None if counts else _why_not(r["verdict"], review),
+                "review": review,
                 "speedup": measured,
                 "reasons": [
                     {"code": x.get("code"), "detail": x.get("detail")} for x in r.get("why") or []
@@ -162,6 +165,10 @@ def view(
         "started_at": started,
         "max_rounds": meta.get("max_rounds"),
         "counts": report.get("counts"),
+        "counted": sum(1 for r in rows if r["counts"]),
+        "review_failed": sum(
+            1 for r in rows if r["verdict"] == "PASS" and not r["counts"] and r["state"] == "judged"
+        ),
         "noise": _noise(measured_docs),
         "rounds": rows,
         "best": None
@@ -186,9 +193,57 @@ def view(
             "links": meta.get("final_links") or {},
         },
         "usage": report.get("usage"),
+        "usage_unknown": _usage_unknown(rows),
         "fingerprints": _fingerprints(verdicts),
         "live": bool(live),
     }
+
+
+def _review(summary: dict | None, verdict: str | None, findings: list | None) -> dict | None:
+    """The independent review as the page shows it: pass, fail or inconclusive with its
+    findings (file and line); None when the round has none (an external project)."""
+    if summary is None and verdict is None:
+        return None
+    summary = summary or {}
+    found = summary.get("findings") if summary.get("findings") is not None else findings or []
+    return {
+        "verdict": summary.get("verdict") or verdict,
+        "n_findings": summary.get("n_findings", len(found)),
+        "findings": [
+            {k: f.get(k) for k in ("rule", "severity", "file", "line", "detail")} for f in found
+        ],
+    }
+
+
+def _counts(row: dict, doc: dict, review: dict | None) -> bool:
+    """Counted: the verdict is PASS and the review passed or there is none (`accepted` in the
+    round document). Every source must agree: any one saying no makes it not counted."""
+    if row["verdict"] != "PASS" or (review is not None and review["verdict"] != "pass"):
+        return False
+    return all(
+        bool(x)
+        for x in (
+            row.get("speedup_counts", True),
+            row.get("accepted", True),
+            doc.get("accepted", True),
+        )
+    )
+
+
+def _why_not(verdict: str, review: dict | None) -> str:
+    if verdict == "PASS":
+        if review is None or review["verdict"] == "pass":
+            return "not accepted"
+        return "review failed" if review["verdict"] == "fail" else f"review {review['verdict']}"
+    return {"abandoned": "abandoned", "pending": "not judged yet"}.get(verdict, verdict)
+
+
+def _usage_unknown(rows: list[dict]) -> dict:
+    """Per usage field, how many of the rounds did not report it (their own cost, not the sum)."""
+    out = {"rounds": len(rows)}
+    for k in COST_FIELDS:
+        out[k] = sum(1 for r in rows if r["cost"][k] is None)
+    return out
 
 
 def _other_row(entry: dict, state: str, started, why) -> dict:
@@ -201,6 +256,8 @@ def _other_row(entry: dict, state: str, started, why) -> dict:
         "verdict": state,
         "symbol": SYMBOLS[state],
         "counts": False,
+        "not_counted_why": _why_not(state, None),
+        "review": None,
         "speedup": None,
         "reasons": [{"code": state, "detail": why}] if why else [],
         "reason_codes": [state],
@@ -217,7 +274,7 @@ def _other_row(entry: dict, state: str, started, why) -> dict:
 
 
 def _cumulate(rows: list[dict]) -> None:
-    """Best-so-far speedup (PASS rounds only) and cumulative cost after each round. A sum over
+    """Best-so-far speedup (counted rounds only) and cumulative cost after each round. A sum over
     rounds one of which did not report a field is unknown (null), never a smaller number."""
     best = None
     total = {k: 0 for k in COST_FIELDS}
@@ -248,13 +305,24 @@ def _fingerprints(verdicts: dict[int, dict]) -> list[dict]:
 
 # ------------------------------------------------------------------------------------- charts
 
-W, H = 560, 240
-PAD_L, PAD_R, PAD_T, PAD_B = 52, 14, 14, 40
+W, H = 560, 250
+PAD_L, PAD_R, PAD_T, PAD_B = 52, 74, 14, 40
+STRIP = 10  # px above the x axis where rounds without a measured speedup are marked
+MIN_BAND_PX = 4.0  # NB: a noise floor of 0 % is still drawn (and labelled), never invisible
+WIDE = 3.0  # hi/lo ratio of the plotted speedups from which a log-scale view is offered
+USAGE_AXES = ("tokens", "calls")
 AXES = (
     ("round", "round", "best-so-far speedup against round"),
     ("t_s", "seconds since the campaign's start (submission)", "best-so-far speedup against time"),
     ("tokens", "cumulative tokens (input + output)", "best-so-far speedup against tokens"),
     ("calls", "cumulative agent calls", "best-so-far speedup against calls"),
+)
+# NB: the marker says the verdict and whether it counts; the legend and each <title> say it too
+MARKERS = (
+    ("counted", "● PASS, counted"),
+    ("review", "◎ PASS, review not passed: not counted"),
+    ("INCONCLUSIVE", "□ INCONCLUSIVE: not counted"),
+    ("FAIL", "✗ FAIL: not counted (on the bottom strip when nothing was measured)"),
 )
 
 
@@ -279,6 +347,17 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return out
 
 
+def _log_ticks(lo: float, hi: float) -> list[float]:
+    """1-2-5 ticks between lo and hi (speedups, > 0)."""
+    out = []
+    for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1):
+        for m in (1, 2, 5):
+            t = round(m * 10.0**e, 12)
+            if lo <= t <= hi:
+                out.append(t)
+    return out or [lo]
+
+
 def _x_of(row: dict, axis: str):
     if axis == "round":
         return row["round"]
@@ -287,25 +366,46 @@ def _x_of(row: dict, axis: str):
     return row["cum_cost"].get(axis)
 
 
-def chart(v: dict, axis: str, xlabel: str, title: str) -> dict:
-    """One panel: every measured round's interval as an error bar (a PASS round's a filled
-    circle; another verdict's a hollow square or a cross: it does not count), the best-so-far
-    step line, the noise floor as a band around 1 and the threshold as a dashed line. Points
-    carry data-* attributes with the plotted numbers, and each a <title>."""
+def _kind(row: dict) -> str:
+    if row["counts"]:
+        return "counted"
+    return "review" if row["verdict"] == "PASS" else row["verdict"]
+
+
+def _speedups(rows: list[dict]) -> list[float]:
+    ys = []
+    for r in rows:
+        sp = r["speedup"]
+        if sp:
+            ys += [y for y in (sp.get("lo"), sp["point"], sp.get("hi")) if y is not None and y > 0]
+    return ys
+
+
+def wide(v: dict) -> bool:
+    """Whether the measured speedups span enough (hi/lo >= WIDE, 1 included) for a log view."""
+    ys = _speedups([r for r in v["rounds"] if r["state"] == "judged"]) + [1.0]
+    return max(ys) / min(ys) >= WIDE
+
+
+def chart(v: dict, axis: str, xlabel: str, title: str, scale: str = "linear") -> dict:
+    """One panel: every judged round (a measured one's interval as an error bar; one without
+    a measured speedup as a ✗ on the bottom strip), the best-so-far step line through counted
+    rounds only, the noise floor as a labelled band around 1 (never thinner than MIN_BAND_PX)
+    and the threshold as a dashed line. Points carry data-* attributes with the plotted
+    numbers, and each a <title> (the hover text). `scale` "log": the speedup axis in log10."""
     rows = [r for r in v["rounds"] if r["state"] == "judged"]
     placed = [(r, _x_of(r, axis)) for r in rows]
     plotted = [(r, x) for r, x in placed if x is not None]
     unplaced = [r["round"] for r, x in placed if x is None]
     noise = v["noise"]
-    ys = [1.0]
-    for r, _ in plotted:
-        if r["speedup"]:
-            ys += [r["speedup"].get("lo") or r["speedup"]["point"], r["speedup"]["point"]]
-            ys.append(r["speedup"].get("hi") or r["speedup"]["point"])
+    log = scale == "log"
+    ys = [1.0] + _speedups([r for r, _ in plotted])
     if noise["band"]:
         ys += noise["band"]
     if noise["threshold"]:
         ys.append(noise["threshold"])
+    f = (lambda y: math.log10(y)) if log else (lambda y: y)
+    ys = [f(y) for y in ys if not log or y > 0]
     y0, y1 = min(ys), max(ys)
     span = (y1 - y0) or 0.1
     y0, y1 = y0 - span * 0.08, y1 + span * 0.08
@@ -316,23 +416,30 @@ def chart(v: dict, axis: str, xlabel: str, title: str) -> dict:
     elif x1 <= x0:
         x1 = x0 + 1
     pw, ph = W - PAD_L - PAD_R, H - PAD_T - PAD_B
+    bottom = PAD_T + ph
 
     def px(x: float) -> float:
         return round(PAD_L + (x - x0) / (x1 - x0) * pw, 2)
 
     def py(y: float) -> float:
-        return round(PAD_T + (1 - (y - y0) / (y1 - y0)) * ph, 2)
+        fy = f(y) if y > 0 or not log else y0
+        return round(PAD_T + (1 - (min(max(fy, y0), y1) - y0) / (y1 - y0)) * ph, 2)
 
     points, best_pts = [], []
     for r, x in plotted:
         sp = r["speedup"]
+        review = r.get("review") or {}
         base = {
             "round": r["round"],
             "x": x,
             "cx": px(x),
             "verdict": r["verdict"],
             "counts": r["counts"],
+            "kind": _kind(r),
+            "review": review.get("verdict"),
+            "why_not": r.get("not_counted_why"),
             "symbol": r["symbol"],
+            "measured": bool(sp),
         }
         if sp:
             lo, hi = sp.get("lo"), sp.get("hi")
@@ -345,6 +452,21 @@ def chart(v: dict, axis: str, xlabel: str, title: str) -> dict:
                     cy=py(sp["point"]),
                     ylo=py(lo) if lo is not None else None,
                     yhi=py(hi) if hi is not None else None,
+                )
+            )
+        else:
+            # NB: a round with nothing measured (a failed check) is still on the chart
+            why = ",".join(c for c in r["reason_codes"] if c) or r.get("failure_kind") or ""
+            points.append(
+                dict(
+                    base,
+                    point=None,
+                    lo=None,
+                    hi=None,
+                    cy=bottom - STRIP / 2,
+                    ylo=None,
+                    yhi=None,
+                    why=why,
                 )
             )
         if r["best_so_far"] is not None:
@@ -361,47 +483,73 @@ def chart(v: dict, axis: str, xlabel: str, title: str) -> dict:
         if axis == "round"
         else _ticks(x0, x1)
     )
+    band = None
+    if noise["band"]:
+        top, low = py(noise["band"][1]), py(noise["band"][0])
+        if low - top < MIN_BAND_PX:
+            mid = py(1.0)
+            top, low = round(mid - MIN_BAND_PX / 2, 2), round(mid + MIN_BAND_PX / 2, 2)
+        band = {
+            "lo": noise["band"][0],
+            "hi": noise["band"][1],
+            "y": top,
+            "h": round(low - top, 2),
+            "label": f"noise ±{noise['delta'] * 100:.1f}%",
+        }
+    known = v["usage_unknown"]["rounds"] - v["usage_unknown"].get(axis, 0)
+    unknown_note = None
+    if axis in USAGE_AXES and v["usage_unknown"].get(axis):
+        unknown_note = (
+            f"usage unknown for {v['usage_unknown'][axis]} of {v['usage_unknown']['rounds']} rounds"
+        )
+    yt = _log_ticks(10**y0, 10**y1) if log else _ticks(y0, y1)
     return {
-        "id": f"chart-{axis}",
+        "id": f"chart-{axis}" + ("-log" if log else ""),
         "axis": axis,
-        "title": title,
+        "scale": scale,
+        "title": title + (" (log scale)" if log else ""),
         "xlabel": xlabel,
         "w": W,
         "h": H,
         "plot": {"x": PAD_L, "y": PAD_T, "w": pw, "h": ph},
+        "strip": bottom - STRIP,
+        # NB: no frame when nothing can be placed (usage unknown): a note says so instead
+        "frame": bool(plotted) or axis not in USAGE_AXES,
+        "known": known,
+        "unknown_note": unknown_note,
         "points": points,
         "best": best_pts,
         "best_path": path,
         "unplaced": unplaced,
-        "band": None
-        if not noise["band"]
-        else {
-            "lo": noise["band"][0],
-            "hi": noise["band"][1],
-            "y": py(min(noise["band"][1], y1)),
-            "h": round(py(max(noise["band"][0], y0)) - py(min(noise["band"][1], y1)), 2),
-        },
+        "band": band,
         "threshold": None
         if not noise["threshold"]
         else {"value": noise["threshold"], "y": py(noise["threshold"])},
         "one": py(1.0),
-        "yticks": [{"v": t, "y": py(t), "text": f"{t:g}"} for t in _ticks(y0, y1)],
+        "yticks": [{"v": t, "y": py(t), "text": f"{t:g}"} for t in yt],
         "xticks": [{"v": t, "x": px(t), "text": f"{t:g}"} for t in xticks],
-        "summary": _summary(title, points, best_pts, unplaced, noise),
+        "summary": _summary(title, points, best_pts, unplaced, noise, unknown_note),
     }
 
 
-def _summary(title: str, points, best_pts, unplaced, noise) -> str:
+def _summary(title: str, points, best_pts, unplaced, noise, unknown_note=None) -> str:
     """The chart's text alternative: what it shows, in words."""
-    parts = [f"{title}: {len(points)} measured round(s)"]
+    measured = [p for p in points if p["measured"]]
+    parts = [f"{title}: {len(measured)} measured round(s)"]
+    if len(points) > len(measured):
+        parts.append(f"{len(points) - len(measured)} judged without a measured speedup")
+    counted = sum(1 for p in points if p["counts"])
+    parts.append(f"{counted} counted, {len(points) - counted} not counted")
     if best_pts:
         top = best_pts[-1]["best"]
         since = next(b["round"] for b in best_pts if b["best"] == top)
         parts.append(f"best so far {top:.3f}x (from round {since} on)")
     else:
-        parts.append("no round has passed")
+        parts.append("no round counted")
     if noise["delta"] is not None:
         parts.append(f"noise floor ±{noise['delta'] * 100:.1f}%")
+    if unknown_note:
+        parts.append(unknown_note)
     if unplaced:
         parts.append(f"round(s) {_ranges(unplaced)} not placed: unknown on this axis")
     return "; ".join(parts)
@@ -419,7 +567,16 @@ def _ranges(numbers: list[int]) -> str:
 
 
 def charts(v: dict) -> list[dict]:
-    return [chart(v, axis, xlabel, title) for axis, xlabel, title in AXES]
+    """Each axis's panel; with a wide speedup range, its log-scale view too (shown instead of
+    the linear one when the page's log-scale box is ticked)."""
+    out = []
+    log = wide(v)
+    for axis, xlabel, title in AXES:
+        c = chart(v, axis, xlabel, title)
+        out.append(c)
+        if log and c["frame"]:
+            c["log"] = chart(v, axis, xlabel, title, scale="log")
+    return out
 
 
 # ----------------------------------------------------------------------------------- renderers
@@ -456,7 +613,11 @@ def _env():
 def render_html(v: dict, live: dict | None = None) -> str:
     """The campaign page. `live`: {"events": URL, "version": text, "home": URL} adds the
     refresh script and a link back to the index (rsi dashboard)."""
-    return _env().get_template("campaign.html.j2").render(v=v, charts=charts(v), live=live)
+    return (
+        _env()
+        .get_template("campaign.html.j2")
+        .render(v=v, charts=charts(v), markers=MARKERS, live=live)
+    )
 
 
 def render_compare(task: str, views: list[dict], live: dict | None = None) -> str:
@@ -469,11 +630,26 @@ def render_compare(task: str, views: list[dict], live: dict | None = None) -> st
             if r["best_so_far"] is not None
         ]
         lines.append({"campaign": v["campaign"], "points": pts, "view": v})
+    usage = {v["campaign"]: {k: usage_total(v, k) for k in USAGE_AXES} for v in views}
     return (
         _env()
         .get_template("compare.html.j2")
-        .render(task=task, lines=_compare_chart(lines), views=views, live=live)
+        .render(task=task, lines=_compare_chart(lines), views=views, usage=usage, live=live)
     )
+
+
+def usage_total(v: dict, field: str) -> dict:
+    """A campaign's total of one usage field over its rounds, with how many rounds did not
+    report it: `partial` when some did not (the total is then a lower bound, said so), and a
+    null total when none did (never 0)."""
+    known = [r["cost"][field] for r in v["rounds"] if r["cost"][field] is not None]
+    n = len(v["rounds"])
+    return {
+        "total": sum(known) if known else None,
+        "unknown": n - len(known),
+        "rounds": n,
+        "partial": bool(known) and len(known) < n,
+    }
 
 
 def render_index(root: str, groups: list[dict], error: str | None, live: dict | None) -> str:
@@ -515,10 +691,16 @@ def _compare_chart(lines: list[dict]) -> dict:
                 "n": i,
             }
         )
+    rounds = list(range(1, int(x1) + 1))
+    xticks = [
+        {"x": round(PAD_L + (t - 0.5) / (x1 - 0.5) * pw, 2), "text": str(t)}
+        for t in rounds[:: max(1, len(rounds) // 10)]
+    ]
     return {
         "w": W,
         "h": H,
         "plot": {"x": PAD_L, "y": PAD_T, "w": pw, "h": ph},
+        "xticks": xticks,
         "lines": out,
         "one": round(PAD_T + (1 - (1.0 - y0) / (y1 - y0)) * ph, 2),
         "yticks": [
@@ -537,8 +719,8 @@ def render_text(v: dict) -> str:
         f"noise floor: {fmt(noise['delta'], '.4f')}; threshold: {fmt(noise['threshold'], '.4f')}"
         + ("x" if noise["threshold"] is not None else ""),
         "",
-        "round verdict        speedup      interval          reason                 "
-        "failing case        tokens  calls  wall_s  device_s  evidence",
+        "round verdict        speedup      interval          review        counted      "
+        "reason                 failing case        tokens  calls  wall_s  device_s  evidence",
     ]
     for r in v["rounds"]:
         sp = r["speedup"]
@@ -549,11 +731,24 @@ def render_text(v: dict) -> str:
         c = r["cost"]
         ev = r["evidence"]
         evidence = "-" if ev is None else _reuse_text(ev)
+        rv = r.get("review")
+        review = "-" if r["state"] != "judged" else "none" if rv is None else rv["verdict"]
+        if rv and rv["n_findings"]:
+            review += f" ({rv['n_findings']})"
+        counted = "counted" if r["counts"] else "not counted"
         lines.append(
             f"{r['round']:>5} {r['symbol']} {r['verdict']:<12} {point:>11}  {interval:<17} "
+            f"{review:<13} {counted:<12} "
             f"{why:<22} {case:<16} {fmt(c['tokens'], 'g'):>9} {fmt(c['calls'], 'g'):>7} "
             f"{fmt(c['wall_s'], '.1f'):>7} {fmt(c['device_s'], '.1f'):>9}  {evidence}"
         )
+        for f in (rv or {}).get("findings") or []:
+            place = f.get("file") or "?"
+            if f.get("line") is not None:
+                place += f":{f['line']}"
+            lines.append(
+                f"      review finding: {place} {f.get('rule') or ''}: {f.get('detail') or ''}"
+            )
     best = v["best"]
     lines.append("")
     if best:
@@ -563,7 +758,15 @@ def render_text(v: dict) -> str:
             f"[{fmt(sp.get('lo'))}, {fmt(sp.get('hi'))}]"
         )
     else:
-        lines.append("best: none (no round passed)")
+        lines.append("best: none (no round counted: a PASS whose review passed)")
+    lines.append(
+        f"counted: {v['counted']} of {len(v['rounds'])} round(s)"
+        + (
+            f"; {v['review_failed']} PASS not counted: review not passed"
+            if v["review_failed"]
+            else ""
+        )
+    )
     f = v["final"]
     if f["state"] == "done":
         sp = f["speedup"] or {}
@@ -579,7 +782,13 @@ def render_text(v: dict) -> str:
         "usage: "
         + ", ".join(
             f"{k} {fmt(t, 'g')}"
-            + (f" ({unknown.get(k)} round(s) unknown)" if unknown.get(k) else "")
+            + (
+                f" (partial: {unknown.get(k)} round(s) unknown)"
+                if unknown.get(k) and t is not None
+                else f" ({unknown.get(k)} round(s) unknown)"
+                if unknown.get(k)
+                else ""
+            )
             for k, t in totals.items()
         )
     )

@@ -35,6 +35,27 @@ def _fmt(x, spec=".3f") -> str:
     return "null" if x is None else format(x, spec)
 
 
+def _accepted(doc: dict) -> bool:
+    """A round counts only when its verdict is PASS and its review passed (or it has none: an
+    external project); the round document says so itself (`accepted`)."""
+    review = doc.get("review")
+    own = doc["verdict"] == "PASS" and (review is None or review.get("verdict") == "pass")
+    return bool(doc.get("accepted", own)) and own
+
+
+def _findings(review: dict | None) -> list[dict]:
+    return [
+        {k: f.get(k) for k in ("rule", "severity", "file", "line", "detail")}
+        for f in (review or {}).get("findings") or []
+    ]
+
+
+def where(finding: dict) -> str:
+    """A review finding's place: `file:line`, `file`, or `?` when the review named none."""
+    place = finding.get("file") or "?"
+    return place if finding.get("line") is None else f"{place}:{finding['line']}"
+
+
 def report(
     campaign: str, rounds: list[dict], best: dict, final: dict, abandoned: list[dict] | None = None
 ) -> dict:
@@ -64,17 +85,18 @@ def report(
                 "failure_kind": r["correctness"]["failure_kind"],
                 "reasons": [x.get("code") for x in r.get("reasons") or []],
                 # NB: why a round did not pass, for people; and whether its speedup counts
-                # (only a PASS round's does: it is the only kind ever selected)
+                # (only an accepted PASS's: a PASS whose review failed is never selected)
                 "why": [
                     {"code": x.get("code"), "detail": x.get("detail")}
                     for x in r.get("reasons") or []
                 ]
                 if r["verdict"] != "PASS"
                 else [],
-                "speedup_counts": r["verdict"] == "PASS",
+                "speedup_counts": _accepted(r),
                 "usage": r.get("usage"),
                 "review": (r.get("review") or {}).get("verdict"),
-                "accepted": r.get("accepted", r["verdict"] == "PASS"),
+                "review_findings": _findings(r.get("review")),
+                "accepted": _accepted(r),
                 "session": r.get("session"),
                 "knowledge": r.get("knowledge") or [],
             }
@@ -129,8 +151,8 @@ def markdown(doc: dict) -> str:
         f"{doc['counts']['FAIL']} FAIL, {doc['counts']['INCONCLUSIVE']} INCONCLUSIVE"
         + (f", {len(gave_up)} abandoned" if gave_up else ""),
         "",
-        "| round | verdict | speedup | interval | failure | hypothesis |",
-        "|---|---|---|---|---|---|",
+        "| round | verdict | review | speedup | interval | failure | hypothesis |",
+        "|---|---|---|---|---|---|---|",
     ]
 
     def cell(text) -> str:
@@ -140,6 +162,7 @@ def markdown(doc: dict) -> str:
     for r in doc["rounds"]:
         sp = r["speedup"] or {}
         counts = r.get("speedup_counts", r["verdict"] == "PASS")
+        review = r.get("review") or "none"
         interval = f"[{_fmt(sp.get('lo'))}, {_fmt(sp.get('hi'))}]" if sp else ""
         point = _fmt(sp.get("point")) if sp else ""
         if sp and not counts:
@@ -148,7 +171,7 @@ def markdown(doc: dict) -> str:
         table.append(
             (
                 r["round"],
-                f"| {r['round']} | {r['verdict']} | {point} "
+                f"| {r['round']} | {r['verdict']} | {review} | {point} "
                 f"| {interval} | {r['failure_kind'] or ''} | {cell(r['hypothesis'])} |",
             )
         )
@@ -162,17 +185,19 @@ def markdown(doc: dict) -> str:
         table.append(
             (
                 a["round"],
-                f"| {a['round']} | abandoned |  |  | {cell(a['reason'])} "
+                f"| {a['round']} | abandoned |  |  |  | {cell(a['reason'])} "
                 f"| {cell(a['hypothesis'])} |",
             )
         )
     lines += [row for _, row in sorted(table)]
-    uncounted = [r for r in doc["rounds"] if r["speedup"] and r["verdict"] != "PASS"]
+    uncounted = [
+        r for r in doc["rounds"] if r["speedup"] and not r.get("speedup_counts", True)
+    ]
     if uncounted:
         lines += [
             "",
             "Speedups in parentheses were measured but do not count: only PASS rounds "
-            "are eligible.",
+            "are eligible, and a PASS only when its review passed (or it has none).",
         ]
     if why:
         lines += ["", "## Why rounds did not pass", "", *why]
@@ -218,6 +243,11 @@ def markdown(doc: dict) -> str:
             lines.append(
                 f"- round {r['round']} ({r['verdict']}): review {r['review']}: never accepted"
             )
+            for f in r.get("review_findings") or []:
+                lines.append(
+                    f"  - `{cell(where(f))}` {cell(f.get('rule'))} ({cell(f.get('severity'))}): "
+                    f"{cell(str(f.get('detail') or ''))}"
+                )
     lines += [
         "",
         "## Usage (reported by the agent)",
