@@ -20,6 +20,9 @@ from rsi.rule import Rule
 
 ENTRY_POINT_GROUP = "rsi.rules"
 GC_ROOTS_GROUP = "rsi.gc_roots"
+# NB: the module sets host-python actions of a family import (their identity names them), so a
+# remote worker can advertise the identities it would run: rsi/worker.py
+HOST_IMPORTS_GROUP = "rsi.host_imports"
 CONFIG_FILE = "rsi.toml"
 _REF = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*)?$")
 
@@ -125,6 +128,23 @@ def gc_root_blobs(store: Any) -> set[str]:
                 hint="fix what it names and run `rsi cache gc` again",
             ) from None
     return keep
+
+
+def host_import_sets() -> list[tuple[str, ...]]:
+    """The top-level module sets every `rsi.host_imports` entry point says its families'
+    host-python actions import (each a `host-python@…:modules` identity), sorted, unique."""
+    found: set[tuple[str, ...]] = set()
+    for ep in sorted(metadata.entry_points(group=HOST_IMPORTS_GROUP), key=lambda e: e.name):
+        try:
+            for modules in ep.load()():
+                found.add(tuple(sorted(str(m) for m in modules)))
+        except Exception as exc:  # NB: whatever the family's import raises
+            raise UsageError(
+                f"host imports provider {ep.name!r} ({ep.value}) failed: "
+                f"{type(exc).__name__}: {exc}",
+                hint="fix or reinstall the package that registers it (pip install -e .)",
+            ) from None
+    return sorted(found)
 
 
 def describe_rules(rules: dict[str, Rule]) -> list[dict]:

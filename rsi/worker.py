@@ -60,8 +60,15 @@ def default_properties(executor_name: str) -> list[tuple[str, str]]:
     props = [("OSFamily", "linux"), ("toolchain", "host")]
     if executor_name in ("local", "bwrap"):
         from rsi.executors.local import host_python_identity
+        from rsi.registry import host_import_sets
 
-        props.append(("toolchain", host_python_identity()))
+        # NB: an action's identity names the modules it imports (host-python@…:numpy,torch);
+        # the worker advertises one per set the installed rule families declare, so their
+        # actions match it, and the bare interpreter's for actions that import nothing
+        for modules in [(), *host_import_sets()]:
+            identity = host_python_identity(modules)
+            if ("toolchain", identity) not in props:
+                props.append(("toolchain", identity))
     return props + detect_accelerators()
 
 
