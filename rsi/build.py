@@ -586,6 +586,9 @@ def build(
         from rsi.remote import negotiate_digest_function  # type: ignore[import-not-found]
 
         ws = ws.with_overrides(digest_function=negotiate_digest_function(ws.remote))
+    # NB: every build (the CLI, the server, a job, a campaign round) refuses a store or out/ it
+    # cannot write before writing anything, not halfway with a PermissionError
+    ws.check_writable()
     store = open_store(ws)
     build_id = time.strftime("%Y%m%dT%H%M%S") + "-" + os.urandom(4).hex()
     events_path = store.events_dir / f"{build_id}.jsonl"

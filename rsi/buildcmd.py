@@ -50,7 +50,6 @@ def plain_build(targets: list[str], echo: Callable[[str], None] | None = None) -
         from rsi.workspace import Workspace
 
         ws = Workspace.discover().with_overrides()
-        ws.check_writable()
         report = run_build(ws, list(targets))
         for line in report_lines(report):
             out(line)

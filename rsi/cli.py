@@ -250,7 +250,6 @@ def build(
         remote_mode=remote_mode,
         remote_fallback=remote_fallback,
     )
-    ws.check_writable()
     report = run_build(ws, list(targets), events_to=events, lock_timeout=lock_timeout)
     if as_json:
         _emit(report.to_json(), True)

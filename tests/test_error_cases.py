@@ -370,3 +370,26 @@ def test_a_store_to_be_made_under_a_read_only_folder_exits_2(
     run = run_rsi(ws, "build", "//p:t")
     _assert_clean(run, "rsi.toml", "store")
     assert not (ws / "out").exists()
+
+
+@pytest.mark.fast
+def test_the_build_function_itself_refuses_an_immutable_store(built):
+    """Campaign rounds, jobs and the server call rsi.build.build, not the CLI: the check that
+    nothing is written into a store rsi cannot write is made there too."""
+    from rsi.build import build
+    from rsi.errors import RsiError
+    from rsi.workspace import Workspace
+
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("chattr +i needs root and e2fsprogs")
+    before = _tree(built / "cache")
+    if not _chattr("+i", built / "cache"):
+        pytest.skip(f"this file system has no immutable flag ({built})")
+    try:
+        with pytest.raises(RsiError) as info:
+            build(Workspace.load(built), ["//p:t"])
+        after = _tree(built / "cache")
+    finally:
+        _chattr("-i", built / "cache")
+    assert info.value.exit_code == 2 and "cannot be written" in info.value.message
+    assert after == before
