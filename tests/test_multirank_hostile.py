@@ -75,6 +75,26 @@ def test_a_rank_that_is_not_confined_is_refused():
     assert sandbox.confinement_missing(dict(ok, seccomp=0), skipped=("seccomp",)) is None
 
 
+@pytest.mark.fast
+def test_a_call_is_contended_when_any_rank_or_the_referee_waited_over_half_its_wall():
+    """ArmRun._contention: one rank kept off its CPU is enough (the slowest rank is the
+    sample); per-rank and referee delays are kept apart in the document."""
+    from types import SimpleNamespace
+
+    mr = load_harness_module("multirank")
+    spec = {"call_timeout_s": 1.0, "device": "cpu"}
+    arm = mr.ArmRun("candidate", Path("."), SimpleNamespace(index=0), {}, spec, None, [], 0, 2)
+    res = mr.Lockstep(2)
+    res.sample_ns = 1000
+    for waited in ([0, 0, 600], [100, 100, 100], [501, 0, 0], [0, 500, 0]):
+        arm._contention(res, waited)
+        arm.doc["samples_ns"].append(res.sample_ns)
+    assert arm.doc["contention"] == 0.5  # rank 1 at 600 ns, the referee at 501 ns of 1000
+    assert arm.doc["rank_run_delay_ns"] == [600, 700]
+    assert arm.doc["referee_run_delay_ns"] == 601
+    assert arm.doc["run_delay_ns"] == 1901
+
+
 # ------------------------------------------------------------------------------ checks
 
 
