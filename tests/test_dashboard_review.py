@@ -186,3 +186,25 @@ def test_a_wide_speedup_range_offers_a_log_scale_view():
     ) == pytest.approx(11 / 0.8, rel=0.02)
     narrow = built(S.review_campaign())[1]
     assert 'id="logscale"' not in narrow and "chart-round-log" not in narrow
+
+
+def test_the_index_says_how_many_rounds_count():
+    v, _ = built(S.review_campaign())
+    groups = [
+        {
+            "task": "//tasks/sm:task",
+            "compare": "c",
+            "campaigns": [{"label": v["campaign"], "url": "u", "view": v, "error": None}],
+        }
+    ]
+    html = dash().render_index("ws", groups, None, None)
+    assert "1 counted, 1 PASS not counted (review)" in html
+
+
+def test_review_findings_are_escaped():
+    c = S.review_campaign()
+    evil = dict(S.FINDING, file="<b>k.py</b>", detail='<script>alert("x")</script>')
+    S.reviewed(c["docs"][1], "fail", [evil])
+    _, html = built(c)
+    assert "<script" not in html and "<b>k.py" not in html
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in row_html(html, 2)
