@@ -93,6 +93,8 @@ def test_a_reader_sees_the_review_the_fail_marker_and_the_unknown_usage_note(tmp
                 assert cb["y"] <= fb["y"] and fb["y"] + fb["height"] <= cb["y"] + cb["height"]
                 title = fail.locator("title").text_content()
                 assert title.startswith("round 1: FAIL") and "not counted" in title
+                key = page.locator('.chart-key[data-axis="round"]')
+                assert key.is_visible() and "review not passed: not counted (1)" in key.inner_text()
                 # the best-so-far line never passes through the review-failed PASS
                 best = page.locator("#chart-round circle.best-pt")
                 assert [best.nth(i).get_attribute("data-round") for i in range(best.count())] == [

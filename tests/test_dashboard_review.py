@@ -208,3 +208,13 @@ def test_review_findings_are_escaped():
     _, html = built(c)
     assert "<script" not in html and "<b>k.py" not in html
     assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in row_html(html, 2)
+
+
+def test_every_chart_has_its_own_counted_not_counted_key():
+    _, html = built(S.review_campaign())
+    for axis in ("round", "t_s"):
+        key = re.search(rf'<p class="legend chart-key" data-axis="{axis}">(.*?)</p>', html).group(1)
+        assert "● PASS, counted (1)" in key
+        assert "◎ PASS, review not passed: not counted (1)" in key
+        assert "□ INCONCLUSIVE: not counted (1)" in key and "✗ FAIL: not counted" in key
+        assert "best so far: counted rounds only" in key

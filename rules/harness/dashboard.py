@@ -529,6 +529,12 @@ def chart(v: dict, axis: str, xlabel: str, title: str, scale: str = "linear") ->
         "yticks": [{"v": t, "y": py(t), "text": f"{t:g}"} for t in yt],
         "xticks": [{"v": t, "x": px(t), "text": f"{t:g}"} for t in xticks],
         "summary": _summary(title, points, best_pts, unplaced, noise, unknown_note),
+        # NB: each chart's own key: which markers it holds, counted or not, and how many
+        "key": [
+            {"kind": k, "text": text, "n": sum(1 for p in points if p["kind"] == k)}
+            for k, text in MARKERS
+            if any(p["kind"] == k for p in points)
+        ],
     }
 
 
@@ -682,6 +688,10 @@ def _compare_chart(lines: list[dict]) -> dict:
             cy = round(PAD_T + (1 - (p["best"] - y0) / (y1 - y0)) * ph, 2)
             pts.append(dict(p, cx=cx, cy=cy))
             path += f"M{cx},{cy}" if j == 0 else f"H{cx}V{cy}"
+        if pts:
+            # NB: the best so far holds until the campaign's last round (as on its own page)
+            last = len(ln["view"]["rounds"])
+            path += f"H{round(PAD_L + (last - 0.5) / (x1 - 0.5) * pw, 2)}"
         out.append(
             {
                 "campaign": ln["campaign"],
