@@ -218,3 +218,17 @@ def test_every_chart_has_its_own_counted_not_counted_key():
         assert "◎ PASS, review not passed: not counted (1)" in key
         assert "□ INCONCLUSIVE: not counted (1)" in key and "✗ FAIL: not counted" in key
         assert "best so far: counted rounds only" in key
+
+
+def test_the_round_documents_review_decides_even_when_the_report_does_not_say():
+    # NB: a report written before `accepted` (speedup_counts = verdict == PASS): the round
+    # document's failed review still keeps its PASS from counting
+    c = S.review_campaign()
+    for r in c["report"]["rounds"]:
+        r["speedup_counts"] = r["verdict"] == "PASS"
+        r.pop("accepted"), r.pop("review"), r.pop("review_findings")
+    for d in c["docs"]:
+        d.pop("accepted")
+    v, html = built(c)
+    assert [r["counts"] for r in v["rounds"]] == [False, False, False, True]
+    assert "⚠ review fail" in row_html(html, 2)
