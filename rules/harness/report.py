@@ -190,9 +190,7 @@ def markdown(doc: dict) -> str:
             )
         )
     lines += [row for _, row in sorted(table)]
-    uncounted = [
-        r for r in doc["rounds"] if r["speedup"] and not r.get("speedup_counts", True)
-    ]
+    uncounted = [r for r in doc["rounds"] if r["speedup"] and not r.get("speedup_counts", True)]
     if uncounted:
         lines += [
             "",
