@@ -224,10 +224,12 @@ class Sequence:
         """Two builds, a change between their starts; once both ended, out/ must be the
         newest sources' outputs (and the second build's report too)."""
         first, second = self.rng.choice(self.single), self.rng.choice(self.single)
-        pattern = self.pattern()
+        # NB: patterns of their own: a small second build must not be overwritten by a
+        # bigger first one that read the older sources and exports last
+        early, pattern = self.rng.choice(PATTERNS), self.pattern()
         pause = self.rng.uniform(0.0, 0.4)
-        self.log.append(f"start {first} {pattern}; after {pause:.2f} s:")
-        a = self.builds.start(first, pattern)
+        self.log.append(f"start {first} {early}; after {pause:.2f} s:")
+        a = self.builds.start(first, early)
         time.sleep(pause)
         self.change()
         want = self.expected(pattern)

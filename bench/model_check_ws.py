@@ -26,7 +26,7 @@ FILTERS = {
     "tr -d aeiou": lambda d: bytes(c for c in d if c not in b"aeiou"),
     "sort": lambda d: b"".join(sorted(ln.rstrip(b"\n") + b"\n" for ln in d.splitlines(True))),
     "sha256sum": lambda d: hashlib.sha256(d).hexdigest().encode() + b"  -\n",
-    "(sleep 0.2; cat)": lambda d: d,  # NB: a slow action widens the window a change can hit
+    "(sleep 1; cat)": lambda d: d,  # NB: a slow action widens the window a change can hit
 }
 CMD = re.compile(r"^\{ echo (\w+); cat (.+); \} \| (.+) > \$\(OUT\)$")
 INPUT = re.compile(r"(\$\(SRCS\)|\$\(location ([^)]+)\))")
