@@ -218,8 +218,17 @@ def probe(path: str, budget: int = DEFAULT_BUDGET) -> dict:
                 raise Refused(
                     f"running Model ran out of memory at the fitted sizes: {exc}"
                 ) from None
+            fitted = ", ".join(
+                f"{g} {defaults[g]} -> {v}" for g, v in sizes.items() if v != defaults[g]
+            )
+            where = f" at the sizes fitted to the memory budget ({fitted})" if fitted else ""
             raise Refused(
-                f"running Model on get_inputs() raised {type(exc).__name__}: {exc}"
+                f"running Model on get_inputs(){where} raised {type(exc).__name__}: {exc}"
+                + (
+                    "; its sizes may be tied in ways the fitting cannot see (raise --max-call-mb)"
+                    if fitted
+                    else ""
+                )
             ) from None
         if not isinstance(out, torch.Tensor):
             break
