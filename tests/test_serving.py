@@ -145,7 +145,12 @@ def _run_arm(tmp_path: Path, step: str, overlay: Path | None = None, trace: list
         for f in overlay.iterdir():
             shutil.copy(f, tree / f.name)
     if trace is not None:
-        (tree / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trace))
+        data = "".join(json.dumps(r) + "\n" for r in trace).encode()
+        (tree / "trace.jsonl").write_bytes(data)
+        # NB: a test's own trace is bound like the shipped one (the judge checks its digest)
+        binding = json.loads((tree / "serve.json").read_text())
+        binding["workload"]["trace_sha256"] = hashlib.sha256(data).hexdigest()
+        (tree / "serve.json").write_text(json.dumps(binding, indent=1))
     env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path), "HOME": str(tmp_path)}
     if "RSI_SERVING_ROOT" in os.environ:
         env["RSI_SERVING_ROOT"] = os.environ["RSI_SERVING_ROOT"]

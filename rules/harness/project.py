@@ -202,6 +202,14 @@ def lookup(doc, dotted: str):
     return cur
 
 
+def _is_samples_object(line: str) -> bool:
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and "samples" in doc
+
+
 def parse_samples(text: str) -> list[float]:
     """A JSON list, a JSON object with `samples`, or one number per line (other lines ignored)."""
     stripped = text.strip()
@@ -214,6 +222,11 @@ def parse_samples(text: str) -> list[float]:
             values = doc
     except ValueError:
         pass
+    if values is None and any(_is_samples_object(line) for line in stripped.splitlines()):
+        # NB: a command that prints its samples as a JSON object owns its stdout: anything else
+        # there (numbers or a second object, which another process could write through
+        # /proc/<pid>/fd/1) is interference, never a fallback to numeric lines
+        raise ValueError("stdout holds a samples object and other output; refusing to choose")
     if values is None:
         values = []
         for line in stripped.splitlines():
@@ -315,6 +328,19 @@ def quality(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
 # -------------------------------------------------------------------------------------- bench
 
 
+def pristine_changed(pristine: dict[str, Path], digests: dict[str, tuple]) -> list[str]:
+    """The arms whose pristine tree changed since it was assembled (unreadable counts)."""
+    out = []
+    for arm, path in pristine.items():
+        try:
+            now = tree_digest(path)[0]
+        except OSError:
+            now = None
+        if now != digests[arm][0]:
+            out.append(arm)
+    return out
+
+
 def bench(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
     """Paired runs of the benchmark command, AB on even pairs and BA on odd ones, each run a fresh
     process in a fresh copy of its arm's tree, both arms of a pair given the same RSI_SEED."""
@@ -333,9 +359,24 @@ def bench(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
     for i in range(n_pairs):
         order = ["baseline", "candidate"] if i % 2 == 0 else ["candidate", "baseline"]
         seed = derive_seed(spec["seed"], "pair", i)
+        if any(r["code"] == "pristine_tree_changed" for r in invalid["candidate"]):
+            break
         arms = {}
         for arm in order:
             run_dir = work / f"p{i:03d}-{arm}"
+            changed = pristine_changed(pristine, digests)
+            if changed:
+                # NB: the pristine trees live beside the runs, as writable as they are (the
+                # command runs as this uid); a run that rewrote one is the candidate's doing,
+                # since only its code differs: no later run may copy a tampered tree
+                invalid["candidate"].append(
+                    {
+                        "code": "pristine_tree_changed",
+                        "detail": f"the pristine {', '.join(changed)} tree changed during a run",
+                        "pair": i,
+                    }
+                )
+                break
             shutil.copytree(pristine[arm], run_dir, symlinks=True)
             env = command_env(spec, work, seed, {"RSI_PAIR": str(i)})
             run = run_command(b["cmd"], run_dir, env, float(b["timeout_s"]))

@@ -404,15 +404,43 @@ def greedy(server: Server, binding: dict) -> list[list[int]]:
     return out
 
 
-def run_aiperf(env_dir: Path, server: Server, model: Path, work: Path, binding: dict) -> dict:
+def load_trace(binding: dict) -> bytes:
+    """The pinned trace's bytes, read once BEFORE any candidate code runs and checked against the
+    binding's digest: the file in the tree is never read again (a server could rewrite it)."""
     w = binding["workload"]
-    trace_path = HERE / w["trace"]
-    trace = [json.loads(line) for line in trace_path.read_text().splitlines() if line.strip()]
+    want = w.get("trace_sha256")
+    if not want:
+        raise Invalid("trace_unchecked", "the binding's workload has no trace_sha256")
+    data = (HERE / w["trace"]).read_bytes()
+    got = hashlib.sha256(data).hexdigest()
+    if got != want:
+        raise Invalid("trace_mismatch", f"{w['trace']} has digest {got}, bound {want}")
+    return data
+
+
+def parse_trace(data: bytes, binding: dict) -> list[dict]:
+    w = binding["workload"]
+    trace = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
     first = min(float(t["timestamp"]) for t in trace)
     if first != float(w["idle_ms"]):
-        raise SystemExit(
-            f"serve_bench: the trace starts at {first} ms, the binding's idle is {w['idle_ms']}"
+        raise Invalid(
+            "trace_mismatch",
+            f"the trace starts at {first} ms, the binding's idle is {w['idle_ms']}",
         )
+    return trace
+
+
+def run_aiperf(
+    env_dir: Path, server: Server, model: Path, work: Path, binding: dict, trace_data: bytes
+) -> dict:
+    w = binding["workload"]
+    trace = parse_trace(trace_data, binding)
+    want = hashlib.sha256(trace_data).hexdigest()
+    # NB: AIPerf reads a fresh copy written from the bytes checked before the server started,
+    # and the copy is checked again after the run: a trace rewritten mid-run makes it invalid
+    feed = Path(tempfile.mkdtemp(prefix="rst-", dir="/tmp"))
+    trace_path = feed / "trace.jsonl"
+    trace_path.write_bytes(trace_data)
     metrics_before = http(f"{server.url}/metrics")
     art = work / "aiperf"
     argv = [
@@ -481,6 +509,13 @@ def run_aiperf(env_dir: Path, server: Server, model: Path, work: Path, binding: 
             pass
         proc.wait()
         shutil.rmtree(ipc, ignore_errors=True)
+        try:
+            fed = hashlib.sha256(trace_path.read_bytes()).hexdigest()
+        except OSError:
+            fed = None
+        shutil.rmtree(feed, ignore_errors=True)
+    if fed != want:
+        raise Invalid("trace_mismatch", f"the trace AIPerf read changed during the run ({fed})")
     wall = round(time.monotonic() - t0, 3)
     tail = [ln[:300] for ln in log.read_text(errors="replace").splitlines()[-30:]]
     records_path = art / "profile_export.jsonl"
@@ -510,6 +545,7 @@ def arm(step: str) -> dict:
     work = Path(tempfile.mkdtemp(prefix="serve-", dir=os.environ.get("TMPDIR")))
     server = None
     try:
+        trace_data = load_trace(binding)
         flags = check_flags(
             json.loads((HERE / "engine_flags.json").read_text()), binding["flags"]["allowed"]
         )
@@ -565,7 +601,7 @@ def arm(step: str) -> dict:
         if diff is not None:
             raise Invalid("wrong_output", f"greedy tokens differ from the reference: {diff}")
         if step == "bench":
-            doc["serving"] = run_aiperf(env_dir, server, model, work, binding)
+            doc["serving"] = run_aiperf(env_dir, server, model, work, binding, trace_data)
             doc["samples"] = [doc["serving"]["output_tokens_per_s"]]
         doc["ok"] = True
     except Invalid as exc:
