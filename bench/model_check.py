@@ -47,7 +47,7 @@ from model_check_ws import (
 
 ROOT = Path(__file__).resolve().parent.parent
 LATE_S = 0.05  # see Sequence.late_reports
-STEP_KINDS = ("concurrent", "race", "kill", "serverkill", "jobkill")
+STEP_KINDS = ("concurrent", "overtake", "race", "kill", "serverkill", "jobkill")
 ALL_MODES = (*SINGLE_MODES, *STEP_KINDS)
 SOURCE_OPS = {
     **{"edit": 3, "same_size": 3, "touch": 2, "rename": 2, "reuse_inode": 2},
@@ -220,16 +220,19 @@ class Sequence:
         self.check(step, got, want, "single")
         return pattern, want
 
-    def concurrent_step(self, step: int) -> None:
+    def concurrent_step(self, step: int, overtake: bool = False) -> None:
         """Two builds, a change between their starts; once both ended, out/ must be the
         newest sources' outputs (and the second build's report too)."""
         first, second = self.rng.choice(self.single), self.rng.choice(self.single)
         # NB: patterns of their own: a small second build must not be overwritten by a
         # bigger first one that read the older sources and exports last
         early, pattern = self.rng.choice(PATTERNS), self.pattern()
-        pause = self.rng.uniform(0.0, 0.4)
-        self.log.append(f"start {first} {early}; after {pause:.2f} s:")
-        a = self.builds.start(first, early)
+        pause, extra = self.rng.uniform(0.0, 0.4), ()
+        if overtake:  # NB: a salted first build runs every action again, so the second ends first
+            first, early, pause = "plain", "//...", self.rng.uniform(0.2, 0.8)
+            extra = ("--salt", f"s{self.rng.randrange(10**9)}")
+        self.log.append(f"start {first} {early} {' '.join(extra)}; after {pause:.2f} s:")
+        a = self.builds.start(first, early, extra)
         time.sleep(pause)
         self.change()
         want = self.expected(pattern)
@@ -332,8 +335,8 @@ class Sequence:
                 if kind == "single":
                     self.change()
                     pattern, want = self.single_step(step)
-                elif kind == "concurrent":
-                    self.concurrent_step(step)
+                elif kind in ("concurrent", "overtake"):
+                    self.concurrent_step(step, overtake=kind == "overtake")
                 elif kind == "race":
                     self.race_step(step)
                 else:

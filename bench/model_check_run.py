@@ -89,8 +89,9 @@ class Builds:
             return [str(self.env2), "build", pattern], env
         raise ValueError(mode)
 
-    def start(self, mode: str, pattern: str) -> subprocess.Popen:
+    def start(self, mode: str, pattern: str, extra: tuple[str, ...] = ()) -> subprocess.Popen:
         argv, env = self.argv_env(mode, pattern)
+        argv += list(extra)
         proc = subprocess.Popen(
             argv, cwd=self.ws, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
