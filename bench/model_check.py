@@ -7,7 +7,7 @@ build of the sources on disk produces (bench/model_check_ws.py computes it in Py
 `--crosscheck-every` steps, a clean `rsi build` in a fresh store confirms it).
 
     .venv/bin/python bench/model_check.py --sequences 1000 --seed 1 [--minutes 60]
-        [--modes plain,served,watch,job,env2,concurrent,kill,serverkill,jobkill]
+        [--modes plain,served,watch,job,env2,concurrent,overtake,race,kill,serverkill,jobkill]
 
 Prints a summary and writes out/bench/model_check.json (sequences, steps, builds per mode,
 differences with seed, step and the sequence of operations, time). Exit 1 on a difference.
