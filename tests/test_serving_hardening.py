@@ -6,12 +6,17 @@ removed. Unit-level: no vLLM server is started here (tests/test_serving.py holds
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import json
+import os
 import shutil
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from test_serving import _run_arm, _serving_env
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = ROOT / "tasks" / "serve_tiny" / "project"
@@ -103,3 +108,134 @@ def test_a_run_that_writes_the_pristine_baseline_tree_makes_the_candidate_invali
     assert "pristine_tree_changed" in codes, codes
     # no run copied the tampered tree: the pairs stop at the first change seen
     assert doc["n_pairs"] == 3 and len(doc["pairs"]) < 3
+
+
+_TEARDOWN_PROBE = """
+import json, os, subprocess, sys, time
+sys.path.insert(0, sys.argv[1])
+import serve_bench as j
+j.become_subreaper()
+group = subprocess.Popen(
+    [sys.executable, sys.argv[2], sys.argv[3]], start_new_session=True
+)
+group.wait()  # NB: the escaper's first parent exits at once: the helper is an orphan now
+for _ in range(100):
+    if os.path.exists(sys.argv[3]) and os.path.getsize(sys.argv[3]):
+        break
+    time.sleep(0.05)
+escaped, left = j.end_descendants()
+print(json.dumps({"escaped": escaped, "left": left}))
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.fast
+def test_a_setsid_helper_is_found_and_ended_with_the_arm(tmp_path):
+    """The group kill misses a setsid'd, double-forked helper; the judge, as subreaper, still
+    finds it among its descendants, ends it, and reports it."""
+    pidfile = tmp_path / "escaper.pid"
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _TEARDOWN_PROBE,
+            str(PROJECT),
+            str(FIXTURES / "setsid_escaper" / "escape.py"),
+            str(pidfile),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    pid = int(pidfile.read_text())
+    try:
+        assert probe.returncode == 0, probe.stderr
+        doc = json.loads(probe.stdout.strip().splitlines()[-1])
+        assert pid in doc["escaped"] and doc["left"] == [], doc
+        assert not _alive(pid)
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)  # NB: only the helper this test started
+
+
+@pytest.mark.e2e
+def test_e2e_a_model_whose_helper_escapes_the_group_is_not_pass_and_ends(tmp_path):
+    """One real vLLM arm: the candidate's model file spawns a setsid'd helper inside the
+    server; the arm is not ok (escaped_process) and no such helper is alive afterwards."""
+    _serving_env()
+    proc, doc = _run_arm(tmp_path, "quality", overlay=FIXTURES / "setsid_escaper")
+    survivors = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"rsi_setsid_escaper_sleep" in cmd and _alive(int(entry)):
+                survivors.append(int(entry))
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)  # NB: only the fixture's own marked helper
+    assert proc.returncode == 0, proc.stderr
+    assert doc["ok"] is False and doc["reason"]["code"] == "escaped_process", doc["reason"]
+    assert doc["teardown"]["escaped"] and doc["teardown"]["left"] == []
+    # the model itself is right: the public prompts still matched
+    assert doc["correctness"]["mismatch"] is None
+    assert survivors == []
+
+
+class _StandIn:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+
+@pytest.mark.fast
+def test_a_model_wrong_only_on_benchmark_requests_fails_the_secret_sample(tmp_path):
+    """A stand-in server right on the three public prompts and wrong on every trace request:
+    the public check passes, the secret sample of benchmark requests does not."""
+    judge = _load(PROJECT / "serve_bench.py", "serve_bench_hardening_sample")
+    binding = json.loads((PROJECT / "serve.json").read_text())
+    trace = judge.parse_trace((PROJECT / "trace.jsonl").read_bytes(), binding)
+    script = FIXTURES / "wrong_on_benchmark" / "standin.py"
+    for mode in ("hostile", "honest"):
+        port = judge.free_port()
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(PROJECT / "serve.json"), str(port), mode]
+        )
+        try:
+            server = _StandIn(f"http://127.0.0.1:{port}")
+            for _ in range(100):
+                try:
+                    judge.http(f"{server.url}/v1/completions", {"prompt": "x", "max_tokens": 1})
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            c = binding["correctness"]
+            got = []
+            for prompt in c["prompts"]:
+                body = {"prompt": prompt, "max_tokens": c["max_tokens"]}
+                doc = json.loads(judge.http(f"{server.url}/v1/completions", body))
+                got.append(doc["choices"][0]["token_ids"])
+            assert judge.compare_tokens(c["expected_token_ids"], got) is None
+            if mode == "hostile":
+                with pytest.raises(judge.Invalid) as exc:
+                    judge.check_benchmark_sample(server, binding, trace)
+                assert exc.value.code == "wrong_output"
+            else:
+                doc = judge.check_benchmark_sample(server, binding, trace)
+                assert len(doc["requests"]) == binding["workload"]["secret_sample"]
+        finally:
+            proc.kill()
+            proc.wait()
+    # a binding without the references cannot be checked: not ok, with a reason
+    del binding["workload"]["reference_token_ids"]
+    with pytest.raises(judge.Invalid) as exc:
+        judge.check_benchmark_sample(_StandIn("http://127.0.0.1:9"), binding, trace)
+    assert exc.value.code == "sample_unchecked"

@@ -22,9 +22,11 @@ The server's whole process group is killed at the end, whatever happened, and ch
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -272,6 +274,74 @@ def write_lscpu_shim(folder: Path) -> None:
     shim.chmod(0o755)
 
 
+def become_subreaper() -> None:
+    """Orphans of every process this judge starts are re-parented to it (PR_SET_CHILD_SUBREAPER),
+    so a helper that calls setsid and double-forks stays findable as a descendant and is ended
+    with the arm; Invalid when the kernel refuses (the teardown could not be checked)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        rc = libc.prctl(36, 1, 0, 0, 0)  # NB: 36 = PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError) as exc:
+        raise Invalid("teardown_unchecked", f"prctl unavailable: {exc}") from None
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise Invalid("teardown_unchecked", f"PR_SET_CHILD_SUBREAPER refused: {os.strerror(err)}")
+
+
+def descendants(root: int | None = None) -> list[int]:
+    """Live (non-zombie) processes below `root` (this process by default), whatever their
+    session or group."""
+    root = os.getpid() if root is None else root
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != b"Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    out, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return sorted(out)
+
+
+def reap() -> None:
+    """Collect ended children (orphans re-parented here) so they do not linger as zombies."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def end_descendants(rounds: int = 50) -> tuple[list[int], list[int]]:
+    """SIGKILL every descendant of this judge until none is left (a forking one may need a few
+    rounds): (those found, those left)."""
+    found: set[int] = set()
+    for _ in range(rounds):
+        live = descendants()
+        if not live:
+            break
+        found.update(live)
+        for pid in live:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+        time.sleep(0.1)
+        reap()
+    reap()
+    return sorted(found), descendants()
+
+
 class Server:
     """One engine process group: started in its own session, killed whole at the end."""
 
@@ -374,10 +444,23 @@ class Server:
             if not self.members():
                 break
         self.proc.poll()
-        left = self.members()
+        if self.proc.returncode is None:
+            try:
+                self.proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+        # NB: the group kill misses a helper that left the group (setsid); as subreaper this
+        # judge still has it as a descendant: anything still alive here escaped, and is ended
+        escaped, beyond = end_descendants()
+        left = sorted(set(self.members()) | set(beyond))
         if not left:
             shutil.rmtree(self.ipc, ignore_errors=True)
-        return {"pgid": self.pgid, "left": left, "exit_code": self.proc.returncode}
+        return {
+            "pgid": self.pgid,
+            "left": left,
+            "escaped": escaped,
+            "exit_code": self.proc.returncode,
+        }
 
     def log_tail(self) -> list[str]:
         try:
@@ -428,6 +511,51 @@ def parse_trace(data: bytes, binding: dict) -> list[dict]:
             f"the trace starts at {first} ms, the binding's idle is {w['idle_ms']}",
         )
     return trace
+
+
+def secret_sample(n: int, k: int) -> list[int]:
+    """k of the n benchmark requests, chosen from the OS's randomness at run time: no file a
+    candidate can read names them before the check."""
+    return sorted(secrets.SystemRandom().sample(range(n), min(k, n)))
+
+
+def check_benchmark_sample(server: Server, binding: dict, trace: list[dict]) -> dict:
+    """Greedy continuations of a secret sample of the trace's own requests must equal the
+    reference's token ids (computed by transformers, make_model.py --reference): a model right
+    on the public prompts and wrong on the benchmark's fails. Invalid when it cannot check."""
+    w = binding["workload"]
+    refs = w.get("reference_token_ids")
+    k = int(w.get("secret_sample", 0))
+    if not isinstance(refs, list) or len(refs) != len(trace) or k < 1:
+        raise Invalid("sample_unchecked", "the binding has no reference for every trace request")
+    picked = secret_sample(len(trace), k)
+    got = []
+    for i in picked:
+        body = {
+            "model": "tiny",
+            "prompt": trace[i]["text_input"],
+            "max_tokens": int(trace[i]["output_length"]),
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
+        doc = json.loads(http(f"{server.url}/v1/completions", body, timeout=120))
+        got.append([int(t) for t in doc["choices"][0]["token_ids"]])
+    # NB: each reference is compared up to its first near-tie (top-1/top-2 logit gap under the
+    # frozen margin_bound, `reference_trusted`): past it exact equality would not be fair
+    trusted = w.get("reference_trusted")
+    if not isinstance(trusted, list) or len(trusted) != len(trace):
+        raise Invalid("sample_unchecked", "the binding has no trusted length per reference")
+    if sum(int(trusted[i]) for i in picked) == 0:
+        raise Invalid("sample_unchecked", f"requests {picked} have no trusted reference token")
+    diff = compare_tokens(
+        [refs[i][: int(trusted[i])] for i in picked],
+        [g[: int(trusted[i])] for i, g in zip(picked, got, strict=True)],
+    )
+    if diff is not None:
+        diff["prompt"] = picked[diff["prompt"]]
+        raise Invalid("wrong_output", f"a benchmark request's greedy tokens differ: {diff}")
+    return {"requests": picked, "tokens": sum(map(len, got))}
 
 
 def run_aiperf(
@@ -546,6 +674,7 @@ def arm(step: str) -> dict:
     server = None
     try:
         trace_data = load_trace(binding)
+        become_subreaper()
         flags = check_flags(
             json.loads((HERE / "engine_flags.json").read_text()), binding["flags"]["allowed"]
         )
@@ -600,8 +729,12 @@ def arm(step: str) -> dict:
         doc["correctness"] = {"prompts": len(got), "tokens": sum(map(len, got)), "mismatch": diff}
         if diff is not None:
             raise Invalid("wrong_output", f"greedy tokens differ from the reference: {diff}")
+        trace = parse_trace(trace_data, binding)
+        doc["benchmark_sample"] = check_benchmark_sample(server, binding, trace)
         if step == "bench":
             doc["serving"] = run_aiperf(env_dir, server, model, work, binding, trace_data)
+            # NB: a second secret sample after the replay: the model is still right on it
+            doc["benchmark_sample_after"] = check_benchmark_sample(server, binding, trace)
             doc["samples"] = [doc["serving"]["output_tokens_per_s"]]
         doc["ok"] = True
     except Invalid as exc:
@@ -615,6 +748,14 @@ def arm(step: str) -> dict:
                 doc["reason"] = {
                     "code": "teardown_failed",
                     "detail": f"left {doc['teardown']['left']}",
+                }
+            elif doc["teardown"]["escaped"]:
+                # NB: a process that left the server's group outlived it: the arm cannot count
+                doc["ok"] = False
+                doc["reason"] = {
+                    "code": "escaped_process",
+                    "detail": f"processes outside the server's group, ended: "
+                    f"{doc['teardown']['escaped']}",
                 }
         keep = os.environ.get("RSI_SERVE_KEEP")
         if keep:
