@@ -150,6 +150,14 @@ def _run_arm(tmp_path: Path, step: str, overlay: Path | None = None, trace: list
         # NB: a test's own trace is bound like the shipped one (the judge checks its digest)
         binding = json.loads((tree / "serve.json").read_text())
         binding["workload"]["trace_sha256"] = hashlib.sha256(data).hexdigest()
+        # NB: the secret sample draws only requests with a reference: the shipped trace's own
+        # rows keep theirs, any other row gets none (never drawn)
+        w = binding["workload"]
+        shipped = [json.loads(x) for x in (PROJECT / "trace.jsonl").read_text().splitlines()]
+        ref = {r["text_input"]: i for i, r in enumerate(shipped)}
+        rows = [ref.get(r["text_input"]) for r in trace]
+        w["reference_token_ids"] = [[] if i is None else w["reference_token_ids"][i] for i in rows]
+        w["reference_trusted"] = [0 if i is None else w["reference_trusted"][i] for i in rows]
         (tree / "serve.json").write_text(json.dumps(binding, indent=1))
     env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path), "HOME": str(tmp_path)}
     if "RSI_SERVING_ROOT" in os.environ:
@@ -205,7 +213,10 @@ def test_a_run_with_errored_requests_is_invalid(tmp_path):
     _serving_env()
     # NB: a prompt longer than --max-model-len (256) is refused by the server: an errored request
     long = {"timestamp": 2500, "text_input": "x" * 400, "output_length": 24}
-    trace = [{"timestamp": 2000, "text_input": "fine", "output_length": 24}, long]
+    trace = [
+        {"timestamp": 2000, "text_input": "the quick brown fox jumps 0", "output_length": 24},
+        long,
+    ]
     proc, doc = _run_arm(tmp_path, "bench", trace=trace)
     assert proc.returncode == 1 and doc["ok"] is False
     assert doc["reason"]["code"] == "run_invalid" and "errored" in doc["reason"]["detail"]

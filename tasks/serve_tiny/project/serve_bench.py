@@ -528,7 +528,14 @@ def check_benchmark_sample(server: Server, binding: dict, trace: list[dict]) -> 
     k = int(w.get("secret_sample", 0))
     if not isinstance(refs, list) or len(refs) != len(trace) or k < 1:
         raise Invalid("sample_unchecked", "the binding has no reference for every trace request")
-    picked = secret_sample(len(trace), k)
+    trusted = w.get("reference_trusted")
+    if not isinstance(trusted, list) or len(trusted) != len(trace):
+        raise Invalid("sample_unchecked", "the binding has no trusted length per reference")
+    # NB: drawn among the requests with at least one trusted reference token
+    checkable = [i for i in range(len(trace)) if int(trusted[i]) > 0]
+    if not checkable:
+        raise Invalid("sample_unchecked", "no trace request has a trusted reference token")
+    picked = [checkable[j] for j in secret_sample(len(checkable), k)]
     got = []
     for i in picked:
         body = {
@@ -543,11 +550,6 @@ def check_benchmark_sample(server: Server, binding: dict, trace: list[dict]) -> 
         got.append([int(t) for t in doc["choices"][0]["token_ids"]])
     # NB: each reference is compared up to its first near-tie (top-1/top-2 logit gap under the
     # frozen margin_bound, `reference_trusted`): past it exact equality would not be fair
-    trusted = w.get("reference_trusted")
-    if not isinstance(trusted, list) or len(trusted) != len(trace):
-        raise Invalid("sample_unchecked", "the binding has no trusted length per reference")
-    if sum(int(trusted[i]) for i in picked) == 0:
-        raise Invalid("sample_unchecked", f"requests {picked} have no trusted reference token")
     diff = compare_tokens(
         [refs[i][: int(trusted[i])] for i in picked],
         [g[: int(trusted[i])] for i, g in zip(picked, got, strict=True)],
