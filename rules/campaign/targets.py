@@ -327,8 +327,8 @@ EXTERNAL_PROJECT = Rule(
         ),
         "benchmark_cmd": attr(
             "string",
-            "shell command; prints samples (one number per line, "
-            'a JSON list, or {"samples": [...]})',
+            "shell command; prints samples (one number per line, a JSON list, or one "
+            '{"samples": [...]} object and nothing else beside it)',
             nonempty=True,
         ),
         "metric": attr(
