@@ -19,7 +19,7 @@ from rsi.digest import FileNode
 from rsi.errors import RsiError, UsageError
 from rules.campaign.documents import CHECK_SCHEMA
 from rules.campaign.model import Campaign, CampaignClosed
-from rules.campaign.snapshot import DEFAULT_EXCLUDE, in_scope, walk_files
+from rules.campaign.snapshot import DEFAULT_EXCLUDE, in_scope, task_candidate_files, walk_files
 from rules.steps import ENV, HARNESS_DIR, HARNESS_EXEC, PY, SCRIPTS
 
 # NB: generous for an agent's edit-check loop, tight enough that it is no oracle of anything
@@ -65,14 +65,7 @@ def _candidate_files(camp: Campaign, src: Path) -> dict[str, Path]:
             hint="give the folder that holds the candidate's editable files",
         )
     if camp.kind == "task":
-        found = walk_files(src)
-        outside = sorted(r for r in found if r not in camp.scope)
-        if outside:
-            raise UsageError(
-                f"--from {src}: {', '.join(outside)} lie outside the editable scope "
-                f"({', '.join(camp.scope)})",
-                hint="a candidate folder holds only (some of) the editable files",
-            )
+        found = task_candidate_files(camp, src)
     else:
         exclude = DEFAULT_EXCLUDE + tuple(camp.binding.attrs["exclude"])
         found = walk_files(src, exclude, skip=(camp.ws.store_dir, camp.ws.out_dir))

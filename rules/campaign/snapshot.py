@@ -139,6 +139,19 @@ def freeze_project(camp: Campaign, store) -> dict:
     }
 
 
+def task_candidate_files(camp: Campaign, src: Path) -> dict[str, Path]:
+    """A catalog task's candidate folder: (some of) the editable files and nothing else."""
+    found = walk_files(src)
+    outside = sorted(r for r in found if r not in camp.scope)
+    if outside:
+        raise UsageError(
+            f"--from {src}: {', '.join(outside)} lie outside the editable scope "
+            f"({', '.join(camp.scope)})",
+            hint="a candidate folder holds only (some of) the editable files",
+        )
+    return found
+
+
 def snapshot_candidate(camp: Campaign, src: Path, state: State, store) -> dict:
     from rsi.digest import digest_file
 
@@ -148,15 +161,7 @@ def snapshot_candidate(camp: Campaign, src: Path, state: State, store) -> dict:
             hint="pass the folder holding the candidate's editable files",
         )
     if camp.kind == "task":
-        found = walk_files(src)
-        outside = sorted(r for r in found if r not in camp.scope)
-        if outside:
-            raise UsageError(
-                f"--from {src}: {', '.join(outside)} lie outside the editable scope "
-                f"({', '.join(camp.scope)})",
-                hint="a candidate folder holds only (some of) the editable files",
-            )
-        take, ignored = found, []
+        take, ignored = task_candidate_files(camp, src), []
         base_files, base_exe = {}, []
     else:
         project = state.start["project"]
