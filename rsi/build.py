@@ -155,8 +155,13 @@ def _moved(seen: Mapping[str, tuple], plan: Any, analysis: dict, store: LocalSto
     unchanged = unchanged_since_check(plan)
     lstats: dict = {}
     expected = recheck.expected_sources(seen, plan)
+    # NB: files under the store (a built toolchain's tree and info.json) are written by this
+    # very build; they are outputs it made, never sources another writer moved
+    inside = os.path.join(os.path.realpath(store.root), "")
+    expected = {p: v for p, v in expected.items() if not os.path.realpath(p).startswith(inside)}
     moved = recheck.moved_sources(expected, store.function, unchanged, lstats)
-    return moved + recheck.moved_declarations(analysis.get("tracker"), lstats, unchanged)
+    moved += recheck.moved_declarations(analysis.get("tracker"), lstats, unchanged)
+    return [p for p in moved if not os.path.realpath(p).startswith(inside)]
 
 
 @contextmanager

@@ -140,7 +140,8 @@ def store_folder_problem(root: Path) -> str | None:
     return f"its {STORE_MARKER} is not an rsi store marker (schema {schema!r})"
 
 
-# NB: the folders of a store a build writes in (checked by name: a listing costs more)
+# NB: the folders of a store a build writes in (checked by name: a listing costs more); a rule
+# family's own folders (the campaign logs) are its business: the engine names none of them
 WRITTEN_FOLDERS = (
     "cas",
     "ac",
@@ -149,7 +150,6 @@ WRITTEN_FOLDERS = (
     "roots",
     "events",
     "analysis",
-    "campaigns",
     "toolchains",
     "locks",  # NB: the outputs lock of each workspace (rsi/wslock.py)
 )
