@@ -9,7 +9,7 @@ import click
 
 from rules.campaign.agents import DISPATCH_SCHEMA, SESSIONS_SCHEMA
 from rules.campaign.usage import parse_usage
-from rules.campaign_cli import _emit_json, _json_errors, _run
+from rules.cli_support import emit_json, json_errors, run_service
 
 
 @click.group("agent")
@@ -17,7 +17,7 @@ def agent_group() -> None:
     """Hand a campaign to an agent session: prepare a brief, bind the session, record it."""
 
 
-@agent_group.command("prepare", cls=_json_errors(DISPATCH_SCHEMA))
+@agent_group.command("prepare", cls=json_errors(DISPATCH_SCHEMA))
 @click.argument("campaign")
 @click.argument("work", type=click.Path())
 @click.option("--note", help="Free text kept with the dispatch.")
@@ -28,7 +28,7 @@ def prepare_cmd(ctx: click.Context, campaign: str, work: str, note: str | None, 
     WORK, a fresh folder, and register one dispatch in CAMPAIGN's log."""
     from rules.campaign.agents import prepare
 
-    doc = _run(
+    doc = run_service(
         ctx,
         DISPATCH_SCHEMA,
         campaign,
@@ -36,7 +36,7 @@ def prepare_cmd(ctx: click.Context, campaign: str, work: str, note: str | None, 
         lambda svc: prepare(svc.open(campaign), Path(work), note=note),
     )
     if as_json:
-        _emit_json(doc)
+        emit_json(doc)
     else:
         click.echo(f"dispatch {doc['dispatch']}: brief {doc['brief']}")
 
@@ -44,7 +44,7 @@ def prepare_cmd(ctx: click.Context, campaign: str, work: str, note: str | None, 
 def _bind(ctx, campaign, dispatch, session, model, host, started_at, as_json):
     from rules.campaign.agents import bind
 
-    doc = _run(
+    doc = run_service(
         ctx,
         DISPATCH_SCHEMA,
         campaign,
@@ -54,7 +54,7 @@ def _bind(ctx, campaign, dispatch, session, model, host, started_at, as_json):
         ),
     )
     if as_json:
-        _emit_json(doc)
+        emit_json(doc)
     else:
         click.echo(f"dispatch {dispatch}: bound to session {session}")
 
@@ -82,7 +82,7 @@ def _bind_cmd(name: str, doc: str) -> click.Command:
         _bind(ctx, campaign, dispatch, session, model, host, started_at, as_json)
 
     cmd.__doc__ = doc
-    return agent_group.command(name, cls=_json_errors(DISPATCH_SCHEMA))(_with(BIND_OPTIONS, cmd))
+    return agent_group.command(name, cls=json_errors(DISPATCH_SCHEMA))(_with(BIND_OPTIONS, cmd))
 
 
 _bind_cmd(
@@ -92,7 +92,7 @@ _bind_cmd(
 _bind_cmd("dispatch", "The same as `rsi agent bind`.")
 
 
-@agent_group.command("record", cls=_json_errors(DISPATCH_SCHEMA))
+@agent_group.command("record", cls=json_errors(DISPATCH_SCHEMA))
 @click.argument("campaign")
 @click.argument("dispatch")
 @click.option("--usage", "usage_file", help="JSON file ('-' for stdin): the session's usage.")
@@ -104,7 +104,7 @@ def record_cmd(ctx, campaign, dispatch, usage_file, transcript, as_json):
     from rules.campaign.agents import record
 
     data = Path(transcript).read_bytes() if transcript else None
-    doc = _run(
+    doc = run_service(
         ctx,
         DISPATCH_SCHEMA,
         campaign,
@@ -114,20 +114,20 @@ def record_cmd(ctx, campaign, dispatch, usage_file, transcript, as_json):
         ),
     )
     if as_json:
-        _emit_json(doc)
+        emit_json(doc)
     else:
         click.echo(f"dispatch {dispatch}: recorded (rounds {doc['rounds']})")
 
 
-@agent_group.command("sessions", cls=_json_errors(SESSIONS_SCHEMA))
+@agent_group.command("sessions", cls=json_errors(SESSIONS_SCHEMA))
 @click.argument("campaign")
 @click.pass_context
 def sessions_cmd(ctx, campaign):
     """Every dispatch of CAMPAIGN with its session, records and rounds (JSON)."""
     from rules.campaign.agents import sessions_document
 
-    _emit_json(
-        _run(
+    emit_json(
+        run_service(
             ctx, SESSIONS_SCHEMA, campaign, True, lambda svc: sessions_document(svc.open(campaign))
         )
     )

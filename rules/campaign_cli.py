@@ -16,7 +16,6 @@ from pathlib import Path
 
 import click
 
-from rsi.errors import EXIT_USAGE, RsiError
 from rules.campaign.documents import (
     ABANDON_SCHEMA,
     ADD_SCHEMA,
@@ -32,36 +31,10 @@ from rules.campaign.documents import (
 from rules.campaign.model import CampaignClosed, iso
 from rules.campaign.service import Campaigns
 from rules.campaign.usage import parse_usage
+from rules.cli_support import emit_json, json_errors, run_service
+from rules.knowledge_cli import knowledge_cmd
 
 __all__ = ["Campaigns", "CampaignClosed", "candidate", "campaign_group", "round_cmd"]
-
-
-def _service(ctx: click.Context) -> Campaigns:
-    """The service over the workspace the `rsi` group was given (or found from the cwd);
-    campaign labels are relative to the package of the cwd."""
-    from rsi.workspace import Workspace
-
-    obj = ctx.find_root().obj or {}
-    root = obj.get("workspace")
-    ws = Workspace.load(Path(root).resolve()) if root else Workspace.discover()
-    if obj.get("store"):
-        ws = ws.with_overrides(store=obj["store"])
-    try:
-        rel = Path.cwd().resolve().relative_to(ws.root)
-        package = "" if str(rel) == "." else rel.as_posix()
-    except ValueError:
-        package = ""
-    return Campaigns(ws, package=package)
-
-
-def _run(ctx: click.Context, schema: str, campaign: str, as_json: bool, call) -> dict:
-    """`call(service)`'s document; a refusal is printed as JSON under --json (and exits)."""
-    try:
-        return call(_service(ctx))
-    except RsiError as exc:
-        if as_json:
-            _fail_json(schema, campaign, exc)
-        raise
 
 
 LOCK_TIMEOUT = click.option(
@@ -74,23 +47,6 @@ LOCK_TIMEOUT = click.option(
 
 
 # ================================================================================== output
-
-
-def _emit_json(doc: dict) -> None:
-    click.echo(json.dumps(doc, indent=2, sort_keys=True, default=str))
-
-
-def _fail_json(schema: str, campaign: str, exc: RsiError) -> None:
-    code = getattr(exc, "code", None) or type(exc).__name__
-    _emit_json(
-        {
-            "schema": schema,
-            "campaign": campaign,
-            "state": "refused" if isinstance(exc, CampaignClosed) else "error",
-            "error": {"code": code, "message": exc.message, "hint": exc.hint},
-        }
-    )
-    sys.exit(exc.exit_code)
 
 
 def _fmt_speed(sp: dict | None) -> str:
@@ -115,38 +71,6 @@ def _best_line(best: dict) -> str:
     return f"best: round {best['round']}, {_fmt_speed(best['speedup'])}"
 
 
-def _json_errors(schema: str) -> type[click.Command]:
-    """A command class whose command-line refusals (a bad option value, a missing argument,
-    an unknown option) are, under --json, the command's JSON error document too (exit 2),
-    like every other refusal: an agent never has to parse click's text."""
-
-    class JsonErrors(click.Command):
-        def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-            wants_json = "--json" in args
-            # NB: click's parser consumes `args`; the campaign is read before it does
-            first = args[0] if args and not args[0].startswith("-") else None
-            try:
-                return super().parse_args(ctx, args)
-            except click.UsageError as exc:
-                if not wants_json:
-                    raise
-                _emit_json(
-                    {
-                        "schema": schema,
-                        "campaign": first,
-                        "state": "error",
-                        "error": {
-                            "code": "UsageError",
-                            "message": exc.format_message(),
-                            "hint": f"see {ctx.command_path} --help",
-                        },
-                    }
-                )
-                ctx.exit(EXIT_USAGE)
-
-    return JsonErrors
-
-
 # ================================================================================ commands
 
 
@@ -155,7 +79,7 @@ def candidate() -> None:
     """Submit candidates to a campaign's append-only log."""
 
 
-@candidate.command("add", cls=_json_errors(ADD_SCHEMA))
+@candidate.command("add", cls=json_errors(ADD_SCHEMA))
 @click.argument("campaign")
 @click.option(
     "--from",
@@ -187,7 +111,7 @@ def candidate_add(
     The same content submitted again names the existing round and adds nothing. Refused (exit 3)
     when the campaign takes no more rounds.
     """
-    doc = _run(
+    doc = run_service(
         ctx,
         ADD_SCHEMA,
         campaign,
@@ -195,7 +119,7 @@ def candidate_add(
         lambda svc: svc.add(campaign, src, hypothesis=hypothesis, usage=parse_usage(usage_file)),
     )
     if as_json:
-        _emit_json(doc)
+        emit_json(doc)
         return
     if not doc["added"]:
         click.echo(f"rsi: note: identical to round {doc['round']}; nothing was added", err=True)
@@ -208,7 +132,7 @@ def candidate_add(
     click.echo(doc["label"])
 
 
-@candidate.command("check", cls=_json_errors(CHECK_SCHEMA))
+@candidate.command("check", cls=json_errors(CHECK_SCHEMA))
 @click.argument("campaign")
 @click.option(
     "--from",
@@ -233,9 +157,9 @@ def candidate_check(ctx: click.Context, campaign: str, src: str, as_json: bool) 
       1  a check failed (or the pre-flight step could not report)
       2  usage error;  3  rate limit reached
     """
-    doc = _run(ctx, CHECK_SCHEMA, campaign, as_json, lambda svc: svc.check(campaign, src))
+    doc = run_service(ctx, CHECK_SCHEMA, campaign, as_json, lambda svc: svc.check(campaign, src))
     if as_json:
-        _emit_json(doc)
+        emit_json(doc)
     else:
         for c in doc["checks"]:
             where = c["file"] + (f":{c['line']}" if c.get("line") else "") if c["file"] else ""
@@ -253,7 +177,7 @@ def candidate_check(ctx: click.Context, campaign: str, src: str, as_json: bool) 
     sys.exit(0 if doc["ok"] else 1)
 
 
-@click.command("round", cls=_json_errors(ROUND_SCHEMA))
+@click.command("round", cls=json_errors(ROUND_SCHEMA))
 @click.argument("campaign")
 @click.option(
     "--from",
@@ -299,7 +223,7 @@ def round_cmd(
       2  usage or declaration error
       3  refused: the campaign takes no more rounds (budget, deadline, stopped)
     """
-    doc = _run(
+    doc = run_service(
         ctx,
         ROUND_SCHEMA,
         campaign,
@@ -316,7 +240,7 @@ def round_cmd(
         ),
     )
     if as_json:
-        _emit_json(doc)
+        emit_json(doc)
     else:
         if doc["added"] is False:
             click.echo(f"rsi: note: identical to round {doc['round']}; nothing was added", err=True)
@@ -339,16 +263,16 @@ def campaign_group() -> None:
     """Inspect and steer campaigns (status, start, stop, abandon, regrade, final, report)."""
 
 
-@campaign_group.command("status", cls=_json_errors(STATUS_SCHEMA))
+@campaign_group.command("status", cls=json_errors(STATUS_SCHEMA))
 @click.argument("campaign")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def campaign_status(ctx: click.Context, campaign: str, as_json: bool) -> None:
     """Rounds, verdicts, best, budget, usage totals and the final's state — from the log and the
     cache only; runs nothing."""
-    doc = _run(ctx, STATUS_SCHEMA, campaign, as_json, lambda svc: svc.status(campaign))
+    doc = run_service(ctx, STATUS_SCHEMA, campaign, as_json, lambda svc: svc.status(campaign))
     if as_json:
-        _emit_json(doc)
+        emit_json(doc)
         return
     click.echo(f"{doc['campaign']} ({doc['kind']}, binding {doc['binding']})")
     click.echo(_budget_line(doc["budget"]))
@@ -378,16 +302,16 @@ def campaign_status(ctx: click.Context, campaign: str, as_json: bool) -> None:
         click.echo(f"warning: {warning}")
 
 
-@campaign_group.command("start", cls=_json_errors(START_SCHEMA))
+@campaign_group.command("start", cls=json_errors(START_SCHEMA))
 @click.argument("campaign")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def campaign_start(ctx: click.Context, campaign: str, as_json: bool) -> None:
     """Start CAMPAIGN's clock now and (for an external project) freeze its tree. Optional: the
     first candidate starts a campaign that was not started."""
-    doc = _run(ctx, START_SCHEMA, campaign, as_json, lambda svc: svc.start(campaign))
+    doc = run_service(ctx, START_SCHEMA, campaign, as_json, lambda svc: svc.start(campaign))
     if as_json:
-        _emit_json(doc)
+        emit_json(doc)
         return
     click.echo(
         f"{doc['campaign']}: {'started' if doc['started'] else 'already started'} at "
@@ -401,15 +325,15 @@ def campaign_start(ctx: click.Context, campaign: str, as_json: bool) -> None:
         )
 
 
-@campaign_group.command("stop", cls=_json_errors(STOP_SCHEMA))
+@campaign_group.command("stop", cls=json_errors(STOP_SCHEMA))
 @click.argument("campaign")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def campaign_stop(ctx: click.Context, campaign: str, as_json: bool) -> None:
     """End CAMPAIGN's rounds now (the agent's early stop; up_to campaigns that accept 'agent')."""
-    doc = _run(ctx, STOP_SCHEMA, campaign, as_json, lambda svc: svc.stop(campaign))
+    doc = run_service(ctx, STOP_SCHEMA, campaign, as_json, lambda svc: svc.stop(campaign))
     if as_json:
-        _emit_json(doc)
+        emit_json(doc)
         return
     b = doc["budget"]
     click.echo(
@@ -418,7 +342,7 @@ def campaign_stop(ctx: click.Context, campaign: str, as_json: bool) -> None:
     )
 
 
-@campaign_group.command("abandon", cls=_json_errors(ABANDON_SCHEMA))
+@campaign_group.command("abandon", cls=json_errors(ABANDON_SCHEMA))
 @click.argument("campaign")
 @click.option(
     "--round", "number", type=click.IntRange(1), required=True, help="The round to give up on."
@@ -435,11 +359,11 @@ def campaign_abandon(
     counts against the budget, is never selected, and no longer blocks best, final and report.
     Refused (exit 3) for a round that already has a verdict; asking again is a no-op.
     """
-    doc = _run(
+    doc = run_service(
         ctx, ABANDON_SCHEMA, campaign, as_json, lambda svc: svc.abandon(campaign, number, reason)
     )
     if as_json:
-        _emit_json(doc)
+        emit_json(doc)
         return
     click.echo(
         f"{doc['label']}: {'abandoned' if doc['abandoned_now'] else 'already abandoned'} "
@@ -448,7 +372,7 @@ def campaign_abandon(
     )
 
 
-@campaign_group.command("regrade", cls=_json_errors(REGRADE_SCHEMA))
+@campaign_group.command("regrade", cls=json_errors(REGRADE_SCHEMA))
 @click.argument("campaign")
 @click.option("--min-improvement", type=float, help="New assess.min_improvement (e.g. 0.05).")
 @click.option("--confidence", type=float, help="New assess.confidence (e.g. 0.95).")
@@ -482,7 +406,7 @@ def campaign_regrade(
         "bootstrap_resamples": bootstrap_resamples,
         "min_pairs": min_pairs,
     }
-    doc = _run(
+    doc = run_service(
         ctx,
         REGRADE_SCHEMA,
         campaign,
@@ -495,7 +419,7 @@ def campaign_regrade(
         ),
     )
     if as_json:
-        _emit_json(doc)
+        emit_json(doc)
     else:
         click.echo(
             f"{doc['campaign']}: regraded {len(doc['rounds'])} round(s) under assess "
@@ -514,7 +438,7 @@ def campaign_regrade(
     sys.exit(0 if all(r["state"] != "failed" for r in doc["rounds"]) else 1)
 
 
-@campaign_group.command("final", cls=_json_errors(FINAL_SCHEMA))
+@campaign_group.command("final", cls=json_errors(FINAL_SCHEMA))
 @click.argument("campaign")
 @click.option("--events", type=click.File("w"), help="Also write the build's event stream.")
 @LOCK_TIMEOUT
@@ -530,7 +454,7 @@ def campaign_final(
     \b
     Exit codes: 0 final built, 1 infrastructure fault (retry), 2 usage, 3 refused.
     """
-    doc = _run(
+    doc = run_service(
         ctx,
         FINAL_SCHEMA,
         campaign,
@@ -538,7 +462,7 @@ def campaign_final(
         lambda svc: svc.final(campaign, events=events, lock_timeout=lock_timeout),
     )
     if as_json:
-        _emit_json(doc)
+        emit_json(doc)
     else:
         fdoc = doc["final"]
         click.echo(f"{doc['label']}: {doc['state']} ({doc['cache']})")
@@ -555,7 +479,7 @@ def campaign_final(
     sys.exit(0 if doc["state"] == "done" else 1)
 
 
-@campaign_group.command("report", cls=_json_errors(REPORT_RESULT_SCHEMA))
+@campaign_group.command("report", cls=json_errors(REPORT_RESULT_SCHEMA))
 @click.argument("campaign")
 @click.option("--events", type=click.File("w"), help="Also write the build's event stream.")
 @LOCK_TIMEOUT
@@ -571,7 +495,7 @@ def campaign_report(
     \b
     Exit codes: 0 report built, 1 unavailable or failed, 2 usage.
     """
-    doc = _run(
+    doc = run_service(
         ctx,
         REPORT_RESULT_SCHEMA,
         campaign,
@@ -579,7 +503,7 @@ def campaign_report(
         lambda svc: svc.report(campaign, events=events, lock_timeout=lock_timeout),
     )
     if as_json:
-        _emit_json(doc)
+        emit_json(doc)
     else:
         md = (doc["evidence"].get("report.md") or {}).get("path")
         if doc["state"] == "done" and md:
@@ -594,10 +518,4 @@ def campaign_report(
 
 
 # NB: `rsi campaign knowledge` lives in its own module (rules/knowledge_cli.py)
-def _add_agent_commands() -> None:
-    from rules.knowledge_cli import knowledge_cmd
-
-    campaign_group.add_command(knowledge_cmd)
-
-
-_add_agent_commands()
+campaign_group.add_command(knowledge_cmd)

@@ -8,10 +8,10 @@ import sys
 import click
 
 from rules.campaign.knowledge import RESULT_SCHEMA
-from rules.campaign_cli import _emit_json, _json_errors, _run
+from rules.cli_support import emit_json, json_errors, run_service
 
 
-@click.command("knowledge", cls=_json_errors(RESULT_SCHEMA))
+@click.command("knowledge", cls=json_errors(RESULT_SCHEMA))
 @click.argument("campaign")
 @click.argument("query")
 @click.option(
@@ -26,9 +26,9 @@ from rules.campaign_cli import _emit_json, _json_errors, _run
 def knowledge_cmd(ctx, campaign, query, budget_chars, session, as_json):
     """Retrieve material for QUERY from CAMPAIGN's knowledge sources within a budget; the
     record (digests, sources, what was cut) is referenced by the next round."""
-    from rules.campaign.knowledge import query_knowledge
+    from rules.campaign.consult import query_knowledge
 
-    doc = _run(
+    doc = run_service(
         ctx,
         RESULT_SCHEMA,
         campaign,
@@ -38,7 +38,7 @@ def knowledge_cmd(ctx, campaign, query, budget_chars, session, as_json):
         ),
     )
     if as_json:
-        _emit_json(doc)
+        emit_json(doc)
         return
     for item in doc["returned"]:
         click.echo(f"--- {item['source']} #{item['chunk']} (score {item['score']})")

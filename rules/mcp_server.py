@@ -125,7 +125,7 @@ def _refusal(exc: RsiError) -> CallRefused:
 
 def clean_files(files: Any, scope: list[str], kind: str) -> dict[str, str]:
     """The submission's files checked: relative, inside the editable scope, text, bounded."""
-    from rules.campaign.snapshot import in_scope
+    from rules.campaign.paths import in_scope
 
     if not isinstance(files, dict) or not files:
         raise CallRefused(
@@ -274,7 +274,7 @@ class CampaignTools:
         budget_chars: int | None = None,
         session: str | None = None,
     ) -> dict:
-        from rules.campaign.knowledge import query_knowledge
+        from rules.campaign.consult import query_knowledge
 
         camp = self._camp(campaign)
         with self.lock:
@@ -480,7 +480,7 @@ def make_server(ws, *, package: str = ""):
 def mcp_cmd(ctx: click.Context, transport: str, port: int) -> None:
     """Serve the campaign API over the Model Context Protocol (needs rsi[mcp])."""
     from rsi.errors import UsageError
-    from rules.campaign_cli import _service
+    from rules.cli_support import service_for
 
     try:
         import mcp  # noqa: F401
@@ -490,7 +490,7 @@ def mcp_cmd(ctx: click.Context, transport: str, port: int) -> None:
             hint=f"{sys.executable} -m pip install 'mcp>=2.3,<3' (or ./scripts/setup.sh, which "
             "installs it); adding it changes no judge identity",
         ) from None
-    svc = _service(ctx)
+    svc = service_for(ctx)
     server = make_server(svc.ws, package=svc.package)
     if transport == "stdio":
         server.run("stdio")

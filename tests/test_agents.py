@@ -141,7 +141,7 @@ def test_knowledge_is_retrieved_within_its_budget_and_what_was_cut_is_recorded(
     tmp_path, make_workspace
 ):
     from rsi.digest import Digest
-    from rules.campaign.knowledge import query_knowledge
+    from rules.campaign.consult import query_knowledge
 
     ws = workspace(
         tmp_path,
@@ -189,7 +189,7 @@ def test_knowledge_is_retrieved_within_its_budget_and_what_was_cut_is_recorded(
 def test_knowledge_switched_off_is_refused_and_switching_it_is_a_new_campaign(
     tmp_path, make_workspace
 ):
-    from rules.campaign.knowledge import query_knowledge
+    from rules.campaign.consult import query_knowledge
 
     ws = workspace(tmp_path, make_workspace, "knowledge = {enabled = false}\n")
     svc = service(ws)

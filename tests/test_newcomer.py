@@ -224,6 +224,7 @@ def _campaign_cli() -> ast.Module:
     paths = [
         *sorted((ROOT / "rules" / "campaign").glob("*.py")),
         ROOT / "rules" / "campaign_cli.py",
+        ROOT / "rules" / "cli_support.py",
     ]
     body = [node for path in paths for node in ast.parse(path.read_text()).body]
     return ast.Module(body=body, type_ignores=[])

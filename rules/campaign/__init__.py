@@ -34,7 +34,8 @@ from rules.campaign.model import (
     state_of,
 )
 from rules.campaign.service import Campaigns
-from rules.campaign.snapshot import DEFAULT_EXCLUDE, in_scope, manifest_digest, walk_files
+from rules.campaign.paths import DEFAULT_EXCLUDE, in_scope, walk_files
+from rules.campaign.snapshot import manifest_digest
 from rules.campaign.targets import RULES, _generate
 
 __all__ = [

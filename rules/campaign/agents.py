@@ -20,7 +20,15 @@ from typing import Any
 
 from rsi.errors import UsageError
 from rules.campaign.documents import budget_doc
-from rules.campaign.model import Campaign, CampaignClosed, effective_policy, iso, state_of
+from rules.campaign.model import (
+    Campaign,
+    CampaignClosed,
+    effective_policy,
+    iso,
+    state_of,
+    task_target,
+)
+from rules.campaign.start import append_start
 from rules.campaign.usage import validate_usage
 
 BRIEF_SCHEMA = "rsi.agent.brief/1"
@@ -30,15 +38,6 @@ BRIEF_NAME = "BRIEF.md"
 
 
 # =============================================================================== description
-
-
-def _task_target(camp: Campaign):
-    from rsi.build import make_loader
-
-    if camp.kind != "task":
-        return None
-    loader = make_loader(camp.ws)
-    return loader.target(camp.binding.attrs["task"], wanted_by=camp.binding, field="task")
 
 
 def task_description(camp: Campaign) -> dict:
@@ -60,7 +59,7 @@ def task_description(camp: Campaign) -> dict:
             "final": f"rsi campaign final {camp.label} --json",
         },
     }
-    task = _task_target(camp)
+    task = task_target(camp)
     if task is not None:
         a, b = task.attrs, camp.binding.attrs
         folder = Path(camp.ws.root) / task.label.package
@@ -180,7 +179,6 @@ def prepare(camp: Campaign, work: Path, *, note: str | None = None) -> dict:
         state = state_of(camp.log.read())
         if state.start is None and not state.candidates:
             from rsi.build import open_store
-            from rules.campaign.service import append_start
 
             append_start(camp, open_store(camp.ws), camp.clock())
         entry = camp.log.append(
@@ -194,7 +192,7 @@ def prepare(camp: Campaign, work: Path, *, note: str | None = None) -> dict:
         )
     work.mkdir(parents=True, exist_ok=True)
     (work / "candidate").mkdir()
-    task = _task_target(camp)
+    task = task_target(camp)
     if task is not None:
         base = Path(camp.ws.root) / task.label.package / task.attrs["baseline"]
         for name in task.attrs["editable"]:

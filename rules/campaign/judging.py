@@ -10,7 +10,7 @@ from typing import Any
 
 from rsi.errors import DeclarationError, RsiError
 from rsi.executors.host_python import identity_imports, legacy_identity, packages
-from rules.campaign.model import Campaign, State, project_spec
+from rules.campaign.model import Campaign, State, knowledge_policy, project_spec
 from rules.providers import BindingInfo
 from rules.steps import HARNESS_DIR, SCRIPTS
 
@@ -64,8 +64,6 @@ def check_policy_unchanged(camp: Campaign, state: State) -> None:
     if state.start.get("binding") not in (None, str(camp.target.attrs["binding"])):
         changed.insert(0, "binding")
     if "knowledge" in state.start:
-        from rules.campaign.knowledge import knowledge_policy
-
         # NB: knowledge on or off (and its sources and budget) is fixed at the start too
         if state.start["knowledge"] != knowledge_policy(camp.target.attrs):
             changed.append("knowledge")

@@ -32,41 +32,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rsi.errors import DeclarationError, UsageError
-from rules.campaign.model import Campaign, CampaignClosed, state_of
+from rsi.errors import DeclarationError
+from rules.campaign.log import Attempts, CampaignLog
+from rules.campaign.model import Campaign, knowledge_policy, state_of, task_target
 
 RECORD_SCHEMA = "rsi.knowledge/1"
 RESULT_SCHEMA = "rsi.campaign.knowledge/1"
-DEFAULT = {"enabled": True, "sources": ["docs", "evidence", "notes"], "budget_chars": 6000}
 KEYWORDS = ("docs", "evidence", "notes")
 CHUNK_CHARS = 1500
 WORD = re.compile(r"[a-z0-9_]+")
-
-
-def knowledge_policy(attrs: dict, file: str = "", target: str = "") -> dict:
-    """The campaign's `knowledge` table, checked, with defaults applied."""
-    table = attrs.get("knowledge")
-    table = {} if table is None else table
-    unknown = sorted(set(table) - set(DEFAULT))
-    if unknown:
-        raise DeclarationError(
-            f"knowledge: unknown keys {unknown} (enabled, sources, budget_chars)",
-            file=file,
-            target=target,
-            field="knowledge",
-        )
-    doc = dict(DEFAULT, **table)
-    if not isinstance(doc["enabled"], bool):
-        raise DeclarationError("knowledge.enabled must be true or false", field="knowledge")
-    sources = doc["sources"]
-    if not isinstance(sources, list) or not all(isinstance(s, str) and s for s in sources):
-        raise DeclarationError("knowledge.sources must be a list of names", field="knowledge")
-    budget = doc["budget_chars"]
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise DeclarationError(
-            "knowledge.budget_chars must be a positive integer", field="knowledge"
-        )
-    return {"enabled": doc["enabled"], "sources": list(sources), "budget_chars": budget}
 
 
 def recorded_policy(camp: Campaign, state) -> dict:
@@ -135,7 +109,6 @@ def _file_source(name: str, kind: str, path: Path, shown: str) -> dict:
 
 def _evidence_text(camp: Campaign) -> list[dict]:
     """What earlier rounds under this binding tried and got, one source per campaign."""
-    from rules.campaign.log import Attempts, CampaignLog
 
     out = []
     root = camp.log.store_root / "campaigns"
@@ -179,13 +152,12 @@ def _evidence_text(camp: Campaign) -> list[dict]:
 
 
 def gather(camp: Campaign, policy: dict) -> list[dict]:
-    from rules.campaign.agents import _task_target
 
     found: list[dict] = []
     pkg = Path(camp.ws.root) / camp.label.package
     for name in policy["sources"]:
         if name == "docs":
-            task = _task_target(camp)
+            task = task_target(camp)
             if task is not None:
                 folder = Path(camp.ws.root) / task.label.package
                 for doc in task.attrs.get("docs") or []:
@@ -283,82 +255,6 @@ def retrieve(query: str, sources: list[dict], budget: int) -> dict:
         "used_chars": used,
         "n_chunks": len(chunks),
         "n_matching": len(ranked),
-    }
-
-
-def query_knowledge(
-    camp: Campaign,
-    query: str,
-    *,
-    budget_chars: int | None = None,
-    session: str | None = None,
-) -> dict:
-    """Retrieve, store the record in the CAS, append a `knowledge` log entry; returns
-    rsi.campaign.knowledge/1 (the record's content and its digest)."""
-    from rsi.build import open_store
-    from rsi.digest import Digest
-
-    if not query or not query.strip():
-        raise UsageError("the knowledge query is empty")
-    if session is not None:
-        from rules.campaign.agents import check_session
-
-        check_session(camp, session)
-    state = state_of(camp.log.read())
-    policy = recorded_policy(camp, state)
-    if not policy["enabled"]:
-        raise CampaignClosed(
-            "knowledge_disabled",
-            f"{camp.label} has knowledge switched off (knowledge.enabled = false); switching "
-            "it on is a new campaign",
-            hint="declare another campaign with knowledge enabled",
-        )
-    budget = policy["budget_chars"]
-    if budget_chars is not None:
-        if isinstance(budget_chars, bool) or not isinstance(budget_chars, int) or budget_chars < 1:
-            raise UsageError("the budget must be a positive number of characters")
-        budget = min(budget, budget_chars)  # NB: a caller may ask for less, never more
-    sources = gather(camp, policy)
-    got = retrieve(query, sources, budget)
-    record = {
-        "schema": RECORD_SCHEMA,
-        "campaign": str(camp.label),
-        "query": query,
-        "session": session,
-        "policy": policy,
-        "budget_chars": budget,
-        "sources": [
-            {k: s.get(k) for k in ("source", "kind", "path", "sha256", "version")} for s in sources
-        ],
-        **got,
-        "note": "retrieval returns material; it never claims the agent used it",
-    }
-    data = (json.dumps(record, sort_keys=True, indent=1) + "\n").encode()
-    store = open_store(camp.ws)
-    digest = str(store.put_bytes(data))
-    with camp.log.locked():
-        state = state_of(camp.log.read())
-        if state.start is None and not state.candidates:
-            from rules.campaign.service import append_start
-
-            append_start(camp, store, camp.clock())
-        camp.log.append(
-            {
-                "kind": "knowledge",
-                "time": camp.clock(),
-                "record": digest,
-                "session": session,
-                "query": query,
-                "returned": len(got["returned"]),
-                "cut": len(got["cut"]),
-            }
-        )
-    return {
-        "schema": RESULT_SCHEMA,
-        "campaign": str(camp.label),
-        "record": digest,
-        "record_path": str(store.blob_path(Digest.parse(digest))),
-        **record,
     }
 
 

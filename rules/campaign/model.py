@@ -11,7 +11,7 @@ from typing import Any, Mapping
 from rsi.errors import DeclarationError, RsiError, UsageError
 from rsi.label import Label
 from rules.campaign.log import CampaignLog
-from rules.campaign.snapshot import in_scope
+from rules.campaign.paths import in_scope
 
 STOP_REASONS = ("rounds", "deadline", "agent")
 
@@ -385,3 +385,48 @@ def project_spec(a: Mapping[str, Any], error) -> dict:
         "seed": a["seed"],
         "threads": None,
     }
+
+
+# ============================================================================ declaration parts
+
+KNOWLEDGE_DEFAULT = {
+    "enabled": True,
+    "sources": ["docs", "evidence", "notes"],
+    "budget_chars": 6000,
+}
+
+
+def knowledge_policy(attrs: dict, file: str = "", target: str = "") -> dict:
+    """The campaign's `knowledge` table, checked, with defaults applied."""
+    table = attrs.get("knowledge")
+    table = {} if table is None else table
+    unknown = sorted(set(table) - set(KNOWLEDGE_DEFAULT))
+    if unknown:
+        raise DeclarationError(
+            f"knowledge: unknown keys {unknown} (enabled, sources, budget_chars)",
+            file=file,
+            target=target,
+            field="knowledge",
+        )
+    doc = dict(KNOWLEDGE_DEFAULT, **table)
+    if not isinstance(doc["enabled"], bool):
+        raise DeclarationError("knowledge.enabled must be true or false", field="knowledge")
+    sources = doc["sources"]
+    if not isinstance(sources, list) or not all(isinstance(s, str) and s for s in sources):
+        raise DeclarationError("knowledge.sources must be a list of names", field="knowledge")
+    budget = doc["budget_chars"]
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise DeclarationError(
+            "knowledge.budget_chars must be a positive integer", field="knowledge"
+        )
+    return {"enabled": doc["enabled"], "sources": list(sources), "budget_chars": budget}
+
+
+def task_target(camp: Campaign):
+    """The catalog task a task campaign's binding names (None for a project campaign)."""
+    from rsi.build import make_loader
+
+    if camp.kind != "task":
+        return None
+    loader = make_loader(camp.ws)
+    return loader.target(camp.binding.attrs["task"], wanted_by=camp.binding, field="task")

@@ -19,7 +19,8 @@ from rsi.digest import FileNode
 from rsi.errors import RsiError, UsageError
 from rules.campaign.documents import CHECK_SCHEMA
 from rules.campaign.model import Campaign, CampaignClosed
-from rules.campaign.snapshot import DEFAULT_EXCLUDE, in_scope, task_candidate_files, walk_files
+from rules.campaign.paths import DEFAULT_EXCLUDE, in_scope, walk_files
+from rules.campaign.snapshot import task_candidate_files
 from rules.steps import ENV, HARNESS_DIR, HARNESS_EXEC, PY, SCRIPTS
 
 # NB: generous for an agent's edit-check loop, tight enough that it is no oracle of anything

@@ -36,7 +36,8 @@ from rules.campaign.documents import (
     status_document,
     verdict_view,
 )
-from rules.campaign.knowledge import start_fields as knowledge_start
+from rules.campaign.agents import check_session
+from rules.campaign.knowledge import pending_records
 from rules.campaign.judging import (
     assess_only_change,
     check_judge_unchanged,
@@ -56,7 +57,8 @@ from rules.campaign.model import (
     round_refusal,
     state_of,
 )
-from rules.campaign.snapshot import freeze_project, snapshot_candidate
+from rules.campaign.snapshot import snapshot_candidate
+from rules.campaign.start import append_start
 from rules.campaign.preflight import preflight
 from rules.campaign.usage import validate_usage
 
@@ -107,7 +109,6 @@ def add_candidate(
             if refused.code == "deadline_reached" and state.stop is None:
                 camp.log.append({"kind": "stop", "time": now, "reason": "deadline"})
             raise refused
-        from rules.campaign.knowledge import pending_records
 
         # NB: optional fields only when set, so an entry without them reads as it always did
         extra: dict = {"session": session} if session else {}
@@ -136,24 +137,6 @@ def add_candidate(
             "ignored_outside_scope": snap["ignored_outside_scope"],
             "state": state,
         }
-
-
-def append_start(camp: Campaign, store, now: float) -> dict:
-    project = freeze_project(camp, store) if camp.kind == "project" else None
-    # NB: the judge is fixed before any candidate is measured: a later change is refused
-    return camp.log.append(
-        {
-            "kind": "start",
-            "time": now,
-            "campaign": str(camp.label),
-            "binding": str(camp.target.attrs["binding"]),
-            "work": camp.kind,
-            "policy": camp.policy.to_json(),
-            "project": project,
-            "judge": current_judge(camp, store),
-            **knowledge_start(camp),
-        }
-    )
 
 
 def build_labels(
@@ -714,7 +697,6 @@ class Campaigns:
     ) -> dict:
         """rsi.candidate.add/1: append a candidate (idempotent by content); builds nothing.
         `session`: a bound dispatch of the campaign (rules/campaign/agents.py)."""
-        from rules.campaign.agents import check_session
 
         camp = self.open(campaign)
         res = add_candidate(
@@ -755,7 +737,6 @@ class Campaigns:
     ) -> dict:
         """rsi.round/1: `src=` a folder (a new candidate) or `number=` (an existing round);
         `session`: a bound dispatch of the campaign whose session made the candidate."""
-        from rules.campaign.agents import check_session
 
         if (src is None) == (number is None):
             raise UsageError("give exactly one of --from DIR (a new candidate) or --round N")

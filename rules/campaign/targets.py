@@ -21,7 +21,8 @@ from rsi.label import Label
 from rsi.rule import Artifact, GeneratedTarget, Provider, Rule, RuleContext
 from rules.campaign.log import CampaignLog
 from rules.campaign.model import Policy, ended_reason, policy_of, project_spec, state_of
-from rules.campaign.snapshot import in_scope, manifest_digest
+from rules.campaign.paths import in_scope
+from rules.campaign.snapshot import manifest_digest
 from rules import steps
 from rules.domain import (
     host_python_identity,
