@@ -208,7 +208,13 @@ def test_an_mcp_client_runs_three_rounds_and_a_final(tmp_path, make_workspace, r
         # NB: a host_busy measurement is never cached, so after it `best` may have no evidence
         # to select from (unavailable) rather than a selection of none
         assert best["state"] == "none" or (busy and best["state"] == "unavailable"), best
-        assert fin["final"]["state"] == "no_candidate"
+        if busy and fin["final"]["state"] != "no_candidate":
+            # NB: round 1's host_busy measurement was not kept; the final measured it again and
+            # may select it then, but only round 1 (round 2's review failed, round 3 is a FAIL)
+            assert fin["final"]["selected"]["round"] == 1, fin["final"]
+            assert fin["final"]["selected"]["review"] == "pass"
+        else:
+            assert fin["final"]["state"] == "no_candidate"
     rounds = seen["status"]["rounds"]
     assert [r["review"] for r in rounds] == ["pass", "fail", "pass"]
     report = seen["report"]["report"]
