@@ -1,5 +1,6 @@
 """Agent commands: `rsi agent prepare|bind|dispatch|record|sessions` (session handoff), a thin
-adapter over rules/campaign/agents.py (`rsi campaign knowledge` is rules/knowledge_cli.py)."""
+adapter over rules/campaign/agents.py (`rsi campaign knowledge` is rules/knowledge_cli.py). It holds
+no campaign rule and must never write the log itself."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Campaign commands for agents and people: `rsi candidate add`, `rsi round`, `rsi campaign
-status|start|stop|abandon|regrade|final|report`. Registered through the `rsi.commands` entry
-point.
+status|start|stop|abandon|regrade|final|report`. Registered through the `rsi.commands` entry point.
+It must never hold a campaign rule of its own.
 
 A thin adapter: each command parses its options, calls the in-process service
 (rules.campaign.service.Campaigns, which holds every rule of the campaign and is the only

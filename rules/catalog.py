@@ -1,4 +1,5 @@
-"""The task catalog: every task under `tasks/` pinned by a descriptor in `tasks/catalog.lock`.
+"""The task catalog: every task under `tasks/` pinned by a descriptor in `tasks/catalog.lock`. It
+must never run a candidate.
 
 A descriptor is what a verdict against the task depends on: the contract (framework, device,
 entry, signature, editable files), the correctness policy (tolerances, cases, hidden-case

@@ -1,5 +1,6 @@
-"""The generic `command` rule (Bazel's genrule): run a shell command over sources and the files
-of dependencies, producing declared outputs. Makes the engine usable with no domain rules."""
+"""The generic `command` rule (Bazel's genrule): run a shell command over sources and the files of
+dependencies, producing declared outputs. Makes the engine usable with no domain rules. It must
+never read anything its action does not declare."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Probe one KernelBench-format problem file (run by `rsi import kernelbench` in its own
-interpreter: the file is the user's code). Prints one JSON document on stdout:
+interpreter: the file is the user's code). Prints one JSON document on stdout: It must never run in
+rsi's own process.
 
 {"ok": true, "init": [...], "inputs": [{name, kind, shape, dtype} ...], "output": {shape,
 dtype}, "defaults": {global: int}, "varied": [global, ...], "small": {global: int}} or

@@ -1,5 +1,6 @@
-"""`rsi campaign knowledge CAMPAIGN QUERY` (rules/campaign/knowledge.py): retrieval within a
-budget, recorded for the next round. Added to the `campaign` group by rules/campaign_cli.py."""
+"""`rsi campaign knowledge CAMPAIGN QUERY` (rules/campaign/knowledge.py): retrieval within a budget,
+recorded for the next round. Added to the `campaign` group by rules/campaign_cli.py. It must never
+hold a campaign rule of its own."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""`rsi mcp`: the campaign API over the Model Context Protocol (the `mcp` package, stdio
-transport; optionally streamable HTTP on 127.0.0.1).
+"""`rsi mcp`: the campaign API over the Model Context Protocol (the `mcp` package, stdio transport;
+optionally streamable HTTP on 127.0.0.1). It must never hold a campaign rule the CLI does not share.
 
 Every tool calls the in-process service (rules.campaign.Campaigns) and returns the same JSON
 document as the command it stands for (`rsi round --json` → rsi.round/1, …). A malformed call

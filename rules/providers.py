@@ -1,4 +1,5 @@
-"""Typed provider payloads: what the domain and campaign rules pass between targets.
+"""Typed provider payloads: what the domain and campaign rules pass between targets. Payloads must
+never be mutated after analysis.
 
 Each is a frozen dataclass and also a read-only mapping of its fields, so the engine's
 `provider.info.get("show")` and older `info["spec_file"]` look-ups keep working while rules

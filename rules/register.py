@@ -1,4 +1,5 @@
-"""The one place every rule family registers (entry point `rsi.rules`)."""
+"""The one place every rule family registers (entry point `rsi.rules`). It must never hold a rule
+itself."""
 
 from __future__ import annotations
 

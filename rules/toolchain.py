@@ -1,8 +1,9 @@
-"""The `toolchain` rule: a pinned root filesystem. Analysis only reads the recipe: it declares
-one build step (a host action, `rsi.toolchain.step`) that builds the rootfs, or finds it built,
-when a build needs it, and writes `<name>.toolchain.json` and `<name>.lock`. Dependents get the
-recipe's identity `name@recipe:<recipe digest>`, which goes into the `toolchain` platform
-property and so into every action key run on it; those actions run after the step."""
+"""The `toolchain` rule: a pinned root filesystem. Analysis only reads the recipe: it declares one
+build step (a host action, `rsi.toolchain.step`) that builds the rootfs, or finds it built, when a
+build needs it, and writes `<name>.toolchain.json` and `<name>.lock`. Dependents get the recipe's
+identity `name@recipe:<recipe digest>`, which goes into the `toolchain` platform property and so
+into every action key run on it; those actions run after the step. Analysis must never build the
+rootfs itself."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The campaign family: a budgeted series of rounds under one binding (or external project).
+"""The campaign family: a budgeted series of rounds under one binding (or external project). It
+re-exports the package's public names and must never hold logic of its own.
 
 - `model`: the policy, the state a log records, an opened campaign, when it takes a round
 - `log`: the append-only log, attempts and the evidence index, gc roots

@@ -1,6 +1,7 @@
 """The knowledge query as an agent's operation (`rsi campaign knowledge`, MCP `knowledge`): checks
-the session, retrieves within the recorded policy, stores the record and appends its log entry.
-Owns that operation; retrieval itself is rules/campaign/knowledge.py and must stay pure."""
+the session, retrieves within the recorded policy, stores the record and appends its log entry. Owns
+that operation; retrieval itself is rules/campaign/knowledge.py and must stay pure. It must never
+change what retrieval returns (rules/campaign/knowledge.py decides that)."""
 
 from __future__ import annotations
 

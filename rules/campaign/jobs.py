@@ -1,5 +1,6 @@
-"""The campaign's job kinds (`rsi job submit round|final CAMPAIGN`, rsi/jobs/kinds.py),
-registered through the `rsi.job_kinds` entry point: thin over the `Campaigns` service.
+"""The campaign's job kinds (`rsi job submit round|final CAMPAIGN`, rsi/jobs/kinds.py), registered
+through the `rsi.job_kinds` entry point: thin over the `Campaigns` service. It must never judge
+anything the service would not.
 
 - `round`: at submit, each `--from DIR` is snapshotted into the campaign's log (as `rsi
   candidate add`: content-addressed, idempotent, refused when the campaign takes no more

@@ -1,6 +1,7 @@
-"""The judge of a campaign: digests of everything that decides its verdicts (binding specs,
-task runtime and baseline, harness scripts), recorded at the start; a later change refuses
-rounds and the final (or, for an assessment policy alone, asks for a regrade)."""
+"""The judge of a campaign: digests of everything that decides its verdicts (binding specs, task
+runtime and baseline, harness scripts), recorded at the start; a later change refuses rounds and the
+final (or, for an assessment policy alone, asks for a regrade). It must never run a candidate or
+read the clock."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""What `rsi dashboard` shows of a workspace's campaigns, read from their logs and the cache
-without writing anything: no build, no analysis cache entry, no blob, no evidence index entry.
+"""What `rsi dashboard` shows of a workspace's campaigns, read from their logs and the cache without
+writing anything: no build, no analysis cache entry, no blob, no evidence index entry. It must never
+write.
 
 Each campaign's view is the dashboard's view model (rules/harness/dashboard.py, the renderer the
 `<campaign>.dashboard` target runs in its action), computed here from the rounds' cached

@@ -1,5 +1,6 @@
-"""What a campaign keeps on disk: its append-only log (the only source of truth), the attempts
-file and the store's evidence index (derived, disposable state), and the gc roots they name."""
+"""What a campaign keeps on disk: its append-only log (the only source of truth), the attempts file
+and the store's evidence index (derived, disposable state), and the gc roots they name. It must
+never rewrite or drop an appended entry."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The campaign model: its policy (budget, deadline, stop reasons), the state its log records,
-and an opened campaign (its declaration, binding and editable scope) with the rules that say
-when it takes a round and when its final may run. Reads no clock: callers pass `now`."""
+"""The campaign model: its policy (budget, deadline, stop reasons), the state its log records, and
+an opened campaign (its declaration, binding and editable scope) with the rules that say when it
+takes a round and when its final may run. Reads no clock: callers pass `now`. It must never write
+the log or read the clock."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The campaign commands as one in-process service (`Campaigns`): what `rsi candidate add`,
-`rsi round` and `rsi campaign …` do, each returning its JSON document or raising its RsiError.
+"""The campaign commands as one in-process service (`Campaigns`): what `rsi candidate add`, `rsi
+round` and `rsi campaign …` do, each returning its JSON document or raising its RsiError. It must
+never print or parse command lines (the adapters do).
 
 The service is the only writer of a campaign's log and the only reader of the clock (the one
 it is given): budget and deadline are checked here, under the log's lock. What it reports of a

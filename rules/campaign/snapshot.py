@@ -1,5 +1,6 @@
-"""Snapshots: a candidate's editable files, or an external project's whole tree, hashed into
-the store as `{path: digest}` manifests."""
+"""Snapshots: a candidate's editable files, or an external project's whole tree, hashed into the
+store as `{path: digest}` manifests. It must never follow a symlink or keep a file outside the
+declared scope."""
 
 from __future__ import annotations
 

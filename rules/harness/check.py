@@ -1,4 +1,5 @@
-"""Correctness check: judge one implementation against the task's float64 oracle on every case.
+"""Correctness check: judge one implementation against the task's float64 oracle on every case. It
+must never import rsi or rules, nor let candidate code run in its own process.
 
 This process is the referee: it draws a secret seed from the OS, generates every case's inputs
 (the public cases and hidden ones drawn from the declared shape ranges), computes the oracle and

@@ -1,4 +1,5 @@
-"""Render a verdict and its correctness evidence as the table people read (text only)."""
+"""Render a verdict and its correctness evidence as the table people read (text only). It must never
+change a verdict."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """A campaign's report: every round's verdict, the rounds given up on (abandoned), the selection,
-the final and the agent's usage, as JSON (rsi.campaign.report/1) and as Markdown for people.
-Stdlib only; a pure function of the round, best and final documents and the abandoned list."""
+the final and the agent's usage, as JSON (rsi.campaign.report/1) and as Markdown for people. Stdlib
+only; a pure function of the round, best and final documents and the abandoned list. It must never
+judge anew."""
 
 from __future__ import annotations
 

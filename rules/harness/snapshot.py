@@ -1,5 +1,6 @@
-"""Copy a candidate's (or a frozen baseline's) files to declared outputs, so the snapshot is
-kept by `rsi cache gc` and readable under out/ like any other evidence. Stdlib only."""
+"""Copy a candidate's (or a frozen baseline's) files to declared outputs, so the snapshot is kept by
+`rsi cache gc` and readable under out/ like any other evidence. Stdlib only. It must never change a
+byte it copies."""
 
 from __future__ import annotations
 
