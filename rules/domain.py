@@ -454,7 +454,8 @@ BINDING = Rule(
         "measure": attr(
             "table",
             "workload (a case), warmups, samples, pairs, metric, direction, seed, probes, "
-            "value_checks, units_per_call, bytes_per_call, arm_timeout_s; no other key",
+            "value_checks, units_per_call, bytes_per_call, arm_timeout_s, sequential, "
+            "first_look, look_every, stop_confidence, stop_improvement; no other key",
         ),
         "assess": attr(
             "table", "min_improvement, confidence, bootstrap_resamples, min_pairs; no other key"

@@ -40,6 +40,11 @@ MEASURE_KEYS = {
     "units_per_call": "positive",
     "bytes_per_call": "count",
     "arm_timeout_s": "positive",
+    "sequential": ("peto", "pocock", "obrien_fleming", "fixed"),
+    "first_look": "count",
+    "look_every": "count",
+    "stop_confidence": "open_fraction",
+    "stop_improvement": "fraction0",
 }
 ASSESS_KEYS = {
     "min_improvement": "fraction0",

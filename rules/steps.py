@@ -1,6 +1,7 @@
-"""The harness steps, defined once: what each runs (its script and the harness files it reads)
-and its command line. Domain verdicts, campaign rounds, a project's rounds and the final's
-plan all build their commands here, so a step's command line is written in one place.
+"""The harness steps, defined once: what each runs (its script and the harness files it reads) and
+its command line. Domain verdicts, campaign rounds, a project's rounds and the final's plan all
+build their commands here, so a step's command line is written in one place. A step's command line
+must never be written anywhere else.
 
 A step's argv is `[*python, _rsi/harness/SCRIPT, *subcommand, --flag value, ...]`; the values
 are exec paths (an action) or placeholders such as `{out}/check.json` (the final's plan, whose
@@ -32,11 +33,27 @@ ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 # _common.py no assessment
 SCRIPTS: dict[str, tuple[str, ...]] = {
     "check": ("check.py", "referee.py", "worker.py", "confine.py", "_common.py", "_core.py"),
-    "measure": ("measure.py", "referee.py", "worker.py", "confine.py", "_common.py", "_core.py"),
-    "assess": ("assess.py", "stats.py", "_core.py", "render.py"),
+    "measure": (
+        "measure.py",
+        "referee.py",
+        "worker.py",
+        "confine.py",
+        "_common.py",
+        "_core.py",
+        "stats.py",
+        "sequential.py",
+    ),
+    "assess": ("assess.py", "stats.py", "sequential.py", "_core.py", "render.py"),
     "render": ("render.py",),
     "project": ("project.py",),
-    "project_assess": ("project.py", "assess.py", "stats.py", "_core.py", "render.py"),
+    "project_assess": (
+        "project.py",
+        "assess.py",
+        "stats.py",
+        "sequential.py",
+        "_core.py",
+        "render.py",
+    ),
     "round": ("round.py",),
     "select": ("select.py",),
     "snapshot": ("snapshot.py",),
@@ -58,6 +75,8 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
         "confine.py",
         "_common.py",
         "_core.py",
+        "stats.py",
+        "sequential.py",
     ),
 }
 # NB: the jinja2 templates a step renders with (not Python: listed apart from SCRIPTS)

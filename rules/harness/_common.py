@@ -46,7 +46,7 @@ def _sibling(stem: str) -> types.ModuleType:
 _core = _sibling("_core")
 SPEC_SCHEMA, FRAMEWORKS, DEVICES = _core.SPEC_SCHEMA, _core.FRAMEWORKS, _core.DEVICES
 INFRA_EXIT, HarnessError = _core.INFRA_EXIT, _core.HarnessError
-BUSY_EXIT, busy_reason = _core.BUSY_EXIT, _core.busy_reason
+BUSY_EXIT, busy_reason, contended = _core.BUSY_EXIT, _core.busy_reason, _core.contended
 write_json, read_json, finite_or_none = _core.write_json, _core.read_json, _core.finite_or_none
 json_safe, error_summary = _core.json_safe, _core.error_summary
 sha256_bytes, load_spec, tolerance_for = _core.sha256_bytes, _core.load_spec, _core.tolerance_for

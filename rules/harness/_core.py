@@ -143,6 +143,22 @@ def load_spec(path: Path) -> dict:
     measure.setdefault("value_checks", 3)
     measure.setdefault("units_per_call", None)
     measure.setdefault("arm_timeout_s", None)
+    # NB: the sequential design (rules/harness/sequential.py): looks after first_look pairs and
+    # every look_every more, a fifth of alpha spent over the interim looks and the rest at the
+    # last (Haybittle-Peto-type); it stops when the interval clears
+    # 1 + stop_improvement (or lies below its inverse) at stop_confidence. "fixed": all pairs
+    measure.setdefault("sequential", "peto")
+    measure.setdefault("first_look", 8)
+    measure.setdefault("look_every", 2)
+    measure.setdefault("stop_confidence", 0.95)
+    measure.setdefault("stop_improvement", 0.08)
+    if measure["sequential"] not in ("peto", "pocock", "obrien_fleming", "fixed"):
+        raise HarnessError("measure.sequential must be peto, pocock, obrien_fleming or fixed")
+    for key in ("first_look", "look_every"):
+        if isinstance(measure[key], bool) or not isinstance(measure[key], int) or measure[key] < 1:
+            raise HarnessError(f"measure.{key} must be a whole number >= 1")
+    if not 0 < float(measure["stop_confidence"]) < 1 or float(measure["stop_improvement"]) < 0:
+        raise HarnessError("measure.stop_confidence must lie in (0, 1), stop_improvement >= 0")
     bpc = measure.get("bytes_per_call")
     if bpc is not None and (isinstance(bpc, bool) or not isinstance(bpc, int) or bpc <= 0):
         raise HarnessError("measure.bytes_per_call must be a positive integer when given")

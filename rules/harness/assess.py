@@ -22,6 +22,7 @@ def _load_sibling(stem: str):
 
 C = _load_sibling("_core")
 S = _load_sibling("stats")
+Q = _load_sibling("sequential")
 
 SCHEMA = "rsi.assess/1"
 
@@ -46,6 +47,42 @@ def pair_log_ratios(doc: dict, measure: dict) -> list[float]:
         }
         ratios.append(S.log_ratio(values["baseline"], values["candidate"], measure["direction"]))
     return ratios
+
+
+def sequential_interval(samples: dict, ratios: list[float], confidence: float) -> tuple:
+    """(pairs judged, (lo, hi, coverage) on the log scale or None, the design's record).
+
+    A measurement that recorded a sequential design is judged at the look it stopped at with
+    that design's boundaries at this assessment's confidence (sequential.plan): the looks hold
+    the median together, so stopping early costs no coverage. Without a record (a fixed
+    design, a multi-rank measurement) it is None: the plain interval of all pairs."""
+    seq = samples.get("sequential")
+    if not seq or seq.get("design") in (None, "fixed"):
+        return ratios, None, None
+    m = samples["measure"]
+    plan = Q.plan(int(m["pairs"]), seq["first_look"], seq["look_every"], seq["design"], confidence)
+    look = Q.look_for(plan, len(ratios))
+    record = {
+        "design": seq["design"],
+        "looks": [lk["n"] for lk in plan["looks"]],
+        "looks_taken": len(seq.get("looks") or []),
+        "stop": seq.get("stop"),
+        "stopped_at": seq.get("stopped_at"),
+        "judged_at": look["n"] if look else None,
+        "spent_alpha": look["spent_alpha"] if look else 0.0,
+        "plan_alpha": plan["alpha_spent"],
+        "order_index": look["c"] if look else None,
+        "method": plan["method"],
+    }
+    if look is None:
+        return ratios, None, record
+    judged = ratios[: look["n"]]
+    interval = Q.interval_at(judged, look)
+    if interval is None:
+        # NB: the last look of a plan too short to decide: the whole range, its coverage said
+        lo, hi, coverage = S.median_interval(judged, confidence)
+        return judged, (lo, hi, coverage), record
+    return judged, (interval[0], interval[1], 1.0 - plan["alpha_spent"]), record
 
 
 def _busy(doc: dict) -> str | None:
@@ -178,6 +215,7 @@ def assess(
             noise = S.noise_floor(aa, a["confidence"], a["bootstrap_resamples"], seed ^ 0xA5A5)
 
     ratios = pair_log_ratios(samples, m) if not samples["invalid"]["candidate"] else []
+    ratios, interval, design = sequential_interval(samples, ratios, a["confidence"])
     speed = None
     if samples["invalid"]["candidate"] or samples["invalid"]["baseline"]:
         pass
@@ -190,7 +228,9 @@ def assess(
     else:
         # NB: the A/A calibration's own median is the run-to-run shift this binding shows
         shift = abs(math.log(noise["aa_point"])) if noise else 0.0
-        speed = S.speedup(ratios, a["confidence"], a["bootstrap_resamples"], seed, shift)
+        speed = S.speedup(
+            ratios, a["confidence"], a["bootstrap_resamples"], seed, shift, interval=interval
+        )
 
     threshold = S.pass_threshold(noise["delta"], a["min_improvement"]) if noise else None
     # NB: a baseline failing its own check means the judge is broken; no candidate is failed by it.
@@ -228,6 +268,7 @@ def assess(
         "threshold": threshold,
         "min_improvement": float(a["min_improvement"]),
         "n_pairs": len(ratios) if speed else (len(ratios) or None),
+        "sequential": design,
         "n_contended_pairs": sum(1 for p in samples["pairs"] if p.get("complete") and contended(p)),
         "metric": m["metric"],
         "direction": m["direction"],

@@ -39,6 +39,8 @@ def _load(name: str, stem: str):
 
 C = _load("_rsi_harness_common", "_common")
 R = _load("_rsi_harness_referee", "referee")
+S = _load("_rsi_harness_stats", "stats")
+Q = _load("_rsi_harness_sequential", "sequential")
 np = C.np
 
 SCHEMA = "rsi.measure/1"
@@ -580,6 +582,64 @@ def _early_stop(pairs: list[dict]) -> bool:
     return True
 
 
+def _pair_ratio(m: dict, pair: dict) -> float:
+    values = [
+        S.arm_value(pair["arms"][arm]["samples_ns"], m["metric"], m.get("units_per_call"))
+        for arm in ARMS
+    ]
+    return S.log_ratio(values[0], values[1], m["direction"])
+
+
+def _look(m: dict, plan: dict, pairs: list[dict], since: int) -> dict | None:
+    """The look the plan takes after these pairs (None: not a look): its interval and whether
+    it stops the run. NB: a look is not valid, and stops nothing, when the measurement so far
+    is host_busy or a pair since the previous look was contended: a busy host delays a
+    decision, never makes one (the whole run is still judged host_busy by assess.py)."""
+    done = [p for p in pairs if p["complete"]]
+    look = next((lk for lk in plan["looks"] if lk["n"] == len(done)), None)
+    if look is None or len(done) != len(pairs):
+        return None
+    out = {"n": look["n"], "c": look["c"], "spent_alpha": look["spent_alpha"]}
+    interval = Q.interval_at([_pair_ratio(m, p) for p in done], look)
+    out["lo"], out["hi"] = (
+        (math.exp(interval[0]), math.exp(interval[1])) if interval else (None, None)
+    )
+    busy = C.busy_reason({"pairs": done})
+    recent = [p for p in done[since:] if C.contended(p)]
+    out["valid"] = not busy and not recent
+    out["why_invalid"] = (
+        ("host_busy so far" if busy else f"{len(recent)} contended pair(s) since the last look")
+        if not out["valid"]
+        else None
+    )
+    out["stop"] = (
+        Q.decide(interval[0], interval[1], m["stop_improvement"])
+        if interval and out["valid"] and look["n"] < plan["looks"][-1]["n"]
+        else None
+    )
+    return out
+
+
+def _sequential_doc(m: dict, plan: dict, taken: list[dict], pairs: list[dict]) -> dict:
+    """What the evidence records of the design: the plan, the looks taken, why it stopped."""
+    stop = next((lk["stop"] for lk in taken if lk["stop"]), None)
+    n = sum(p["complete"] for p in pairs)
+    if stop is None:
+        stop = "max_pairs" if n == plan["looks"][-1]["n"] else "ended"
+    return {
+        "design": m["sequential"],
+        "first_look": m["first_look"],
+        "look_every": m["look_every"],
+        "stop_confidence": m["stop_confidence"],
+        "stop_improvement": m["stop_improvement"],
+        "plan": [{k: lk[k] for k in ("n", "c", "spent_alpha")} for lk in plan["looks"]],
+        "looks": taken,
+        "stopped_at": n,
+        "stop": stop,
+        "method": plan["method"],
+    }
+
+
 def run_measure(
     task_dir: Path, baseline: Path, candidate: Path, spec: dict, work_dir: Path, secret: int
 ) -> dict:
@@ -629,7 +689,7 @@ def run_measure(
                     C.worker_entry(spec, workloads),
                 )
             )
-        out_pairs, invalid = _run_pairs(
+        out_pairs, invalid, sequential = _run_pairs(
             spec,
             m,
             workloads,
@@ -680,6 +740,7 @@ def run_measure(
         "n_pairs": n_pairs,
         "n_complete_pairs": sum(p["complete"] for p in out_pairs),
         "stopped_early": early,
+        "sequential": sequential,
         "pairs": [{k: v for k, v in p.items() if k != "stopped_early"} for p in out_pairs],
         "timing": _timing(spec, None),
         "referee": {
@@ -804,7 +865,13 @@ def _run_pairs(
 ):
     out_pairs, invalid = [], {"baseline": [], "candidate": []}
     stopped = False
+    # NB: the design is fixed before the first pair (pre-registered); "fixed" keeps the one
+    # look at `pairs` and the old stop of a clearly slower candidate (_early_stop)
+    plan = Q.plan(n_pairs, m["first_look"], m["look_every"], m["sequential"], m["stop_confidence"])
+    sequential, taken = m["sequential"] != "fixed", []
     for i in range(n_pairs):
+        if taken and taken[-1]["stop"]:
+            break
         order = list(ARMS) if i % 2 == 0 else list(reversed(ARMS))
         record = {
             "index": i,
@@ -894,9 +961,12 @@ def _run_pairs(
         record["complete"] = all(record["arms"][a]["valid"] for a in ARMS)
         oracle.clear()
         out_pairs.append(record)
-        if _early_stop(out_pairs):
+        look = _look(m, plan, out_pairs, taken[-1]["n"] if taken else 0)
+        if look is not None:
+            taken.append(look)
+        if not sequential and _early_stop(out_pairs):
             stopped = True
-    return out_pairs, invalid
+    return out_pairs, invalid, _sequential_doc(m, plan, taken, out_pairs)
 
 
 def main() -> int:

@@ -19,6 +19,12 @@ METHOD = (
 )
 
 
+SEQUENTIAL_METHOD = (
+    "group-sequential order-statistic interval of the median per-pair log ratio at the look the "
+    "run stopped at (rules/harness/sequential.py), widened on each side by the A/A run shift"
+)
+
+
 def arm_value(samples_ns: Sequence[float], metric: str, units_per_call: float | None) -> float:
     """One arm's summary: median latency in ns, or median throughput in units per second."""
     ns = [float(v) for v in samples_ns]
@@ -81,6 +87,7 @@ def speedup(
     resamples: int,
     seed: int,
     run_shift: float = 0.0,
+    interval: tuple[float, float, float] | None = None,
 ) -> dict:
     """Point estimate exp(median log ratio) and its interval, as factors (1.0 = same).
 
@@ -89,12 +96,14 @@ def speedup(
     state (its workers' sandboxes, heap layouts, where the host's caches and clocks stand), so
     a whole run can sit off the truth by more than its pairs scatter. An A/A run of the same
     binding shows the size of that shift (its median log ratio, where the truth is 0); it is
-    added on each side. bench/measurement_quality.py measures the coverage this gives."""
+    added on each side. bench/measurement_quality.py measures the coverage this gives.
+    `interval` (lo, hi, coverage on the log scale) replaces the fixed-n order-statistic one:
+    a sequential design's interval at the look the run stopped at (sequential.py)."""
     x = [float(v) for v in log_ratios]
     shift = float(run_shift)
     if not math.isfinite(shift) or shift < 0:
         raise ValueError(f"run_shift must be finite and >= 0, not {run_shift!r}")
-    lo, hi, coverage = median_interval(x, confidence)
+    lo, hi, coverage = interval if interval is not None else median_interval(x, confidence)
     return {
         "point": math.exp(statistics.median(x)),
         "lo": math.exp(lo - shift),
@@ -102,7 +111,7 @@ def speedup(
         "run_shift": math.expm1(shift),
         "confidence": float(confidence),
         "coverage": coverage,
-        "method": METHOD,
+        "method": METHOD if interval is None else SEQUENTIAL_METHOD,
         "resamples": None,
     }
 
