@@ -84,3 +84,39 @@ def run_measure(
         str(out),
     ]
     return run_harness("measure.py", args, tmp_path), out
+
+
+def isolation_unavailable(mode: str) -> str | None:
+    """Why this host cannot run a worker in isolation `mode` (RSI_WORKER_ISOLATION), or None.
+    NB: uid mode needs a root referee and an interpreter the worker's uid can run (a venv
+    under a 0700 home cannot be)."""
+    import os
+
+    referee = load_harness_module("referee")
+    if mode == "namespaces" and referee._bwrap() is None:
+        return "no bubblewrap here"
+    if mode == "uid":
+        if os.geteuid() != 0:
+            return "uid mode needs a root referee"
+        uid = referee.WORKER_UID
+
+        def drop():
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+
+        try:
+            subprocess.run(
+                [sys.executable, "-I", "-c", "pass"], preexec_fn=drop, check=True, timeout=60
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"uid {uid} cannot run this interpreter ({exc})"
+    return None
+
+
+def open_to_worker_uid(path: Path) -> None:
+    """Let uid mode's worker reach `path` (pytest's tmp folders are 0700): o+rx up the tree."""
+    for folder in (path, *path.parents):
+        if folder == Path("/"):
+            break
+        folder.chmod(folder.stat().st_mode | 0o005)

@@ -15,7 +15,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness_support import TASKS, load_harness_module, run_harness, task_spec
+from harness_support import (
+    TASKS,
+    isolation_unavailable,
+    load_harness_module,
+    open_to_worker_uid,
+    run_harness,
+    task_spec,
+)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "multirank"
 TASK = TASKS / "tp_mlp"
@@ -66,13 +73,15 @@ def test_the_temp_folder_is_repaired_emptied_and_renewed_per_arm_run(tmp_path):
 @pytest.mark.fast
 def test_a_rank_that_is_not_confined_is_refused():
     sandbox = load_harness_module("mr_sandbox")
-    ok = {"cap_eff": 0, "dumpable": False, "seccomp": 2}
+    ok = {"cap_eff": 0, "dumpable": False, "seccomp": 2, "signals": "own"}
     assert sandbox.confinement_missing(ok) is None
     assert "no confinement report" in sandbox.confinement_missing(None)
     assert "dumpable" in sandbox.confinement_missing(dict(ok, dumpable=True))
     assert "seccomp" in sandbox.confinement_missing(dict(ok, seccomp=0, seccomp_error="EINVAL"))
     assert "capabilities" in sandbox.confinement_missing(dict(ok, cap_eff=1 << 19))
     assert sandbox.confinement_missing(dict(ok, seccomp=0), skipped=("seccomp",)) is None
+    # NB: a rank shares its pid namespace with its peers: its filter must be own-pid-only
+    assert "other than its own" in sandbox.confinement_missing(dict(ok, signals="protected"))
 
 
 @pytest.mark.fast
@@ -112,6 +121,9 @@ def test_a_call_is_contended_when_any_rank_waited_over_half_its_wall():
         # a signal to the zygote and its group (SIGSTOP would stall every later fork): the
         # filter refuses signals to the zygote, its group and the referee
         "signal_zygote",
+        # a signal to the peer rank, its pid learnt through the group: the filter lets a rank
+        # name no pid but its own (own_only, in every mode)
+        "signal_peer",
     ],
 )
 def test_a_rank_cannot_reach_its_zygote_or_peer_and_wins_without_the_defence(
@@ -127,6 +139,30 @@ def test_a_rank_cannot_reach_its_zygote_or_peer_and_wins_without_the_defence(
     doc, _ = _run(tmp_path, "check", FIXTURES / fixture, spec, f"{fixture}-unconfined")
     assert doc["status"] == "ok", doc["reasons"]
     assert doc["referee"]["unconfined"] == ["caps", "dump", "seccomp"]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode", ["uid", "process"])
+def test_a_rank_cannot_signal_its_peer_outside_a_namespace_either(
+    tmp_path, torch, monkeypatch, mode
+):
+    """signal_peer in the modes without a pid namespace per sandbox (the peer, the other arm's
+    ranks and the host are all nameable there): refused by own_only, and reached without it
+    (the private switch leaves the rest of the filter in place)."""
+    why = isolation_unavailable(mode)
+    if why:
+        pytest.skip(why)
+    monkeypatch.setenv("RSI_WORKER_ISOLATION", mode)
+    if mode == "uid":
+        open_to_worker_uid(tmp_path)
+    spec = task_spec("tp_mlp", call_timeout_s=10)
+    impl = FIXTURES / "signal_peer"
+    doc, _ = _run(tmp_path, "check", impl, spec, "peer")
+    assert doc["status"] == "candidate_failure", doc["reasons"]
+    assert doc["failure_kind"] == "wrong_output"
+    monkeypatch.setenv(UNCONFINED, "own_only")
+    doc, _ = _run(tmp_path, "check", impl, spec, "peer-unconfined")
+    assert doc["status"] == "ok", doc["reasons"]
 
 
 # ----------------------------------------------------------------------------- measures

@@ -17,9 +17,9 @@ API:
 - `drop_caps()`, `effective_caps()`: capset to nothing; the effective set (capget, so it works
   where /proc is empty, as in the bwrap sandbox). Non-dumpable does not stop a process that
   holds CAP_SYS_PTRACE in the owning user namespace: a worker must run with CapEff == 0.
-- `seccomp_supported()`, `install_seccomp(protect_pids, protect_pgids, own_pid=None)`: a classic
-  BPF filter built here (x86_64 and aarch64; PR_SET_NO_NEW_PRIVS first), installed for the
-  calling thread and everything it later forks. It refuses with EPERM:
+- `seccomp_supported()`, `install_seccomp(protect_pids, protect_pgids, own_pid=None,
+  own_only=False)`: a classic BPF filter built here (x86_64 and aarch64; PR_SET_NO_NEW_PRIVS
+  first), installed for the calling thread and everything it later forks. It refuses with EPERM:
     * always: ptrace, process_vm_readv/writev, pidfd_getfd, pidfd_send_signal, kcmp,
       process_madvise, process_mrelease, any syscall of a foreign ABI (i386 int 0x80, x32);
     * setpriority and ioprio_set on a process group, a uid, or a protected pid (a renice of
@@ -28,8 +28,19 @@ API:
       any process group) other than -own_pid, or at a protected pid / -protected pgid;
     * sched_setaffinity/setparam/setscheduler/setattr, prlimit64, migrate_pages, move_pages
       aimed at a protected pid (0, the caller itself, stays allowed).
+  With `own_only` (where the worker shares a pid namespace with processes it was not told
+  about: the other arm's worker, a peer rank, another action's), every syscall of the last
+  three items and pidfd_open may name only the caller itself: pid 0, own_pid or -own_pid
+  (tgkill/rt_tgsigqueueinfo: thread group own_pid; setpriority/ioprio_set: one process, 0 or
+  own_pid). A pid it cannot name it cannot signal, stop, renice, re-pin or limit. The price: a
+  process the worker forks cannot signal itself or be signalled by pid (only through the
+  worker's process group, kill(0)).
   Pids are compared on their low 32 bits, as the kernel reads a pid_t. Raises ConfineError
   where the filter cannot be built or installed; returns nothing.
+- `confine_worker(protect, own_pid, skip=(), own_only=False) -> dict`: all of the above for a
+  freshly forked worker or rank, before any candidate code (capabilities dropped, non-dumpable,
+  the filter), returning what holds as the report the referee checks (confinement_missing):
+  cap_eff, dumpable, seccomp, signals ("own" or "unprotected pids"), or the *_error of each.
 """
 
 from __future__ import annotations
@@ -52,6 +63,7 @@ __all__ = [
     "seccomp_supported",
     "install_seccomp",
     "seccomp_mode",
+    "confine_worker",
 ]
 
 
@@ -189,6 +201,7 @@ _NR = {
     "process_vm_writev": (311, 271),
     "kcmp": (312, 272),
     "pidfd_send_signal": (424, 424),
+    "pidfd_open": (434, 434),
     "pidfd_getfd": (438, 438),
     "process_madvise": (440, 440),
     "process_mrelease": (448, 448),
@@ -251,12 +264,20 @@ def seccomp_supported() -> bool:
 
 
 def build_filter(
-    protect_pids, protect_pgids, own_pid: int | None = None, arch: str | None = None
+    protect_pids,
+    protect_pgids,
+    own_pid: int | None = None,
+    arch: str | None = None,
+    own_only: bool = False,
 ) -> list[tuple[int, int, int, int]]:
     """The filter as (code, jt, jf, k) instructions (exposed for tests)."""
     arch = arch or _arch()
     if arch not in AUDIT_ARCH:
         raise ConfineError(f"no seccomp filter for architecture {arch!r}")
+    if own_only:
+        if not own_pid or int(own_pid) <= 0:
+            raise ConfineError("an own-pid-only filter needs the caller's pid")
+        return _assemble(_own_only_program(arch, int(own_pid)))
     col = 0 if arch == "x86_64" else 1
     pids = sorted({int(p) & 0xFFFFFFFF for p in protect_pids if int(p) > 0})
     negs = sorted({(-int(g)) & 0xFFFFFFFF for g in protect_pgids if int(g) > 0})
@@ -294,6 +315,41 @@ def build_filter(
     for k in pids:
         prog.append(("jeq", k, "deny", None))
     prog += [("label", "allow"), ("ret", RET_ALLOW), ("label", "deny"), ("ret", RET_EPERM)]
+    return _assemble(prog)
+
+
+def _own_only_program(arch: str, own_pid: int) -> list[tuple]:
+    """The symbolic program of an own_only filter (see the module docstring): the same
+    always-denied list, and every pid-naming syscall allowed only at 0, own_pid, -own_pid."""
+    col = 0 if arch == "x86_64" else 1
+    own, neg = own_pid & 0xFFFFFFFF, (-own_pid) & 0xFFFFFFFF
+    prog: list[tuple] = [
+        ("ld", _OFF_ARCH),
+        ("jeq", AUDIT_ARCH[arch], None, "deny"),
+        ("ld", _OFF_NR),
+    ]
+    if arch == "x86_64":
+        prog.append(("jge", X32_BIT, "deny", None))
+    for name in DENIED:
+        prog.append(("jeq", _NR[name][col], "deny", None))
+    for name in (*SIGNALS, *PID_TARGETED, "pidfd_open"):
+        prog.append(("jeq", _NR[name][col], "own", None))
+    for name in WHICH_WHO:
+        prog.append(("jeq", _NR[name][col], f"which_{name}", None))
+    prog.append(("ret", RET_ALLOW))
+    for name, process in WHICH_WHO.items():
+        prog += [("label", f"which_{name}"), ("ld", _OFF_ARG0), ("jeq", process, None, "deny")]
+        prog += [("ld", _OFF_ARG1), ("jeq", 0, "allow", None), ("jeq", own, "allow", "deny")]
+    # NB: kill(0) and kill(-own) reach the worker's own process group (it called setsid):
+    # its own helpers, which a forked child cannot otherwise be signalled through
+    prog += [("label", "own"), ("ld", _OFF_ARG0), ("jeq", 0, "allow", None)]
+    prog += [("jeq", own, "allow", None), ("jeq", neg, "allow", "deny")]
+    prog += [("label", "allow"), ("ret", RET_ALLOW), ("label", "deny"), ("ret", RET_EPERM)]
+    return prog
+
+
+def _assemble(prog: list[tuple]) -> list[tuple[int, int, int, int]]:
+    """Resolve a symbolic program's labels into relative jumps."""
     at, labels = 0, {}
     for ins in prog:
         if ins[0] == "label":
@@ -332,11 +388,13 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def install_seccomp(protect_pids, protect_pgids=(), own_pid: int | None = None) -> None:
+def install_seccomp(
+    protect_pids, protect_pgids=(), own_pid: int | None = None, own_only: bool = False
+) -> None:
     """Install the filter (see the module docstring) on the calling thread and its future
     children. Call it single-threaded (right after fork): other threads are not covered.
     Raises ConfineError where it cannot be installed."""
-    program = build_filter(protect_pids, protect_pgids, own_pid)
+    program = build_filter(protect_pids, protect_pgids, own_pid, own_only=own_only)
     filters = (_SockFilter * len(program))(*[_SockFilter(*ins) for ins in program])
     fprog = _SockFprog(len(program), ctypes.cast(filters, ctypes.POINTER(_SockFilter)))
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
@@ -356,3 +414,35 @@ def install_seccomp(protect_pids, protect_pgids=(), own_pid: int | None = None) 
 def pack_filter(program) -> bytes:
     """The filter's bytes (struct sock_filter array), for tests and logs."""
     return b"".join(struct.pack("<HBBI", *ins) for ins in program)
+
+
+def confine_worker(protect, own_pid: int, skip=(), own_only: bool = False) -> dict:
+    """Confine the calling (freshly forked, single-threaded) worker or rank before any
+    candidate code: no capabilities, non-dumpable, the seccomp filter protecting `protect`
+    (as pids and process groups), or with `own_only` naming nothing but itself. Returns what
+    holds; a step that failed shows as its *_error and a missing item, never an exception.
+    `skip` (tests only, the referee's private switch) names steps to leave out."""
+    report: dict = {}
+    skip = set(skip or ())
+    own_only = own_only and "own_only" not in skip
+    try:
+        if "caps" not in skip:
+            drop_caps()
+        report["cap_eff"] = effective_caps()
+    except ConfineError as exc:
+        report["cap_error"] = str(exc)[:200]
+    try:
+        if "dump" not in skip:
+            no_dump()
+        report["dumpable"] = is_dumpable()
+    except ConfineError as exc:
+        report["dump_error"] = str(exc)[:200]
+    pids = [int(p) for p in protect if isinstance(p, int)]
+    try:
+        if "seccomp" not in skip:
+            install_seccomp(pids, pids, own_pid=own_pid, own_only=own_only)
+            report["signals"] = "own" if own_only else "unprotected pids"
+        report["seccomp"] = seccomp_mode()
+    except ConfineError as exc:
+        report["seccomp_error"] = str(exc)[:200]
+    return report

@@ -198,6 +198,10 @@ def confinement_missing(report, skipped=()) -> str | None:
         problems.append(f"dumpable {report.get('dump_error') or ''}")
     if "seccomp" not in skipped and report.get("seccomp") != 2:
         problems.append(f"no seccomp filter {report.get('seccomp_error') or ''}")
+    elif not {"seccomp", "own_only"} & set(skipped) and report.get("signals") != "own":
+        # NB: a rank shares its pid namespace with its peers in every mode: it may name no pid
+        # but its own (confine.py own_only), or it could stop or kill the peer rank
+        problems.append("its filter lets it signal pids other than its own")
     return "; ".join(p.strip() for p in problems) or None
 
 

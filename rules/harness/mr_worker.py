@@ -100,37 +100,19 @@ def _reapply(msg: dict, args: dict, run_dir: str) -> None:
 
 
 def _confine(msg: dict, zygote_pid: int) -> dict:
-    """No capabilities, non-dumpable, the seccomp filter (confine.py) protecting the zygote,
-    its parent and what the referee names; what holds is reported, the referee checks it."""
-    confine, report = W.confine, {}
-    skip = set(msg.get("unconfined") or ())
-    try:
-        if "caps" not in skip:
-            confine.drop_caps()
-        report["cap_eff"] = confine.effective_caps()
-    except confine.ConfineError as exc:
-        report["cap_error"] = str(exc)[:200]
-    try:
-        if "dump" not in skip:
-            confine.no_dump()
-        report["dumpable"] = confine.is_dumpable()
-    except confine.ConfineError as exc:
-        report["dump_error"] = str(exc)[:200]
+    """No capabilities, non-dumpable, the seccomp filter (confine.confine_worker); what holds
+    is reported, the referee checks it. NB: own_only in every mode: the peer ranks share the
+    rank's pid namespace, so a rank may name no pid but its own (zygote and referee included)."""
     protect = [zygote_pid, *(p for p in msg.get("protect") or () if isinstance(p, int))]
     try:
         protect.append(os.getpgid(zygote_pid))
     except OSError:
         pass
-    try:
-        zparent = int(msg.get("zygote_parent") or 0)
-        if zparent > 1:
-            protect.append(zparent)
-        if "seccomp" not in skip:
-            confine.install_seccomp(protect, protect, own_pid=os.getpid())
-        report["seccomp"] = confine.seccomp_mode()
-    except confine.ConfineError as exc:
-        report["seccomp_error"] = str(exc)[:200]
-    return report
+    zparent = msg.get("zygote_parent")
+    if isinstance(zparent, int) and zparent > 1:
+        protect.append(zparent)
+    skip = msg.get("unconfined") or ()
+    return W.confine.confine_worker(protect, os.getpid(), skip, own_only=True)
 
 
 def _rank_main(args: dict, msg: dict, rank: int, mine: list[int], keep: set[int]) -> None:

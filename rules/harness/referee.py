@@ -10,6 +10,9 @@ only in a worker (worker.py) started here, in the strongest isolation this host 
 - `uid`: the referee is root and no namespace can be made: the worker runs as another uid
   (65533) in its own session; the referee's files are 0700.
 - `process`: neither: its own session, the same uid. Recorded in the evidence.
+In `uid` and `process` the worker shares a pid namespace with the other arm's worker and the
+host, so its seccomp filter lets it name no pid but its own (signals, pidfd_open, scheduling,
+limits: confine.py own_only); a worker whose report does not say so is not started.
 
 The referee, the zygote and every worker are non-dumpable, and every worker runs with no
 capabilities under a seccomp filter (confine.py): no worker can ptrace, read or write the
@@ -185,6 +188,7 @@ REPLY_FIELDS = {
                     "cap_error",
                     "dump_error",
                     "seccomp_error",
+                    "signals",
                 )
             }
         )
@@ -686,9 +690,11 @@ def _memfd(name: str, size: int, sealed: bool = True) -> int:
         raise WorkerStartError(f"cannot make a sealed shared buffer: {exc}") from exc
 
 
-def confinement_missing(report, skipped=()) -> str | None:
+def confinement_missing(report, skipped=(), own_only: bool = False) -> str | None:
     """What a forked worker's report says does not hold (None: all of it holds). Items in
-    `skipped` (the tests' private switch) are not required."""
+    `skipped` (the tests' private switch) are not required. `own_only`: the worker shares a
+    pid namespace with others (uid, process modes), so its filter must let it name no pid but
+    its own (confine.py)."""
     if not isinstance(report, dict):
         return "no confinement report"
     problems = []
@@ -700,6 +706,9 @@ def confinement_missing(report, skipped=()) -> str | None:
         problems.append(f"dumpable {report.get('dump_error') or ''}")
     if "seccomp" not in skipped and report.get("seccomp") != 2:
         problems.append(f"no seccomp filter {report.get('seccomp_error') or ''}")
+    elif own_only and not {"seccomp", "own_only"} & set(skipped):
+        if report.get("signals") != "own":
+            problems.append("its filter lets it signal pids other than its own")
     return "; ".join(p.strip() for p in problems) or None
 
 
@@ -859,7 +868,9 @@ class WorkerProcess:
             raise WorkerStartError(f"worker fork answered {str(reply)[:200]}")
         self.child_alive = True
         self.confinement = reply.get("confined")
-        missing = confinement_missing(self.confinement, self.unconfined)
+        missing = confinement_missing(
+            self.confinement, self.unconfined, own_only=self.mode != "namespaces"
+        )
         if missing:
             raise WorkerStartError(f"the forked worker is not confined: {missing}")
         # NB: its pid as seen from here (it reports the one in its own pid namespace), found

@@ -493,31 +493,17 @@ def _confine_child(msg: dict, args: dict, zygote_fds: set[int]) -> dict:
             pass
     report["stray_fds_closed"] = len(stray)
     report["candidate_modules_in_zygote"] = sum(m.startswith("_rsi_impl_") for m in sys.modules)
-    skip = set(msg.get("unconfined") or ())  # NB: tests only (the referee's private flag)
-    try:
-        if "caps" not in skip:
-            confine.drop_caps()
-        report["cap_eff"] = confine.effective_caps()
-    except confine.ConfineError as exc:
-        report["cap_error"] = str(exc)[:200]
-    try:
-        if "dump" not in skip:
-            confine.no_dump()
-        report["dumpable"] = confine.is_dumpable()
-    except confine.ConfineError as exc:
-        report["dump_error"] = str(exc)[:200]
     protect = [os.getppid(), *(p for p in msg.get("protect") or () if isinstance(p, int))]
     zygote_pid = os.getppid()
     try:
         protect.append(os.getpgid(zygote_pid))
     except OSError:
         pass
-    try:
-        if "seccomp" not in skip:
-            confine.install_seccomp(protect, protect, own_pid=os.getpid())
-        report["seccomp"] = confine.seccomp_mode()
-    except confine.ConfineError as exc:
-        report["seccomp_error"] = str(exc)[:200]
+    # NB: outside a pid namespace of its own (uid, process modes) the worker can name the other
+    # arm's worker and every neighbour: its filter then lets it name no pid but its own
+    own_only = not bool(args.get("own_pid_namespace"))
+    skip = msg.get("unconfined") or ()  # NB: tests only (the referee's private flag)
+    report.update(confine.confine_worker(protect, os.getpid(), skip, own_only=own_only))
     return report
 
 
