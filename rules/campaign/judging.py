@@ -21,7 +21,16 @@ from rules.steps import HARNESS_DIR, SCRIPTS
 JUDGE_STEPS = ("check", "measure", "assess")
 JUDGE_CAMPAIGN_SCRIPTS = {
     "task": ("select.py", "final.py", "review.py"),
-    "project": ("project.py", "assess.py", "stats.py", "_core.py", "select.py", "final.py"),
+    # NB: assess.py loads sequential.py (the design's interval): a change to it is a new judge
+    "project": (
+        "project.py",
+        "assess.py",
+        "stats.py",
+        "sequential.py",
+        "_core.py",
+        "select.py",
+        "final.py",
+    ),
 }
 
 
