@@ -1,10 +1,14 @@
 """Measurement quality of the harness on this host: A/A interval coverage (how often the stated
 95 % interval of an A/A assessment contains 1.0) and false PASS rate, detection of a ~20 % gain,
-the noise floor, the referee's per-call hand-over cost (IPC), and the wall time of one full
-verdict, for each shipped task.
+the noise floor, the referee's per-call hand-over cost (IPC), the wall time of one full
+verdict, and per sequential design (issue 31 point 5) the pairs and measuring wall time a clear
+gain (the task's `fast` candidate), a clear loss (the baseline run twice per call) and an A/A
+run take, for each shipped task.
 
 Usage: python bench/measurement_quality.py [--tasks softmax rmsnorm silu_mul] [--reps 40]
-       [--gain-reps 20]   (A/A assessments per task; runs of the ~20 % faster candidate)
+       [--gain-reps 20] [--clear-reps 5] [--designs fixed peto]
+       (A/A assessments per task; runs of the ~20 % faster candidate; runs of the clear gain
+       and the clear loss; the designs compared in one run: `fixed` is the design before)
 Writes out/bench/measurement_quality.json and prints a table.
 """
 
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,10 +42,12 @@ def run(script: str, *args: str, cwd: Path) -> None:
         raise SystemExit(f"{script} failed: {proc.stderr}")
 
 
-def write_spec(work: Path, task: str, seed: int) -> Path:
+def write_spec(work: Path, task: str, seed: int, design: str | None = None) -> Path:
     spec = json.loads((TASKS / task / "harness_spec.example.json").read_text())
     spec["measure"]["seed"] = seed
-    path = work / f"spec-{seed}.json"
+    if design:
+        spec["measure"]["sequential"] = design
+    path = work / f"spec-{seed}-{design}.json"
     path.write_text(json.dumps(spec))
     return path
 
@@ -66,10 +73,45 @@ def _median(xs: list):
     return sorted(xs)[len(xs) // 2] if xs else None
 
 
-def bench_task(task: str, reps: int, gain_reps: int, work: Path) -> dict:
+def slow_candidate(task: str, work: Path) -> Path:
+    """A clear loss: the baseline, each call computed twice (the same output, twice the time)."""
+    spec = json.loads((TASKS / task / "harness_spec.example.json").read_text())
+    module, function = spec["entry"]["module"], spec["entry"]["function"]
+    out = work / "slow"
+    shutil.copytree(TASKS / task / "baseline", out)
+    src = out / f"{module}.py"
+    src.write_text(
+        src.read_text() + f"\n\n_bench_once = {function}\n\n\ndef {function}(*args, **kwargs):\n"
+        "    _bench_once(*args, **kwargs)\n    return _bench_once(*args, **kwargs)\n"
+    )
+    return out
+
+
+def _design_of(doc: dict) -> dict:
+    seq = doc.get("sequential") or {}
+    return {"stop": seq.get("stop"), "pairs": doc.get("n_complete_pairs"), "wall_s": doc["wall_s"]}
+
+
+def _clear(runs: list[dict]) -> dict:
+    """How many pairs and how much measuring wall time runs of one kind took, and why they
+    stopped (decided_gain, decided_loss, max_pairs)."""
+    stops: dict[str, int] = {}
+    for r in runs:
+        stops[str(r["stop"])] = stops.get(str(r["stop"]), 0) + 1
+    return {
+        "runs": len(runs),
+        "pairs_median": _median([r["pairs"] for r in runs]),
+        "measure_wall_s_median": _median([r["wall_s"] for r in runs]),
+        "stops": stops,
+    }
+
+
+def bench_task(
+    task: str, reps: int, gain_reps: int, work: Path, design: str | None = None, clear_reps: int = 0
+) -> dict:
     tdir = TASKS / task
     base, gain = tdir / "baseline", tdir / "candidates" / "gain20"
-    spec0 = write_spec(work, task, 0)
+    spec0 = write_spec(work, task, 0, design)
 
     def check(impl: Path, out: str) -> Path:
         run(
@@ -96,7 +138,7 @@ def bench_task(task: str, reps: int, gain_reps: int, work: Path) -> dict:
             "--candidate",
             str(cand),
             "--spec",
-            str(write_spec(work, task, seed)),
+            str(write_spec(work, task, seed, design)),
             "--out",
             str(work / out),
             cwd=work,
@@ -142,10 +184,27 @@ def bench_task(task: str, reps: int, gain_reps: int, work: Path) -> dict:
         assess(gain_runs[k], gain_check, aa_runs[k], f"v-gain-{k}.json") for k in range(gain_reps)
     ]
     measure_walls = [json.loads(p.read_text())["wall_s"] for p in aa_runs + gain_runs]
+    fast, slow = tdir / "candidates" / "fast", slow_candidate(task, work)
+    clear = {
+        "aa": _clear([_design_of(json.loads(p.read_text())) for p in aa_runs]),
+        "gain20": _clear([_design_of(json.loads(p.read_text())) for p in gain_runs]),
+    }
+    for name, cand in (("clear_gain", fast), ("clear_loss", slow)):
+        if clear_reps and cand.is_dir():
+            cand_check = check(cand, f"check-{name}.json")
+            docs, verdicts = [], []
+            for k in range(clear_reps):
+                path = measure(cand, 3000 + 100 * (name == "clear_loss") + k, f"{name}-{k}.json")
+                docs.append(_design_of(json.loads(path.read_text())))
+                v = assess(path, cand_check, aa_runs[k % len(aa_runs)], f"v-{name}-{k}.json")
+                verdicts.append(v["verdict"])
+            clear[name] = _clear(docs) | {"verdicts": verdicts}
     floors = [v["noise_floor"]["delta"] for v in aa_verdicts if v["noise_floor"]]
     spec = json.loads(spec0.read_text())
     return {
         "task": task,
+        "design": spec["measure"].get("sequential", "(harness default)"),
+        "by_kind": clear,
         "policy": {k: spec["measure"][k] for k in ("warmups", "samples", "pairs")}
         | {"workload": spec["measure"]["workload"]}
         | spec["assess"],
@@ -202,15 +261,33 @@ def main() -> int:
     parser.add_argument("--tasks", nargs="+", default=["softmax", "rmsnorm", "silu_mul"])
     parser.add_argument("--reps", type=int, default=40)
     parser.add_argument("--gain-reps", type=int, default=20)
+    parser.add_argument("--clear-reps", type=int, default=5)
+    parser.add_argument(
+        "--designs",
+        nargs="+",
+        default=["fixed", "peto"],
+        help="sequential designs measured one after the other (fixed: the design before)",
+    )
     parser.add_argument(
         "--out", type=Path, default=ROOT / "out" / "bench" / "measurement_quality.json"
     )
     args = parser.parse_args()
     results = []
-    for task in args.tasks:
+    for task, design in ((t, d) for t in args.tasks for d in args.designs):
         with tempfile.TemporaryDirectory(prefix=f"rsi-bench-{task}-") as tmp:
-            results.append(bench_task(task, args.reps, args.gain_reps, Path(tmp)))
+            results.append(
+                bench_task(task, args.reps, args.gain_reps, Path(tmp), design, args.clear_reps)
+            )
         r = results[-1]
+        print(
+            f"{task:8s} {design:8s} "
+            + "  ".join(
+                f"{kind} {c['pairs_median']} pairs {c['measure_wall_s_median']:.1f} s "
+                f"{'/'.join(f'{s}:{n}' for s, n in sorted(c['stops'].items()))}"
+                for kind, c in r["by_kind"].items()
+            ),
+            flush=True,
+        )
         print(
             f"{task:8s} A/A interval holds 1.0 {r['aa_interval_contains_1']:2d}/"
             f"{r['aa_intervals']} (plain {r['aa_plain_interval_contains_1']}, run shift "
