@@ -249,3 +249,70 @@ def test_assess_judges_a_stopped_run_at_its_look_with_the_plans_interval():
     assert len(judged) == 12 and record["judged_at"] == 12
     # without a record (fixed design, a multi-rank run) the plain interval of all pairs
     assert assess.sequential_interval({"measure": POLICY}, ratios, 0.95)[1:] == (None, None)
+
+
+def test_pairs_no_look_can_judge_yet_get_no_interval_and_no_verdict():
+    """A run with only 8 pairs (the first look, c = 0 under peto) has no interval: it is
+    too_few_pairs, never judged by a fixed-n interval the plan did not pay for."""
+    ratios = [0.3] * 8
+    samples = {
+        "measure": POLICY,
+        "sequential": {"design": "peto", "first_look": 8, "look_every": 2},
+    }
+    judged, interval, record = assess.sequential_interval(samples, ratios, 0.95)
+    assert interval is None and record["judged_at"] == 8 and record["order_index"] == 0
+
+
+def _docs(ratios: list[float]) -> tuple:
+    """(spec, samples, check, baseline_check, calibration) for assess.assess."""
+    spec = {
+        "measure": POLICY,
+        "assess": {
+            "min_improvement": 0.05,
+            "confidence": 0.95,
+            "bootstrap_resamples": 0,
+            "min_pairs": 5,
+        },
+    }
+    quiet = {"baseline": [], "candidate": []}
+    samples = {
+        "schema": "rsi.measure/1",
+        "invalid": quiet,
+        "measure": POLICY,
+        "threads": 1,
+        "baseline": {"digest": "b"},
+        "candidate": {"digest": "c"},
+        "pairs": [_pair(r) for r in ratios],
+        "sequential": {
+            "design": "peto",
+            "first_look": 8,
+            "look_every": 2,
+            "looks": [],
+            "stop": "decided_gain",
+            "stopped_at": len(ratios),
+        },
+    }
+    check = {"schema": "rsi.check/1", "status": "ok", "impl": {"digest": "c"}, "reasons": []}
+    base_check = dict(check, impl={"digest": "b"})
+    calibration = dict(
+        samples,
+        calibration=True,
+        candidate={"digest": "b"},
+        pairs=[_pair(1.01 if k % 2 else 0.99) for k in range(PAIRS)],
+    )
+    return spec, samples, check, base_check, calibration
+
+
+def test_a_clear_gain_stopped_at_its_look_passes_and_the_verdict_records_the_design():
+    verdict = assess.assess(*_docs([1.3] * 10), seed=0)
+    assert verdict["verdict"] == "PASS"
+    design = verdict["sequential"]
+    assert design["design"] == "peto" and design["stop"] == "decided_gain"
+    assert design["judged_at"] == 10 and design["order_index"] == 1
+    assert 0 < design["spent_alpha"] <= design["plan_alpha"] <= 0.05
+
+
+def test_a_run_before_any_look_that_can_judge_is_too_few_pairs_not_a_pass():
+    verdict = assess.assess(*_docs([1.3] * 8), seed=0)
+    assert verdict["verdict"] == "INCONCLUSIVE" and verdict["speedup"] is None
+    assert [r["code"] for r in verdict["reasons"]] == ["too_few_pairs"]

@@ -55,7 +55,8 @@ def sequential_interval(samples: dict, ratios: list[float], confidence: float) -
     A measurement that recorded a sequential design is judged at the look it stopped at with
     that design's boundaries at this assessment's confidence (sequential.plan): the looks hold
     the median together, so stopping early costs no coverage. Without a record (a fixed
-    design, a multi-rank measurement) it is None: the plain interval of all pairs."""
+    design, a multi-rank measurement) it is None: the plain interval of all pairs; with a
+    record, None means no look can judge these pairs yet (too_few_pairs)."""
     seq = samples.get("sequential")
     if not seq or seq.get("design") in (None, "fixed"):
         return ratios, None, None
@@ -79,6 +80,9 @@ def sequential_interval(samples: dict, ratios: list[float], confidence: float) -
     judged = ratios[: look["n"]]
     interval = Q.interval_at(judged, look)
     if interval is None:
+        if look["n"] != plan["looks"][-1]["n"]:
+            # NB: a look that may not judge yet (c = 0): no interval at all, not a fixed one
+            return judged, None, record
         # NB: the last look of a plan too short to decide: the whole range, its coverage said
         lo, hi, coverage = S.median_interval(judged, confidence)
         return judged, (lo, hi, coverage), record
@@ -225,6 +229,13 @@ def assess(
     elif len(ratios) < int(a["min_pairs"]):
         inconclusive = True
         add("too_few_pairs", f"{len(ratios)} complete pairs (< {a['min_pairs']})")
+    elif design is not None and interval is None:
+        inconclusive = True
+        add(
+            "too_few_pairs",
+            f"{len(ratios)} complete pairs: no look of the {design['design']} plan "
+            f"({design['looks']}) can judge them yet",
+        )
     else:
         # NB: the A/A calibration's own median is the run-to-run shift this binding shows
         shift = abs(math.log(noise["aa_point"])) if noise else 0.0
