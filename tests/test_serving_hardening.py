@@ -1,6 +1,6 @@
 """The serving judge's hardening (issue 29 point 6): each hostile fixture under
 tests/fixtures/serving/ comes out not-PASS with a reason, and each test fails with its defence
-removed. Unit-level: no vLLM server is started here (tests/test_serving.py holds the e2e ones).
+removed. The fast tests start no vLLM server; the e2e ones start one real arm each.
 """
 
 from __future__ import annotations
@@ -87,7 +87,9 @@ def test_samples_forged_onto_the_bench_stdout_are_refused_not_parsed():
 
 
 @pytest.mark.fast
-def test_a_run_that_writes_the_pristine_baseline_tree_makes_the_candidate_invalid(tmp_path):
+def test_a_run_cannot_rewrite_the_baseline_that_later_runs_copy(tmp_path):
+    """The pristine trees are held in the harness's memory, not beside the runs: a candidate
+    run that rewrites every baseline tree it finds on disk changes no later baseline run."""
     project = _load(HARNESS / "project.py", "rsi_test_serving_project_bench")
     base = tmp_path / "base"
     base.mkdir()
@@ -103,11 +105,12 @@ def test_a_run_that_writes_the_pristine_baseline_tree_makes_the_candidate_invali
         "measure": {"pairs": 3},
     }
     doc = project.bench(spec, base, overlay, work)
-    assert doc["status"] == "candidate_invalid", doc["invalid"]
-    codes = [r["code"] for r in doc["invalid"]["candidate"]]
-    assert "pristine_tree_changed" in codes, codes
-    # no run copied the tampered tree: the pairs stop at the first change seen
-    assert doc["n_pairs"] == 3 and len(doc["pairs"]) < 3
+    assert doc["status"] == "ok", doc["invalid"]
+    assert len(doc["pairs"]) == 3
+    baseline = [p["arms"]["baseline"]["samples"] for p in doc["pairs"]]
+    assert baseline == [[2.0]] * 3, baseline
+    # nothing on disk under the harness's folder holds a baseline tree a run could reach
+    assert not list(work.rglob("bench.py"))
 
 
 _TEARDOWN_PROBE = """
@@ -242,3 +245,227 @@ def test_a_model_wrong_only_on_benchmark_requests_fails_the_secret_sample(tmp_pa
     with pytest.raises(judge.Invalid) as exc:
         judge.check_benchmark_sample(_StandIn("http://127.0.0.1:9"), binding, trace)
     assert exc.value.code == "sample_unchecked"
+
+
+# ------------------------------------------------------- the server's sandbox (issue 29 point 6)
+
+
+def _isolation():
+    return _load(PROJECT / "serve_isolation.py", "serve_isolation_under_test")
+
+
+@pytest.mark.fast
+def test_a_server_that_cannot_be_sandboxed_is_refused_not_run_bare(tmp_path, monkeypatch):
+    """No bwrap: the arm is `server_not_isolated`, and no server process was started."""
+    judge = _load(PROJECT / "serve_bench.py", "serve_bench_hardening_noiso")
+    tree = tmp_path / "tree"
+    shutil.copytree(PROJECT, tree)
+    judge.HERE = tree
+    monkeypatch.setenv("RSI_SERVE_BWRAP", str(tmp_path / "no-bwrap"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    work = tmp_path / "work"
+    work.mkdir()
+    started = []
+    monkeypatch.setattr(judge.subprocess, "Popen", lambda *a, **k: started.append(a))
+    binding = json.loads((tree / "serve.json").read_text())
+    with pytest.raises(judge.Invalid) as exc:
+        judge.Server(tmp_path / "env", model, work, binding, [], [tree])
+    assert exc.value.code == "server_not_isolated" and started == []
+
+
+_INSIDE = r"""
+import json, os, sys
+judge, hidden, result, own = sys.argv[1:5]
+out = {"uid": os.getuid(), "hidden": os.listdir(hidden)}
+for name, path in (("result", result), ("stdout", f"/proc/{judge}/fd/1"), ("root", "/rsi-x")):
+    try:
+        with open(path, "a") as f:
+            f.write("forged\n")
+        out[name] = "written"
+    except OSError as exc:
+        out[name] = type(exc).__name__
+with open(os.path.join(own, "probe"), "w") as f:
+    f.write("mine")
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.fast
+def test_the_server_sandbox_reaches_nothing_of_the_judge(tmp_path):
+    """What runs in the server's sandbox cannot see the judge's folders, write the result
+    file, write the judge's stdout through /proc, or write anywhere but its own scratch."""
+    iso = _isolation()
+    hidden = tmp_path / "judge"
+    hidden.mkdir(mode=0o700)
+    result = hidden / "result.json"
+    result.write_text("{}")
+    own = tmp_path / "srv"
+    own.mkdir()
+    iso.hand_over(own)
+    os.chmod(tmp_path, 0o755)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    probe = ro / "probe.py"
+    probe.write_text(_INSIDE)
+    os.chmod(probe, 0o644)
+    wrap, how = iso.sandbox_argv([hidden], [ro], [own], Path(sys.executable))
+    proc = subprocess.run(
+        [*wrap, sys.executable, str(probe), str(os.getpid()), str(hidden), str(result), str(own)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["hidden"] == [], seen
+    assert seen["result"] != "written" and seen["stdout"] != "written", seen
+    assert seen["root"] != "written", seen
+    assert result.read_text() == "{}"
+    assert (own / "probe").read_text() == "mine"
+    if os.geteuid() == 0:
+        assert seen["uid"] == iso.SERVER_UID and how["uid"] == iso.SERVER_UID
+
+
+def _raw(prompt: str, ids: list[int]) -> dict:
+    chunks = [{"choices": [{"index": 0, "text": "x", "token_ids": [t]}]} for t in ids] + [
+        {"choices": [], "usage": {"completion_tokens": len(ids)}}
+    ]
+    packets = [
+        {"perf_ns": k, "packets": [{"name": "data", "value": json.dumps(c)}]}
+        for k, c in enumerate(chunks)
+    ]
+    packets.append({"perf_ns": 99, "packets": [{"name": "data", "value": "[DONE]"}]})
+    return {"payload": {"prompt": prompt, "stream": True}, "responses": packets}
+
+
+@pytest.mark.fast
+def test_every_timed_answer_is_checked_inside_the_replay_window():
+    """The streamed token ids AIPerf recorded for the replayed requests (the timed ones) must
+    equal the reference up to each one's near-tie; a model right only outside the window (the
+    window detector: a shifted argmax on the replay) is `wrong_output`."""
+    judge = _load(PROJECT / "serve_bench.py", "serve_bench_hardening_window")
+    binding = json.loads((PROJECT / "serve.json").read_text())
+    trace = judge.parse_trace((PROJECT / "trace.jsonl").read_bytes(), binding)
+    refs = binding["workload"]["reference_token_ids"]
+    honest = [_raw(t["text_input"], refs[i]) for i, t in enumerate(trace)]
+    doc = judge.check_window_answers(honest, binding, trace)
+    assert doc["requests"] == sum(1 for n in binding["workload"]["reference_trusted"] if n > 0)
+    # the window detector's answers: each argmax shifted by one inside the window
+    shifted = [_raw(t["text_input"], [(x + 1) % 75 for x in refs[i]]) for i, t in enumerate(trace)]
+    with pytest.raises(judge.Invalid) as exc:
+        judge.check_window_answers(shifted, binding, trace)
+    assert exc.value.code == "wrong_output"
+    # one request wrong is enough
+    one = list(honest)
+    one[5] = _raw(trace[5]["text_input"], [(x + 1) % 75 for x in refs[5]])
+    with pytest.raises(judge.Invalid) as exc:
+        judge.check_window_answers(one, binding, trace)
+    assert exc.value.code == "wrong_output"
+    # an answer without token ids, or a request missing, cannot be checked: not ok
+    with pytest.raises(judge.Invalid) as exc:
+        judge.check_window_answers(honest[:-1], binding, trace)
+    assert exc.value.code == "sample_unchecked"
+    bare = list(honest)
+    bare[0] = _raw(trace[0]["text_input"], [])
+    with pytest.raises(judge.Invalid) as exc:
+        judge.check_window_answers(bare, binding, trace)
+    assert exc.value.code == "run_invalid"
+
+
+@pytest.mark.fast
+def test_the_result_comes_from_the_result_file_never_from_stdout(tmp_path):
+    """A project in result-file mode: its samples are read from the harness's 0700 folder; a
+    forged stdout is ignored, and a run that wrote no file has no samples (no stdout fallback)."""
+    project = _load(HARNESS / "project.py", "rsi_test_serving_project_result")
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "bench.py").write_text(
+        "import json, os, sys\n"
+        "print(json.dumps({'samples': [1000000.0]}))\n"  # NB: what a forger on stdout says
+        "if sys.argv[1:] != ['silent']:\n"
+        "    with open(os.environ['RSI_RESULT_FILE'], 'w') as f:\n"
+        "        json.dump({'samples': [2.0], 'ok': True}, f)\n"
+    )
+    spec = {
+        "seed": 1,
+        "benchmark": {"cmd": "python3 bench.py", "timeout_s": 60},
+        "measure": {"pairs": 1},
+        "env": {"RSI_RESULT": "file"},
+    }
+    work = tmp_path / "work"
+    work.mkdir()
+    doc = project.bench(spec, base, None, work)
+    assert doc["status"] == "ok", doc["invalid"]
+    assert [a["samples"] for a in doc["pairs"][0]["arms"].values()] == [[2.0], [2.0]]
+    spec["benchmark"]["cmd"] = "python3 bench.py silent"
+    work2 = tmp_path / "work2"
+    work2.mkdir()
+    doc = project.bench(spec, base, None, work2)
+    codes = [r["code"] for r in doc["invalid"]["baseline"]]
+    assert codes == ["no_samples"], doc["invalid"]
+
+
+def _arm_with_result_file(tmp_path: Path, step: str, overlay: Path):
+    """One real arm as the harness runs it: the result goes to a file in a 0700 folder of the
+    caller's (RSI_RESULT_FILE), the server's log is kept (RSI_SERVE_KEEP)."""
+    env_dir = _serving_env()
+    tree = tmp_path / f"tree-{step}"
+    shutil.copytree(PROJECT, tree)
+    for f in overlay.iterdir():
+        shutil.copy(f, tree / f.name)
+    results = tmp_path / "results"
+    results.mkdir(mode=0o700)
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "TMPDIR": str(tmp_path),
+        "HOME": str(tmp_path),
+        "RSI_RESULT_FILE": str(results / "result.json"),
+        "RSI_SERVE_KEEP": str(keep),
+        "RSI_SERVING_ROOT": str(env_dir.parent),
+    }
+    proc = subprocess.run(
+        [sys.executable, "serve_bench.py", step],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    doc = json.loads((results / "result.json").read_text())
+    log = (
+        (keep / "server.log").read_text(errors="replace") if (keep / "server.log").exists() else ""
+    )
+    return proc, doc, log
+
+
+@pytest.mark.e2e
+def test_e2e_the_export_forger_reaches_nothing_the_benchmark_reads(tmp_path):
+    """A model that, inside the server, tries to forge the judge's stdout, AIPerf's export, the
+    result file and the baseline tree: every attempt is blocked, the arm's figures are AIPerf's
+    own, and the result file holds the judge's document."""
+    proc, doc, log = _arm_with_result_file(tmp_path, "bench", FIXTURES / "export_forger")
+    assert "FORGER ok" not in log, [x for x in log.splitlines() if "FORGER" in x]
+    assert "FORGER blocked" in log, log[-2000:]
+    assert doc["ok"] is True, doc["reason"]
+    assert doc["isolation"]["bwrap"] and doc["samples"] == [doc["serving"]["output_tokens_per_s"]]
+    assert doc["serving"]["window_answers"]["requests"] > 0
+    # the stdout is a log line naming the result file, no samples a parser could take
+    assert "samples" not in proc.stdout
+
+
+@pytest.mark.e2e
+def test_e2e_a_model_wrong_only_inside_the_replay_window_fails(tmp_path):
+    """The window detector answers the public prompts and the secret sample before the replay
+    right, and every replayed request wrong: the timed answers themselves are checked."""
+    proc, doc, _ = _arm_with_result_file(tmp_path, "bench", FIXTURES / "window_detector")
+    assert doc["correctness"]["mismatch"] is None  # right outside the window
+    assert doc["benchmark_sample"]["requests"]
+    assert doc["ok"] is False and doc["reason"]["code"] == "wrong_output", doc["reason"]
+    assert "replayed request" in doc["reason"]["detail"]
+    assert proc.returncode == 1

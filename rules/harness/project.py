@@ -9,6 +9,7 @@ same assessment and rendering apply. Never imports `rsi` or `rules`. Exit 2 mean
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import importlib.util
 import json
@@ -16,6 +17,7 @@ import math
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -24,6 +26,12 @@ from pathlib import Path
 
 INFRA_EXIT = 2
 MAX_KEPT_OUTPUT = 65536
+# NB: a project whose spec env sets RSI_RESULT=file writes its result document to the file
+# named by RSI_RESULT_FILE (a 0700 folder of this harness's) and its stdout is a log only: a
+# process beside the command (a server) that reaches the command's stdout cannot forge it
+RESULT_MODE_VAR = "RSI_RESULT"
+RESULT_FILE_VAR = "RSI_RESULT_FILE"
+MAX_RESULT_BYTES = 4 << 20
 
 
 class HarnessError(Exception):
@@ -82,6 +90,49 @@ def _copy_tree(src: Path, dest: Path) -> None:
                 continue
             shutil.copyfile(s, d)
             os.chmod(d, 0o755 if os.access(s, os.X_OK) else 0o644)
+
+
+def snapshot(root: Path) -> dict[str, tuple[str, bytes, bool]]:
+    """A tree held in this process's memory: relative path -> (kind, content, executable),
+    kind `file` or `link` (content: the link's target). Nothing on disk to rewrite."""
+    out: dict[str, tuple[str, bytes, bool]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = Path(dirpath).relative_to(root)
+        if rel != Path(".") and not dirnames and not filenames:
+            out[(rel.as_posix()) + "/"] = ("dir", b"", False)
+        for name in dirnames + filenames:
+            s = Path(dirpath) / name
+            key = (rel / name).as_posix()
+            if s.is_symlink():
+                out[key] = ("link", os.readlink(s).encode(), False)
+            elif name in filenames:
+                out[key] = ("file", s.read_bytes(), os.access(s, os.X_OK))
+    return out
+
+
+def materialise(tree: dict[str, tuple[str, bytes, bool]], dest: Path) -> None:
+    """Write a snapshot out as a fresh, writable tree (a run's own copy)."""
+    dest.mkdir(parents=True)
+    for key in sorted(tree):
+        kind, data, exe = tree[key]
+        d = dest / key
+        d.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "dir":
+            d.mkdir(exist_ok=True)
+        elif kind == "link":
+            os.symlink(data.decode(), d)
+        else:
+            d.write_bytes(data)
+            os.chmod(d, 0o755 if exe else 0o644)
+
+
+def make_non_dumpable() -> bool:
+    """PR_SET_DUMPABLE 0: no process of this uid (a run's, a server's) can open this process's
+    /proc/<pid>/mem or fds, where the pristine trees and the results are held."""
+    try:
+        return ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def assemble(base: Path, overlay: Path | None, dest: Path) -> None:
@@ -156,6 +207,20 @@ def run_command(cmd: str, cwd: Path, env: dict, timeout_s: float) -> dict:
         "stdout": stdout.decode("utf-8", "replace"),
         "stderr_tail": tail,
     }
+
+
+def read_result(path: Path) -> str:
+    """The result file's text (bounded), or "" when it is missing, not a regular file or too
+    big: the run then has no samples, never a fallback to stdout."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return ""
+        data = f.read(MAX_RESULT_BYTES + 1)
+    return "" if len(data) > MAX_RESULT_BYTES else data.decode("utf-8", "replace")
 
 
 def parse_json_output(text: str):
@@ -258,8 +323,16 @@ def quality(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
     assemble(base, overlay, tree)
     digest, files = tree_digest(tree)
     q = spec["quality"]
-    env = command_env(spec, work, derive_seed(spec["seed"], "quality"))
+    extra = {}
+    result_dir = None
+    if (spec.get("env") or {}).get(RESULT_MODE_VAR) == "file":
+        result_dir = Path(tempfile.mkdtemp(prefix="result-quality-", dir=work))
+        extra[RESULT_FILE_VAR] = str(result_dir / "result.json")
+    env = command_env(spec, work, derive_seed(spec["seed"], "quality"), extra)
     run = run_command(q["cmd"], tree, env, float(q["timeout_s"]))
+    if result_dir is not None:
+        # NB: the result file is the answer; stdout is a log only
+        run["stdout"] = read_result(result_dir / "result.json")
     case = {
         "name": "quality",
         "passed": False,
@@ -328,29 +401,27 @@ def quality(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
 # -------------------------------------------------------------------------------------- bench
 
 
-def pristine_changed(pristine: dict[str, Path], digests: dict[str, tuple]) -> list[str]:
-    """The arms whose pristine tree changed since it was assembled (unreadable counts)."""
-    out = []
-    for arm, path in pristine.items():
-        try:
-            now = tree_digest(path)[0]
-        except OSError:
-            now = None
-        if now != digests[arm][0]:
-            out.append(arm)
-    return out
-
-
 def bench(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
     """Paired runs of the benchmark command, AB on even pairs and BA on odd ones, each run a fresh
     process in a fresh copy of its arm's tree, both arms of a pair given the same RSI_SEED."""
     started = time.monotonic()
     b = spec["benchmark"]
     m = spec["measure"]
-    pristine = {"baseline": work / "arm-baseline", "candidate": work / "arm-candidate"}
-    assemble(base, None, pristine["baseline"])
-    assemble(base, overlay, pristine["candidate"])
-    digests = {arm: tree_digest(path) for arm, path in pristine.items()}
+    # NB: the pristine trees are held in this (non-dumpable) process's memory, not on disk
+    # beside the runs: no run, and nothing a run starts, can rewrite what a later run copies
+    pristine = {}
+    for arm, ov in (("baseline", None), ("candidate", overlay)):
+        staging = work / f"assemble-{arm}"
+        assemble(base, ov, staging)
+        pristine[arm] = snapshot(staging)
+        shutil.rmtree(staging)
+    digests = {}
+    for arm, tree in pristine.items():
+        staging = work / f"digest-{arm}"
+        materialise(tree, staging)
+        digests[arm] = tree_digest(staging)
+        shutil.rmtree(staging)
+    result_mode = (spec.get("env") or {}).get(RESULT_MODE_VAR) == "file"
     invalid: dict[str, list] = {"baseline": [], "candidate": []}
     pairs = []
     n_pairs = int(m["pairs"])
@@ -364,23 +435,29 @@ def bench(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
         arms = {}
         for arm in order:
             run_dir = work / f"p{i:03d}-{arm}"
-            changed = pristine_changed(pristine, digests)
-            if changed:
-                # NB: the pristine trees live beside the runs, as writable as they are (the
-                # command runs as this uid); a run that rewrote one is the candidate's doing,
-                # since only its code differs: no later run may copy a tampered tree
+            materialise(pristine[arm], run_dir)
+            if tree_digest(run_dir)[0] != digests[arm][0]:
+                # NB: the run's copy changed between its writing and its start: only something
+                # left behind by an earlier run could have done that
                 invalid["candidate"].append(
                     {
                         "code": "pristine_tree_changed",
-                        "detail": f"the pristine {', '.join(changed)} tree changed during a run",
+                        "detail": f"the {arm} run's tree changed before it started",
                         "pair": i,
                     }
                 )
                 break
-            shutil.copytree(pristine[arm], run_dir, symlinks=True)
-            env = command_env(spec, work, seed, {"RSI_PAIR": str(i)})
+            extra = {"RSI_PAIR": str(i)}
+            result_dir = None
+            if result_mode:
+                result_dir = Path(tempfile.mkdtemp(prefix=f"result-{i:03d}-{arm}-", dir=work))
+                extra[RESULT_FILE_VAR] = str(result_dir / "result.json")
+            env = command_env(spec, work, seed, extra)
             run = run_command(b["cmd"], run_dir, env, float(b["timeout_s"]))
             shutil.rmtree(run_dir, ignore_errors=True)
+            if result_dir is not None:
+                run["stdout"] = read_result(result_dir / "result.json")
+                shutil.rmtree(result_dir, ignore_errors=True)
             # NB: `samples` are in the benchmark command's own unit (often seconds), never
             # relabelled as nanoseconds: the assessment compares them only with each other
             record = {
@@ -411,8 +488,9 @@ def bench(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
                     samples = []
                     record["reasons"].append({"code": "bad_samples", "detail": str(exc)})
                 if not samples and not record["reasons"]:
+                    where = "wrote no result file" if result_mode else "printed no samples"
                     record["reasons"].append(
-                        {"code": "no_samples", "detail": "the command printed no samples"}
+                        {"code": "no_samples", "detail": f"the command {where}"}
                     )
                 elif any(not math.isfinite(s) or s <= 0 for s in samples):
                     record["reasons"].append(
@@ -541,6 +619,10 @@ def main() -> int:
     for flag in ("--spec", "--samples", "--check", "--baseline-check", "--calibration", "--out"):
         p.add_argument(flag, required=True, type=Path)
     args = parser.parse_args()
+    if args.step != "assess":
+        # NB: failing this is not a fault of the host worth stopping for: the pristine trees
+        # are still re-checked before each run
+        make_non_dumpable()
     out = args.out.resolve()
     work = Path(tempfile.mkdtemp(prefix=f".rsi-project-{args.step}-", dir=Path.cwd()))
     try:

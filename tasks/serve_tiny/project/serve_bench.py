@@ -38,9 +38,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import serve_isolation as ISO  # noqa: E402  (a protocol file beside this one)
+
 HERE = Path.cwd()
 ENV_ROOT = os.environ.get("RSI_SERVING_ROOT", "/usr/local/lib/rsi-serving")
 LOG_TAIL_LINES = 60
+RESULT_VAR = "RSI_RESULT_FILE"
 
 
 class Invalid(Exception):
@@ -343,30 +347,52 @@ def end_descendants(rounds: int = 50) -> tuple[list[int], list[int]]:
 
 
 class Server:
-    """One engine process group: started in its own session, killed whole at the end."""
+    """One engine process group inside its own sandbox (serve_isolation.py), started in its own
+    session and killed whole at the end. It reads a copy of the checked model and of the
+    candidate's tiny_model.py; it can write only its HOME and TMPDIR."""
 
-    def __init__(self, env_dir: Path, model: Path, work: Path, binding: dict, flags: list[str]):
+    def __init__(
+        self,
+        env_dir: Path,
+        model: Path,
+        work: Path,
+        binding: dict,
+        flags: list[str],
+        hidden: list[Path],
+    ):
         self.work, self.binding = work, binding
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = work / "server.log"
         e = binding["engine"]
-        home = work / "home"
-        home.mkdir()
-        plugin = work / "plugin"
-        write_plugin(plugin)
         # NB: the engine binds ZeroMQ ipc sockets under TMPDIR, whose paths may not exceed
         # 107 bytes (sockaddr_un): a scratch folder nested deep (a test's, a sandbox's) fails
-        # at start, so its temporary files go to a short folder of its own, removed by stop()
-        self.ipc = Path(tempfile.mkdtemp(prefix="rsv-", dir="/tmp"))
-        shims = work / "shims"
+        # at start, so the server's whole scratch is a short folder of its own, removed by stop()
+        self.srv = Path(tempfile.mkdtemp(prefix="rsv-", dir="/tmp"))
+        ISO.hand_over(self.srv)
+        home, self.ipc = self.srv / "home", self.srv / "ipc"
+        for d in (home, self.ipc):
+            d.mkdir()
+            ISO.hand_over(d)
+        plugin = self.srv / "plugin"
+        write_plugin(plugin)
+        # NB: the server imports a copy of the candidate's model file, never the arm's tree
+        shutil.copyfile(HERE / "tiny_model.py", plugin / "tiny_model.py")
+        served = self.srv / "model"
+        shutil.copytree(model, served)
+        shims = self.srv / "shims"
         write_lscpu_shim(shims)
+        for d, _, files in os.walk(self.srv):
+            if Path(d) not in (self.srv, home, self.ipc):
+                os.chmod(d, 0o755)
+                for f in files:
+                    os.chmod(Path(d) / f, 0o755 if f == "lscpu" else 0o644)
         env = {
             "PATH": f"{shims}:{env_dir}/bin:/usr/bin:/bin",
             "HOME": str(home),
             "TMPDIR": str(self.ipc),
             "LANG": "C.UTF-8",
-            "PYTHONPATH": f"{plugin}:{HERE}",
+            "PYTHONPATH": str(plugin),
             "VLLM_PLUGINS": "rsi_tiny",
             **e["env"],
         }
@@ -375,7 +401,7 @@ class Server:
             "-m",
             "vllm.entrypoints.openai.api_server",
             "--model",
-            str(model),
+            str(served),
             "--served-model-name",
             "tiny",
             "--host",
@@ -385,16 +411,27 @@ class Server:
             *e["base_args"],
             *flags,
         ]
+        try:
+            wrap, self.isolation = ISO.sandbox_argv(
+                hidden=[work, *hidden],
+                readonly=[self.srv],
+                writable=[home, self.ipc],
+                python=env_dir / "bin" / "python",
+            )
+        except ISO.NotIsolated as exc:
+            shutil.rmtree(self.srv, ignore_errors=True)
+            raise Invalid("server_not_isolated", str(exc)) from None
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            self.argv,
-            cwd=work,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=open(self.log, "wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [*wrap, *self.argv],
+                cwd=str(home),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.pgid = self.proc.pid
         self.start_s = None
 
@@ -429,7 +466,16 @@ class Server:
         return pids
 
     def stop(self) -> dict:
-        """SIGTERM to the whole group, SIGKILL after 10 s; then no member may remain."""
+        """SIGTERM to the whole group, SIGKILL after 10 s; then no member may remain. A process
+        below the server that left its group (setsid) escaped, even if the sandbox's end would
+        take it down: it is named before the group is killed."""
+        outside = []
+        for pid in descendants(self.proc.pid):
+            try:
+                if os.getpgid(pid) != self.pgid:
+                    outside.append(pid)
+            except OSError:
+                continue
         for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(self.pgid, sig)
@@ -454,11 +500,11 @@ class Server:
         escaped, beyond = end_descendants()
         left = sorted(set(self.members()) | set(beyond))
         if not left:
-            shutil.rmtree(self.ipc, ignore_errors=True)
+            shutil.rmtree(self.srv, ignore_errors=True)
         return {
             "pgid": self.pgid,
             "left": left,
-            "escaped": escaped,
+            "escaped": sorted(set(escaped) | set(outside)),
             "exit_code": self.proc.returncode,
         }
 
@@ -560,6 +606,71 @@ def check_benchmark_sample(server: Server, binding: dict, trace: list[dict]) -> 
     return {"requests": picked, "tokens": sum(map(len, got))}
 
 
+def streamed_token_ids(raw: dict) -> list[int]:
+    """The token ids the server streamed for one request, from AIPerf's raw record (its SSE
+    packets, in order); ValueError when a packet is not the server's JSON."""
+    out: list[int] = []
+    for resp in raw.get("responses") or []:
+        for packet in resp.get("packets") or []:
+            value = packet.get("value")
+            if packet.get("name") != "data" or value == "[DONE]":
+                continue
+            chunk = json.loads(value)
+            for choice in chunk.get("choices") or []:
+                ids = choice.get("token_ids") or []
+                if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                    raise ValueError(f"token ids {str(ids)[:80]} are not integers")
+                out.extend(ids)
+    return out
+
+
+def check_window_answers(raw_records: list[dict], binding: dict, trace: list[dict]) -> dict:
+    """Every replayed request's streamed tokens (AIPerf's raw export: what the server answered
+    INSIDE the timed window, under load, indistinguishable from it because it is it) must equal
+    the reference's token ids up to the request's first near-tie. Invalid when a request is
+    missing, has no token ids, or the binding has no reference for it."""
+    w = binding["workload"]
+    refs, trusted = w.get("reference_token_ids"), w.get("reference_trusted")
+    if not isinstance(refs, list) or not isinstance(trusted, list) or len(refs) != len(trace):
+        raise Invalid("sample_unchecked", "the binding has no reference for every trace request")
+    index = {t["text_input"]: i for i, t in enumerate(trace)}
+    if len(index) != len(trace):
+        raise Invalid(
+            "sample_unchecked", "the trace's prompts are not unique: answers cannot be told apart"
+        )
+    seen: dict[int, list[int]] = {}
+    for raw in raw_records:
+        prompt = (raw.get("payload") or {}).get("prompt")
+        if prompt not in index or index[prompt] in seen:
+            raise Invalid(
+                "run_invalid", f"a replayed request not in the trace once: {str(prompt)[:80]}"
+            )
+        try:
+            seen[index[prompt]] = streamed_token_ids(raw)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise Invalid("run_invalid", f"a streamed answer cannot be read: {exc}") from None
+    missing = sorted(set(range(len(trace))) - set(seen))
+    if missing:
+        raise Invalid("sample_unchecked", f"no streamed answer recorded for requests {missing}")
+    checked = [i for i in range(len(trace)) if int(trusted[i]) > 0]
+    if not checked:
+        raise Invalid("sample_unchecked", "no trace request has a trusted reference token")
+    for i in range(len(trace)):
+        if len(seen[i]) != int(trace[i]["output_length"]):
+            raise Invalid(
+                "run_invalid",
+                f"request {i} streamed {len(seen[i])} token ids for {trace[i]['output_length']}",
+            )
+    diff = compare_tokens(
+        [refs[i][: int(trusted[i])] for i in checked],
+        [seen[i][: int(trusted[i])] for i in checked],
+    )
+    if diff is not None:
+        diff["prompt"] = checked[diff["prompt"]]
+        raise Invalid("wrong_output", f"a replayed request's streamed tokens differ: {diff}")
+    return {"requests": len(checked), "tokens": sum(int(trusted[i]) for i in checked)}
+
+
 def run_aiperf(
     env_dir: Path, server: Server, model: Path, work: Path, binding: dict, trace_data: bytes
 ) -> dict:
@@ -597,6 +708,14 @@ def run_aiperf(
         "--use-server-token-count",
         "--extra-inputs",
         "ignore_eos:true",
+        # NB: greedy, with the token ids streamed: every timed answer is checked against the
+        # reference from AIPerf's own raw record of it (--export-level raw)
+        "--extra-inputs",
+        "temperature:0",
+        "--extra-inputs",
+        "return_token_ids:true",
+        "--export-level",
+        "raw",
         "--request-timeout-seconds",
         str(w["request_timeout_s"]),
         "--artifact-dir",
@@ -609,7 +728,9 @@ def run_aiperf(
     ]
     # NB: AIPerf binds ZeroMQ ipc sockets under TMPDIR too (107-byte paths at most)
     ipc = Path(tempfile.mkdtemp(prefix="rsa-", dir="/tmp"))
+    site = ISO.write_sitecustomize(work / "aiperf-site")
     env = {
+        "PYTHONPATH": str(site),
         "PATH": f"{env_dir}/bin:/usr/bin:/bin",
         "HOME": str(work / "home"),
         "TMPDIR": str(ipc),
@@ -650,7 +771,9 @@ def run_aiperf(
     tail = [ln[:300] for ln in log.read_text(errors="replace").splitlines()[-30:]]
     records_path = art / "profile_export.jsonl"
     agg_path = art / "profile_export_aiperf.json"
-    if proc.returncode != 0 or not records_path.exists() or not agg_path.exists():
+    raw_path = art / "profile_export_raw.jsonl"
+    exported = all(p.exists() for p in (records_path, agg_path, raw_path))
+    if proc.returncode != 0 or not exported:
         raise Invalid(
             "run_invalid", f"AIPerf exited with {proc.returncode}: {' | '.join(tail[-5:])}"
         )
@@ -662,6 +785,8 @@ def run_aiperf(
     delta = None if before is None or after is None else after - before
     summary = summarise(records, aggregate, trace, float(w["idle_ms"]), delta)
     summary.update(aiperf_wall_s=wall, aiperf_version=aggregate.get("aiperf_version"))
+    raw = [json.loads(x) for x in raw_path.read_text().splitlines() if x.strip()]
+    summary["window_answers"] = check_window_answers(raw, binding, trace)
     return summary
 
 
@@ -677,6 +802,12 @@ def arm(step: str) -> dict:
     try:
         trace_data = load_trace(binding)
         become_subreaper()
+        try:
+            # NB: before any candidate code runs: no process of the same uid may read this
+            # one's descriptors (its stdout, the result file), memory or environment
+            ISO.make_non_dumpable()
+        except ISO.NotIsolated as exc:
+            raise Invalid("server_not_isolated", str(exc)) from None
         flags = check_flags(
             json.loads((HERE / "engine_flags.json").read_text()), binding["flags"]["allowed"]
         )
@@ -713,7 +844,8 @@ def arm(step: str) -> dict:
                 "weights_mismatch",
                 f"weights {weights} != bound {binding['model']['weights_sha256']}",
             )
-        server = Server(env_dir, model, work, binding, flags)
+        server = Server(env_dir, model, work, binding, flags, hidden_folders())
+        doc["isolation"] = server.isolation
         doc["server_start_s"] = server.wait_ready()
         version = json.loads(http(f"{server.url}/version")).get("version")
         doc["engine"] = {
@@ -768,13 +900,41 @@ def arm(step: str) -> dict:
     return doc
 
 
+def hidden_folders() -> list[Path]:
+    """The folders the server must not see: the arm's tree and the folder around it (the
+    harness's pristine trees and logs), and the result file's folder."""
+    out = [HERE, HERE.parent]
+    result = os.environ.get(RESULT_VAR)
+    if result:
+        out.append(Path(result).resolve().parent)
+    return out
+
+
+def write_result(doc: dict) -> bool:
+    """The arm's document into $RSI_RESULT_FILE (a folder only the harness and this judge can
+    reach: the server cannot write or read it, unlike stdout); False when no file was asked."""
+    path = os.environ.get(RESULT_VAR)
+    if not path:
+        return False
+    tmp = Path(path).with_name(Path(path).name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(doc, sort_keys=True))
+    os.replace(tmp, path)
+    return True
+
+
 def main() -> int:
     step = sys.argv[1] if len(sys.argv) > 1 else ""
     if step not in ("quality", "bench"):
         print("usage: serve_bench.py quality|bench", file=sys.stderr)
         return 2
     doc = arm(step)
-    print(json.dumps(doc, sort_keys=True))
+    if write_result(doc):
+        # NB: stdout is a log only: the harness reads the result file
+        print(json.dumps({"result": os.environ[RESULT_VAR], "ok": doc["ok"]}))
+    else:
+        print(json.dumps(doc, sort_keys=True))
     if step == "bench" and not doc["ok"]:
         print(f"serve_bench: run invalid: {doc['reason']}", file=sys.stderr)
         return 1
