@@ -7,9 +7,11 @@ the attack working without it."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -192,9 +194,17 @@ def test_an_own_only_worker_can_name_no_pid_but_its_own(own_only):
 
     def probe() -> dict:
         os.setsid()
-        report = confine.confine_worker([os.getppid()], os.getpid(), own_only=own_only)
+        parent = os.getppid()
+        report = confine.confine_worker([parent], os.getpid(), own_only=own_only)
         me = os.getpid()
+        fd = os.pipe()[0]
         tries = {
+            # NB: a file's owner gets the F_SETSIG signal (SIGSTOP, SIGKILL) on O_ASYNC I/O
+            "setown": lambda: fcntl.fcntl(fd, fcntl.F_SETOWN, sibling.pid),
+            "setown_parent": lambda: fcntl.fcntl(fd, fcntl.F_SETOWN, parent),
+            "setown_ex": lambda: fcntl.fcntl(fd, 15, struct.pack("ii", 1, sibling.pid)),
+            "setown_self": lambda: fcntl.fcntl(fd, fcntl.F_SETOWN, me),
+            "setown_group": lambda: fcntl.fcntl(fd, fcntl.F_SETOWN, -me),
             "kill": lambda: os.kill(sibling.pid, 0),
             "stop": lambda: os.kill(sibling.pid, signal.SIGCONT),
             "pidfd_open": lambda: os.close(os.pidfd_open(sibling.pid)),
@@ -229,16 +239,17 @@ def test_an_own_only_worker_can_name_no_pid_but_its_own(own_only):
     assert report["signals"] == ("own" if own_only else "unprotected pids")
     for name in ("kill_self", "killpg_own", "killpg_me", "thread_self", "pidfd_self"):
         assert got[name] == "ok", got
+    assert got["setown_self"] == "ok" and got["setown_group"] == "ok", got
+    assert got["setown_parent"] == errno.EPERM and got["setown_ex"] == errno.EPERM, got
     assert got["affinity_self"] == "ok" and got["nice_self"] == "ok", got
-    neighbour = {k: got[k] for k in ("kill", "stop", "pidfd_open", "affinity", "nice")}
+    neighbour = {k: got[k] for k in ("kill", "stop", "pidfd_open", "affinity", "nice", "setown")}
     if own_only:
         assert set(neighbour.values()) == {errno.EPERM}, got
     else:
         # NB: affinity and nice stay refused here by the kernel itself: the sibling holds
         # capabilities the child dropped (cap_safe_nice); a real other arm holds none
-        assert {k: neighbour[k] for k in ("kill", "stop", "pidfd_open")} == dict.fromkeys(
-            ("kill", "stop", "pidfd_open"), "ok"
-        ), got
+        weak = ("kill", "stop", "pidfd_open", "setown")
+        assert {k: neighbour[k] for k in weak} == dict.fromkeys(weak, "ok"), got
 
 
 @pytest.mark.fast
@@ -294,4 +305,6 @@ def test_without_own_only_the_other_arms_worker_is_signalled(tmp_path, monkeypat
     monkeypatch.setenv("_RSI_TEST_UNCONFINED", "own_only")
     doc = _measure_in(tmp_path, "arm_signaller", mode, monkeypatch)
     assert doc["status"] != "ok"
-    assert "REACHED: SIGSTOP to" in json.dumps(doc["invalid"]), doc["invalid"]
+    reached = json.dumps(doc["invalid"]["candidate"])
+    for how in ("REACHED: F_SETOWN SIGSTOP to", "; SIGSTOP to", "; SIGKILL to"):
+        assert how in reached, reached

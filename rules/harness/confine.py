@@ -27,10 +27,12 @@ API:
     * kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo aimed at a negative pid (-1,
       any process group) other than -own_pid, or at a protected pid / -protected pgid;
     * sched_setaffinity/setparam/setscheduler/setattr, prlimit64, migrate_pages, move_pages
-      aimed at a protected pid (0, the caller itself, stays allowed).
+      aimed at a protected pid (0, the caller itself, stays allowed);
+    * fcntl F_SETOWN aimed as a signal may not be (a file's owner gets the F_SETSIG signal on
+      O_ASYNC I/O, SIGSTOP and SIGKILL included); F_SETOWN_EX, ioctl FIOSETOWN/SIOCSPGRP.
   With `own_only` (where the worker shares a pid namespace with processes it was not told
   about: the other arm's worker, a peer rank, another action's), every syscall of the last
-  three items and pidfd_open may name only the caller itself: pid 0, own_pid or -own_pid
+  four items and pidfd_open may name only the caller itself: pid 0, own_pid or -own_pid
   (tgkill/rt_tgsigqueueinfo: thread group own_pid; setpriority/ioprio_set: one process, 0 or
   own_pid). A pid it cannot name it cannot signal, stop, renice, re-pin or limit. The price: a
   process the worker forks cannot signal itself or be signalled by pid (only through the
@@ -214,6 +216,8 @@ _NR = {
     "prlimit64": (302, 261),
     "migrate_pages": (256, 238),
     "move_pages": (279, 239),
+    "fcntl": (72, 25),
+    "ioctl": (16, 29),
 }
 DENIED = (
     "ptrace",
@@ -238,11 +242,17 @@ PID_TARGETED = (
     "migrate_pages",
     "move_pages",
 )
+# NB: a file's owner is signalled on I/O (O_ASYNC) with the signal F_SETSIG picks, SIGSTOP and
+# SIGKILL included, and the kernel lets a same-uid (or root) owner be any pid: F_SETOWN names a
+# pid or group like kill does; F_SETOWN_EX, FIOSETOWN and SIOCSPGRP pass it behind a pointer a
+# filter cannot read, so they are refused outright
+F_SETOWN, F_SETOWN_EX = 8, 15
+OWNER_IOCTLS = (0x8901, 0x8902)  # FIOSETOWN, SIOCSPGRP
 
 _LD_W_ABS, _JEQ, _JSET, _JGE, _RET = 0x20, 0x15, 0x45, 0x35, 0x06
 RET_ALLOW = 0x7FFF0000
 RET_EPERM = 0x00050000 | 1
-_OFF_NR, _OFF_ARCH, _OFF_ARG0, _OFF_ARG1 = 0, 4, 16, 24
+_OFF_NR, _OFF_ARCH, _OFF_ARG0, _OFF_ARG1, _OFF_ARG2 = 0, 4, 16, 24, 32
 
 
 def _arch() -> str | None:
@@ -298,12 +308,21 @@ def build_filter(
         prog.append(("jeq", _NR[name][col], "pid", None))
     for name in WHICH_WHO:
         prog.append(("jeq", _NR[name][col], f"which_{name}", None))
+    prog += _owner_dispatch(col)
     prog.append(("ret", RET_ALLOW))
     for name, process in WHICH_WHO.items():
         prog += [("label", f"which_{name}"), ("ld", _OFF_ARG0), ("jeq", process, None, "deny")]
         prog.append(("ld", _OFF_ARG1))
         prog += [("jeq", k, "deny", None) for k in pids]
         prog.append(("ret", RET_ALLOW))
+    prog += _owner_commands()
+    # F_SETOWN's pid or -group (arg 2), judged as a signal's target is
+    prog += [("label", "owner"), ("ld", _OFF_ARG2)]
+    if own_pid:
+        prog.append(("jeq", (-int(own_pid)) & 0xFFFFFFFF, "allow", None))
+    prog.append(("jset", 0x80000000, "deny", None))
+    prog += [("jeq", k, "deny", None) for k in pids]
+    prog.append(("ret", RET_ALLOW))
     prog += [("label", "signal"), ("ld", _OFF_ARG0)]
     if own_pid:
         prog.append(("jeq", (-int(own_pid)) & 0xFFFFFFFF, "allow", None))
@@ -336,15 +355,34 @@ def _own_only_program(arch: str, own_pid: int) -> list[tuple]:
         prog.append(("jeq", _NR[name][col], "own", None))
     for name in WHICH_WHO:
         prog.append(("jeq", _NR[name][col], f"which_{name}", None))
+    prog += _owner_dispatch(col)
     prog.append(("ret", RET_ALLOW))
     for name, process in WHICH_WHO.items():
         prog += [("label", f"which_{name}"), ("ld", _OFF_ARG0), ("jeq", process, None, "deny")]
         prog += [("ld", _OFF_ARG1), ("jeq", 0, "allow", None), ("jeq", own, "allow", "deny")]
+    prog += _owner_commands()
+    prog += [("label", "owner"), ("ld", _OFF_ARG2), ("jeq", 0, "allow", None)]
+    prog += [("jeq", own, "allow", None), ("jeq", neg, "allow", "deny")]
     # NB: kill(0) and kill(-own) reach the worker's own process group (it called setsid):
     # its own helpers, which a forked child cannot otherwise be signalled through
     prog += [("label", "own"), ("ld", _OFF_ARG0), ("jeq", 0, "allow", None)]
     prog += [("jeq", own, "allow", None), ("jeq", neg, "allow", "deny")]
     prog += [("label", "allow"), ("ret", RET_ALLOW), ("label", "deny"), ("ret", RET_EPERM)]
+    return prog
+
+
+def _owner_dispatch(col: int) -> list[tuple]:
+    return [("jeq", _NR["fcntl"][col], "fcntl", None), ("jeq", _NR["ioctl"][col], "ioctl", None)]
+
+
+def _owner_commands() -> list[tuple]:
+    """fcntl: F_SETOWN_EX refused, F_SETOWN to the "owner" label (the caller's own check of
+    arg 2); ioctl: FIOSETOWN, SIOCSPGRP refused; every other command allowed."""
+    prog: list[tuple] = [("label", "fcntl"), ("ld", _OFF_ARG1), ("jeq", F_SETOWN_EX, "deny", None)]
+    prog += [("jeq", F_SETOWN, "owner", None), ("ret", RET_ALLOW), ("label", "ioctl")]
+    prog.append(("ld", _OFF_ARG1))
+    prog += [("jeq", k, "deny", None) for k in OWNER_IOCTLS]
+    prog.append(("ret", RET_ALLOW))
     return prog
 
 
