@@ -2,7 +2,7 @@
 
 Run by the serving environment's interpreter (transformers, tokenizers, torch):
 
-    python make_model.py --binding serve.json --out DIR [--reference]
+    python make_model.py --binding serve.json --out DIR [--reference [--trace trace.jsonl]]
 
 writes a Hugging Face model folder (config.json, model.safetensors, a character-level tokenizer)
 and prints {"weights_sha256": ...}. With --reference it also prints the greedy continuations
@@ -79,17 +79,46 @@ def reference(binding: dict, fast, model) -> dict:
     return {"expected_token_ids": outs, "min_logit_margin": margin}
 
 
+def trace_reference(binding: dict, fast, model, trace_path: Path) -> dict:
+    """Greedy continuations of every trace request (its `output_length` tokens) and, for each,
+    how many leading tokens are trusted: up to the first position whose top-1/top-2 logit gap
+    is under the binding's `margin_bound` (past a near-tie exact equality is not fair). What
+    the binding's `workload.reference_token_ids` and `reference_trusted` hold."""
+    import torch
+
+    bound = float(binding["correctness"]["margin_bound"])
+    rows = [json.loads(x) for x in trace_path.read_text().splitlines() if x.strip()]
+    ids_out, trusted = [], []
+    with torch.no_grad():
+        for row in rows:
+            x = torch.tensor([fast(row["text_input"], add_special_tokens=False)["input_ids"]])
+            got, first_tie = [], None
+            for k in range(int(row["output_length"])):
+                top = torch.topk(model(x).logits[0, -1], 2)
+                if first_tie is None and float(top.values[0] - top.values[1]) < bound:
+                    first_tie = k
+                nxt = int(top.indices[0])
+                got.append(nxt)
+                x = torch.cat([x, torch.tensor([[nxt]])], dim=1)
+            ids_out.append(got)
+            trusted.append(len(got) if first_tie is None else first_tie)
+    return {"reference_token_ids": ids_out, "reference_trusted": trusted}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--binding", required=True, type=Path)
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--reference", action="store_true")
+    p.add_argument("--trace", type=Path, help="with --reference: also every trace request's")
     args = p.parse_args()
     binding = json.loads(args.binding.read_text())
     fast, model = build(binding, args.out)
     doc = {"weights_sha256": weights_sha256(args.out)}
     if args.reference:
         doc.update(reference(binding, fast, model))
+        if args.trace is not None:
+            doc.update(trace_reference(binding, fast, model, args.trace))
     print(json.dumps(doc))
     return 0
 
