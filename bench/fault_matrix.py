@@ -118,7 +118,7 @@ def rsi(ws: Path, *args: str, launcher: str | None = None, env=None, timeout: fl
 
 def build_events(ws: Path, *targets: str) -> tuple[Run, list[dict]]:
     events = ws.parent / f"events-{time.monotonic_ns()}.jsonl"
-    run = rsi(ws, "build", "--events", str(events), *targets)
+    run = rsi(ws, "build", "--events", str(events), "--events-hits", *targets)
     found = [json.loads(x) for x in events.read_text().splitlines()] if events.exists() else []
     events.unlink(missing_ok=True)
     return run, found

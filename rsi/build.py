@@ -581,9 +581,11 @@ def build(
     progress: bool | None = None,
     materialise: bool = True,
     lock_timeout: float | None = None,
+    list_hits: bool | None = None,
 ) -> BuildReport:
     """Build `patterns`. `lock_timeout` bounds each wait for the host lock (seconds; None
-    waits as long as it takes, saying who holds it)."""
+    waits as long as it takes, saying who holds it). `list_hits`: an `action_finished` line
+    per cache hit as well as their summary (None: as `RSI_EVENTS_HITS` says)."""
     t0 = time.perf_counter()
     if lock_timeout is not None and not (math.isfinite(lock_timeout) and lock_timeout >= 0):
         raise UsageError(f"--lock-timeout must be a number of seconds >= 0, not {lock_timeout}")
@@ -598,7 +600,7 @@ def build(
     store = open_store(ws)
     build_id = time.strftime("%Y%m%dT%H%M%S") + "-" + os.urandom(4).hex()
     events_path = store.events_dir / f"{build_id}.jsonl"
-    events = EventLog(events_path, also=events_to, progress=progress)
+    events = EventLog(events_path, also=events_to, progress=progress, list_hits=list_hits)
     _prune_event_logs(store, events_path.name)
     with interruptible(), store.lock(exclusive=False), _unfrozen_after():
         _clean_stale_scratch(store)
@@ -634,6 +636,7 @@ def build(
                 except SourcesMoved as moved:
                     # NB: what it built is cached under its keys; the next attempt keys the
                     # sources as they are now and serves whatever did not change
+                    events.summarise_hits(root_event)
                     events.emit(
                         "sources_changed",
                         root_event,
@@ -663,9 +666,11 @@ def build(
             else:
                 ended.update(reason="crashed", error=f"{type(exc).__name__}: {exc}")
             ended["wall_s"] = round(time.perf_counter() - t0, 4)
+            events.summarise_hits(root_event)
             events.emit("build_finished", root_event, **ended)
             events.close()
             raise
+        events.summarise_hits(root_event)  # NB: the hits of this attempt, one event
         events.emit(
             "build_finished",
             root_event,
@@ -790,7 +795,7 @@ def _build(
     )
     if plan is not None and clean:
         # NB: the actions the state vouches for are hits, reported without being looked at
-        events.emit_hits(root_event, plan.hit_rows(clean))
+        events.emit_hits(root_event, plan.hit_rows(clean), summary=plan.hit_summary(todo))
         events.counts["hit"] += len(clean)
         events.counts["done"] += len(clean)
     if plan is not None:
@@ -969,7 +974,9 @@ def _build_unchanged(
         events.emit(
             "target_started", root_event, label=t["label"], rule=t["rule"], actions=t["declared"]
         )
-    events.emit_hits(root_event, plan.hit_rows(order), template=plan.hit_template())
+    events.emit_hits(
+        root_event, plan.hit_rows(order), template=plan.hit_template(), summary=plan.hit_summary()
+    )
     c = events.counts
     c["total"] = c["done"] = c["hit"] = len(order)
 

@@ -206,6 +206,13 @@ def main(ctx: click.Context, workspace: str | None, store: str | None) -> None:
     help="Also write the event stream (JSON lines) to this file ('-' for stdout).",
 )
 @click.option(
+    "--events-hits",
+    is_flag=True,
+    default=None,
+    help="List every cache hit in the event stream (an action_finished line each), not only "
+    "their summary (actions_cached). Also RSI_EVENTS_HITS=1.",
+)
+@click.option(
     "--lock-timeout",
     type=float,
     metavar="SECONDS",
@@ -225,6 +232,7 @@ def build(
     remote_mode: str | None,
     remote_fallback: bool | None,
     events,
+    events_hits: bool | None,
     lock_timeout: float | None,
     as_json: bool,
 ) -> None:
@@ -250,7 +258,13 @@ def build(
         remote_mode=remote_mode,
         remote_fallback=remote_fallback,
     )
-    report = run_build(ws, list(targets), events_to=events, lock_timeout=lock_timeout)
+    report = run_build(
+        ws,
+        list(targets),
+        events_to=events,
+        lock_timeout=lock_timeout,
+        list_hits=events_hits or None,
+    )
     if as_json:
         _emit(report.to_json(), True)
     else:

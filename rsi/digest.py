@@ -93,6 +93,24 @@ def digest_value(value: object, function: str = DEFAULT_FUNCTION) -> Digest:
     return digest_bytes(canonical_bytes(value), function)
 
 
+# NB: the digest of a set of cache hits (docs/events.md, `actions_cached`): the sum, modulo
+# 2**256, of each hit's term. A sum needs no sort, and a state keeps it up to date by
+# subtracting an action's old term and adding its new one (a no-op at 100,000 actions reads it)
+HITS_MOD = 1 << 256
+
+
+def hit_term(action: str, key: str) -> int:
+    """One hit's term: SHA-256 of the line "ACTION KEY\\n", as a big-endian number."""
+    import hashlib  # NB: as in _hasher: a no-op that reads the state's sum never loads it
+
+    return int.from_bytes(hashlib.sha256(f"{action} {key}\n".encode()).digest(), "big")
+
+
+def hits_digest(total: int) -> str:
+    """The text of a hit set's digest from the sum of its terms."""
+    return f"sha256-sum:{total % HITS_MOD:064x}"
+
+
 def digest_file(path: str | os.PathLike, function: str = DEFAULT_FUNCTION) -> Digest:
     """Stream a file through the hash; large files are memory-mapped and hashed in parallel."""
     size = os.stat(path).st_size

@@ -1,5 +1,7 @@
 """The build event stream: versioned JSON lines that CI and agents read, plus a live progress
-line for people at a terminal. Schema: docs/events.md. Writing an event never fails a build."""
+line for people at a terminal. Schema: docs/events.md. Writing an event never fails a build.
+Cache hits are summarised (`actions_cached`: a count and a digest of the set) unless listing
+them is asked for: the log grows with what ran, failed or missed, never with what did not."""
 
 from __future__ import annotations
 
@@ -11,9 +13,12 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from rsi.digest import hit_term, hits_digest
 from rsi.errors import DeclarationError
 
 EVENTS_SCHEMA = "rsi.events/1"
+# NB: opt-in (or `rsi build --events-hits`): one `action_finished` line per cache hit as well
+LIST_HITS_ENV = "RSI_EVENTS_HITS"
 
 
 class EventLog:
@@ -23,8 +28,15 @@ class EventLog:
         *,
         also: IO[str] | None = None,
         progress: bool | None = None,
+        list_hits: bool | None = None,
     ) -> None:
         self.path = path
+        if list_hits is None:
+            list_hits = os.environ.get(LIST_HITS_ENV) == "1"
+        self.list_hits = list_hits
+        # NB: the local hits not summarised yet: how many, and the sum of their terms
+        self._hit_count = 0
+        self._hit_sum = 0
         self._files: list[IO[str]] = []
         if path is not None:
             try:
@@ -69,11 +81,47 @@ class EventLog:
                     pass
         return event_id
 
-    def emit_hits(self, parent: int | None, rows, template=None) -> None:
-        """One `action_finished` cache hit per (action, label, mnemonic, key) row, written at
-        once: the same lines as `emit`, at a fraction of its cost per event. `template`, when
-        given, is a `HitTemplate` of the same rows, reused when it fits (same parent, ids)."""
+    def hit(self, parent: int | None, action: str, label: str, mnemonic: str, key: str) -> None:
+        """One local cache hit: counted in this build's `actions_cached` summary, and written
+        as its own `action_finished` line only when hits are listed."""
+        if self.list_hits:
+            self.emit(
+                "action_finished",
+                parent,
+                action=action,
+                label=label,
+                mnemonic=mnemonic,
+                key=key,
+                cache="hit",
+                status="ok",
+            )
+        term = hit_term(action, key)
         with self._lock:
+            self._hit_count += 1
+            self._hit_sum += term
+
+    def emit_hits(self, parent: int | None, rows, template=None, summary=None) -> None:
+        """Local cache hits, one per (action, label, mnemonic, key) row: counted towards
+        `summarise_hits`; with hits listed, also one `action_finished` line each, written at
+        once (the same lines as `emit`, at a fraction of its cost per event). `summary`, when
+        given, is (count, sum of `hit_term`s) of the rows, known to the caller: the rows are
+        then not read unless listed. `template` is a `HitTemplate` of the same rows, reused
+        when it fits."""
+        if not self.list_hits:
+            if summary is None:
+                summary = (0, 0)
+                for r in rows:
+                    summary = (summary[0] + 1, summary[1] + hit_term(r[0], r[3]))
+            with self._lock:
+                self._hit_count += summary[0]
+                self._hit_sum += summary[1]
+            return
+        rows = list(rows)
+        if summary is None:
+            summary = (len(rows), sum(hit_term(r[0], r[3]) for r in rows))
+        with self._lock:
+            self._hit_count += summary[0]
+            self._hit_sum += summary[1]
             now = round(time.time(), 6)
             if template is not None and template.fits(parent, self._next_id):
                 text, self._next_id = template.render(now)
@@ -91,6 +139,21 @@ class EventLog:
                     f.flush()
                 except (OSError, ValueError):
                     pass
+
+    def summarise_hits(self, parent: int | None) -> None:
+        """Write one `actions_cached` event for the local hits since the last one (none when
+        there were none): `count`, `digest` (`rsi.digest.hits_digest`) and `listed`."""
+        with self._lock:
+            count, total = self._hit_count, self._hit_sum
+            self._hit_count = self._hit_sum = 0
+        if count:
+            self.emit(
+                "actions_cached",
+                parent,
+                count=count,
+                digest=hits_digest(total),
+                listed=self.list_hits,
+            )
 
     def draw(self, current: str = "", force: bool = False) -> None:
         if not self.progress:

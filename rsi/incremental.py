@@ -24,7 +24,7 @@ from typing import Any
 from rsi import __version__
 from rsi.analysis_cache import quiet_gc  # noqa: F401 - NB: build.py uses it from here
 from rsi.analysis_cache import read_sealed_head, write_sealed
-from rsi.digest import Digest, FileDigestMemo, digest_file, digest_value
+from rsi.digest import HITS_MOD, Digest, FileDigestMemo, digest_file, digest_value, hit_term
 from rsi.record import Value
 
 SCHEMA = "rsi.incremental/5"
@@ -82,7 +82,9 @@ def _delta_path(store: Any, request: str):
 
 # NB: the parts of a state a delta replaces entry by entry; the rest of its fields are whole
 DELTA_PARTS = ("actions", "sources", "blobs", "logs", "ac_dirs")
-DELTA_FIELDS = ("index_sig", "roots_sig")
+# NB: `hits_sum`: the sum of every action's `hit_term` (its hit line in the event summary),
+# kept up to date entry by entry so a no-op's summary costs nothing per action
+DELTA_FIELDS = ("index_sig", "roots_sig", "hits_sum")
 
 
 # NB: a long-lived process (the build server, rsi/server.py) keeps in memory the state each of
@@ -158,7 +160,7 @@ def _load(store: Any, request: str) -> tuple[dict, str, dict, Any] | None:
             state[part].update(delta[part])
             changed[part].update(delta[part])
         for name in DELTA_FIELDS:
-            state[name] = delta[name]
+            state[name] = delta.get(name)
     # NB: in use: neither this state nor the analysis it names is the oldest to prune
     touch(path)
     touch(path.parent / str(state.get("analysis_key")))
@@ -325,6 +327,21 @@ class Plan(Value):
             stderr=logs[1],
         )
         return Outcome(action_id, "hit", Digest(a[KEY_HASH], a[KEY_SIZE]), result)
+
+    def hit_summary(self, skip: set[str] | frozenset[str] = frozenset()) -> tuple[int, int]:
+        """(count, sum of `hit_term`s) of the hits of every action but those in `skip`: from
+        the state's kept sum, less the skipped actions' terms (no walk of the others)."""
+        actions = self.actions
+        total = self.state.get("hits_sum")
+        if total is None:  # NB: a state written before the sum was kept: once, then saved
+            total = _hits_sum(actions)
+            self.state["hits_sum"] = total
+            self.changed = True
+        skipped = [i for i in skip if i in actions]
+        for i in skipped:
+            a = actions[i]
+            total -= hit_term(i, f"{a[KEY_HASH]}/{a[KEY_SIZE]}")
+        return len(self.state["order"]) - len(skipped), total % HITS_MOD
 
     def hit_rows(self, ids) -> Iterator[tuple[str, str, str, str]]:
         actions = self.actions
@@ -815,8 +832,15 @@ def record(
         "ac_dirs": ac_dirs,
         "index_sig": store.index_signature(),
         "roots_sig": roots_sig,
+        "hits_sum": _hits_sum(actions),
     }
     save(store, state)
+
+
+def _hits_sum(actions: dict[str, list]) -> int:
+    """The sum of every action's `hit_term` (rsi.digest), modulo `HITS_MOD`."""
+    total = sum(hit_term(i, f"{a[KEY_HASH]}/{a[KEY_SIZE]}") for i, a in actions.items())
+    return total % HITS_MOD
 
 
 def _logs_of(entries) -> dict[str, int]:
@@ -912,6 +936,10 @@ def _record_changes(
         if entry != old:
             actions[action_id] = entry
             p.hits = None  # NB: its hit line changed (its key)
+            if state.get("hits_sum") is not None:
+                was = hit_term(action_id, f"{old[KEY_HASH]}/{old[KEY_SIZE]}")
+                now_term = hit_term(action_id, f"{entry[KEY_HASH]}/{entry[KEY_SIZE]}")
+                state["hits_sum"] = (state["hits_sum"] - was + now_term) % HITS_MOD
             updated["actions"].add(action_id)
             for d in entry[LOGS]:
                 if d and d[0] not in state["logs"]:

@@ -403,16 +403,22 @@ class Scheduler:
                             )
                         counts["hit"] += 1
                         self._record(spec, action)
-                        self.events.emit(
-                            "action_finished",
-                            build_event,
-                            action=action_id,
-                            label=spec.label,
-                            mnemonic=spec.mnemonic,
-                            key=str(action.key()),
-                            cache=status,
-                            status="ok",
-                        )
+                        if status == "hit":
+                            # NB: summarised (`actions_cached`), listed only when asked for
+                            self.events.hit(
+                                build_event, action_id, spec.label, spec.mnemonic, str(action.key())
+                            )
+                        else:
+                            self.events.emit(
+                                "action_finished",
+                                build_event,
+                                action=action_id,
+                                label=spec.label,
+                                mnemonic=spec.mnemonic,
+                                key=str(action.key()),
+                                cache=status,
+                                status="ok",
+                            )
                         finish(action_id, Outcome(action_id, status, action.key(), served))
                         continue
                     unmet = self._unmet(action)

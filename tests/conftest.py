@@ -162,11 +162,14 @@ def run_rsi(
 
 
 def build(ws: Path, *args: str, expect: int | None = 0, store: Path | None = None, **kw) -> RsiRun:
-    """`rsi [--store S] build --json --events FILE ARGS`; checks the exit code (unless `expect`
-    is None) and parses the event stream into `.events`."""
+    """`rsi [--store S] build --json --events FILE --events-hits ARGS`; checks the exit code
+    (unless `expect` is None) and parses the event stream into `.events` (every hit listed, so
+    `.cached` names them)."""
     events_path = ws.parent / f"events-{uuid.uuid4().hex[:12]}.jsonl"
     pre = ("--store", str(store)) if store is not None else ()
-    run = run_rsi(ws, *pre, "build", "--json", "--events", str(events_path), *args, **kw)
+    run = run_rsi(
+        ws, *pre, "build", "--json", "--events", str(events_path), "--events-hits", *args, **kw
+    )
     run.events = read_events(events_path)
     if expect is not None:
         assert run.returncode == expect, str(run)

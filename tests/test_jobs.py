@@ -345,7 +345,7 @@ def test_build_events_are_renumbered_into_the_job_stream_and_read_by_cursor(tmp_
     root = stream.emit("job_started", None, job="j-1")
     stream.parent_for_builds = root
     for _ in range(2):  # NB: two builds, each numbering its events from 1
-        log = EventLog(None, also=stream, progress=False)
+        log = EventLog(None, also=stream, progress=False, list_hits=True)
         b = log.emit("build_started", build_id="b")
         log.emit_hits(b, [("//:a#C", "//:a", "C", "k/1"), ("//:b#C", "//:b", "C", "k/2")])
         log.emit("build_finished", b, ok=True)
@@ -455,10 +455,8 @@ def test_kill_9_of_the_runner_then_resume_reruns_nothing_that_was_cached(
         if e["kind"] == "action_finished" and e["cache"] == "miss" and e["action"] in done_before
     }
     assert reran == set()  # NB: 0 cached actions re-executed
-    assert any(
-        e["kind"] == "action_finished" and e["action"] == "//:quick#Command" and e["cache"] == "hit"
-        for e in after
-    )
+    # NB: its hit is summarised (RSI_EVENTS_HITS is not set for the job)
+    assert any(e["kind"] == "actions_cached" and e["count"] >= 1 for e in after), after
     assert [e["id"] for e in events_of(ws, job)] == list(range(1, len(events_of(ws, job)) + 1))
     finished_runner(done)
     assert live_pids(f"2.{marker}") == []

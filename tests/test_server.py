@@ -339,6 +339,7 @@ def test_hit_lines_from_the_kept_template_are_those_a_fresh_build_writes(ws, mon
     from rsi.workspace import Workspace
 
     monkeypatch.setenv("RSI_HOST_LOCK", str(tmp_path / "host.lock"))
+    monkeypatch.setenv("RSI_EVENTS_HITS", "1")  # NB: the opt-in that lists hits
     monkeypatch.chdir(ws)
     workspace = Workspace.discover()
 

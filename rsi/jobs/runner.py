@@ -107,6 +107,8 @@ class Runner:
             if status == "error" and doc.get("retryable"):
                 self.counts["retryable"] += 1
                 self.retryable_in_build = True
+        elif kind == "actions_cached" and not doc.get("listed"):
+            self.counts["hit"] += int(doc.get("count") or 0)  # NB: hits not listed one by one
         elif kind == "build_started":
             self.running.clear()
 
