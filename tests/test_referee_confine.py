@@ -308,3 +308,18 @@ def test_without_own_only_the_other_arms_worker_is_signalled(tmp_path, monkeypat
     reached = json.dumps(doc["invalid"]["candidate"])
     for how in ("REACHED: F_SETOWN SIGSTOP to", "; SIGSTOP to", "; SIGKILL to"):
         assert how in reached, reached
+
+
+@pytest.mark.fast
+def test_a_root_referee_never_falls_back_to_process_isolation(monkeypatch):
+    # NB: a worker of uid 0 without capabilities still writes every root-owned file; as root
+    # the fallbacks stop at `uid` (another uid), and only a forced mode (tests) picks `process`
+    referee = load_harness_module("referee")
+    monkeypatch.delenv("RSI_WORKER_ISOLATION", raising=False)
+    monkeypatch.setattr(referee.os, "geteuid", lambda: 0)
+    assert "process" not in referee.isolation_modes()
+    assert referee.isolation_modes()[-1] == "uid"
+    monkeypatch.setattr(referee.os, "geteuid", lambda: 1000)
+    assert referee.isolation_modes()[-1] == "process"
+    monkeypatch.setenv("RSI_WORKER_ISOLATION", "process")
+    assert referee.isolation_modes() == ["process"]

@@ -591,7 +591,10 @@ def isolation_modes() -> list[str]:
         modes.append("namespaces")
     if os.geteuid() == 0:
         modes.append("uid")
-    modes.append("process")
+    else:
+        # NB: never as root: a worker of uid 0 with no capabilities can still write every
+        # root-owned file (the referee's among them); a root referee falls back to uid only
+        modes.append("process")
     return modes
 
 
