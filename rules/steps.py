@@ -60,7 +60,7 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
     "report": ("report.py",),
     "final": ("final.py",),
     "dashboard": ("dashboard.py",),
-    "review": ("review.py",),
+    "review": ("review.py", "review_ast.py", "review_rules.py"),
     # NB: a candidate's pre-flight (rules/campaign/preflight.py): parse, import, signature
     "preflight": ("preflight.py",),
     # NB: a multi-rank binding's check and measure (one script, two subcommands)
