@@ -8,14 +8,17 @@ that analysis' recorded reads), and for every source the stat signature and dige
 consumers were keyed with, for every action its key, its outputs and the stat signatures of its
 action-cache entry and blobs. A signature stands for content only when it was taken more than
 `RACY_NS` after the file's last change (Git's racy-timestamp rule, as the stat memo); a racy or
-differing one means the content is read again. This module never decides a result by itself:
-an action whose sources, entry or blobs are in any doubt goes to the scheduler, which re-keys
-it and verifies what it serves.
+differing one means the content is read again. The actions' entries are one pickle inside the
+state's, unpickled only by a build that needs one (a no-op needs none: the outputs it exports
+are kept apart, `exports`, and follow every entry that changes). This module never decides a
+result by itself: an action whose sources, entry or blobs are in any doubt goes to the
+scheduler, which re-keys it and verifies what it serves.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -72,6 +75,31 @@ def request_key(ws: Any, patterns: list[str], current: str, store: Any) -> str |
     ).hash
 
 
+def _actions(state: dict) -> dict[str, list]:
+    """The state's actions. On disk they are one pickle inside the state's (bytes, copied
+    whole when the state is read): a no-op, which needs no action's entry, never unpickles
+    them (at 100,000 actions, a third of reading the state). A delta's entries for them wait
+    in `actions_delta` until then."""
+    actions = state["actions"]
+    if isinstance(actions, bytes):
+        with quiet_gc():
+            actions = pickle.loads(actions)
+        actions.update(state.pop("actions_delta", None) or {})
+        state["actions"] = actions
+    return actions
+
+
+def _exports_of(state: dict, actions: dict[str, list]) -> dict[str, tuple]:
+    """{producer: its entry's outputs} of every file a target of the state exports: what a
+    no-op copies under out/ without reading any action's entry."""
+    return {
+        producer: tuple(actions[producer][OUTPUTS])
+        for t in state.get("targets") or ()
+        for _path, producer in t["files"]
+        if producer in actions
+    }
+
+
 def _state_path(store: Any, request: str):
     return store.root / "analysis" / f"state-{request}"
 
@@ -81,7 +109,7 @@ def _delta_path(store: Any, request: str):
 
 
 # NB: the parts of a state a delta replaces entry by entry; the rest of its fields are whole
-DELTA_PARTS = ("actions", "sources", "blobs", "logs", "ac_dirs")
+DELTA_PARTS = ("actions", "sources", "blobs", "logs", "ac_dirs", "exports")
 # NB: `hits_sum`: the sum of every action's `hit_term` (its hit line in the event summary),
 # kept up to date entry by entry so a no-op's summary costs nothing per action
 DELTA_FIELDS = ("index_sig", "roots_sig", "hits_sum")
@@ -157,8 +185,12 @@ def _load(store: Any, request: str) -> tuple[dict, str, dict, Any] | None:
     _, delta = read_sealed_head(store, _delta_path(store, request))
     if isinstance(delta, dict) and delta.get("extends") == seal:
         for part in DELTA_PARTS:
-            state[part].update(delta[part])
-            changed[part].update(delta[part])
+            entries = delta.get(part) or {}
+            if part == "actions" and isinstance(state["actions"], bytes):
+                state.setdefault("actions_delta", {}).update(entries)
+            else:
+                state.setdefault(part, {}).update(entries)
+            changed[part].update(entries)
         for name in DELTA_FIELDS:
             state[name] = delta.get(name)
     # NB: in use: neither this state nor the analysis it names is the oldest to prune
@@ -172,13 +204,19 @@ def save(store: Any, state: dict) -> str | None:
     from rsi.analysis_cache import KEEP_BYTES, KEEP_STATES
     from rsi.fsutil import prune
 
-    live = {h for a in state["actions"].values() for _, h, _n, _x in a[OUTPUTS]}
+    actions = _actions(state)
+    live = {h for a in actions.values() for _, h, _n, _x in a[OUTPUTS]}
     blobs = state["blobs"]
     if len(blobs) > len(live):
         state["blobs"] = {h: sig for h, sig in blobs.items() if h in live}
-    state["logs"] = _logs_of(state["actions"].values())
+    state["logs"] = _logs_of(actions.values())
+    state["exports"] = _exports_of(state, actions)
     path = _state_path(store, state["request"])
-    seal = write_sealed(store, path, state)
+    try:
+        packed = pickle.dumps(actions, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # NB: as write_sealed: the state is a speed-up only
+        return None
+    seal = write_sealed(store, path, {**state, "actions": packed})
     try:
         os.unlink(_delta_path(store, state["request"]))
     except OSError:
@@ -205,13 +243,22 @@ def save_changes(store: Any, p: Plan) -> None:
     its delta, or the whole state once the delta would be large."""
     state = p.state
     count = sum(len(keys) for keys in p.updated.values())
-    if p.seal is None or p.compact or count > max(DELTA_MIN, len(state["actions"]) // 8):
+    if p.seal is None or p.compact or count > max(DELTA_MIN, len(state["order"]) // 8):
         p.seal = save(store, state)
         p.updated = {part: set() for part in DELTA_PARTS}
         return
+    if not isinstance(state["actions"], bytes):
+        # NB: entries this build may have replaced: what a no-op exports follows them
+        exports = state.setdefault("exports", {})
+        for producer, outputs in _exports_of(state, state["actions"]).items():
+            if exports.get(producer) != outputs:
+                exports[producer] = outputs
+                p.updated["exports"].add(producer)
     delta: dict[str, Any] = {"schema": SCHEMA, "extends": p.seal}
     for part in DELTA_PARTS:
-        whole = state[part]
+        whole = state.get(part) or {}
+        if part == "actions" and isinstance(whole, bytes):
+            whole = state.get("actions_delta") or {}  # NB: unread: nothing new since loaded
         delta[part] = {k: whole[k] for k in p.updated[part] if k in whole}
     for name in DELTA_FIELDS:
         delta[name] = state.get(name)
@@ -299,7 +346,7 @@ class Plan(Value):
 
     @property
     def actions(self) -> dict[str, list]:
-        return self.state["actions"]
+        return _actions(self.state)
 
     def known_source(self, path: str, st: os.stat_result) -> tuple | None:
         """(digest, signature to trust or None) of a source this build's check vouches for at
@@ -331,12 +378,12 @@ class Plan(Value):
     def hit_summary(self, skip: set[str] | frozenset[str] = frozenset()) -> tuple[int, int]:
         """(count, sum of `hit_term`s) of the hits of every action but those in `skip`: from
         the state's kept sum, less the skipped actions' terms (no walk of the others)."""
-        actions = self.actions
         total = self.state.get("hits_sum")
         if total is None:  # NB: a state written before the sum was kept: once, then saved
-            total = _hits_sum(actions)
+            total = _hits_sum(self.actions)
             self.state["hits_sum"] = total
             self.changed = True
+        actions = self.actions if skip else {}
         skipped = [i for i in skip if i in actions]
         for i in skipped:
             a = actions[i]
@@ -362,7 +409,10 @@ class Plan(Value):
         return f"{a[KEY_HASH]}/{a[KEY_SIZE]}"
 
     def output(self, producer: str, path: str) -> tuple[Digest, bool] | None:
-        for p, h, n, x in self.actions[producer][OUTPUTS]:
+        outputs = (self.state.get("exports") or {}).get(producer)
+        if outputs is None:
+            outputs = self.actions[producer][OUTPUTS]
+        for p, h, n, x in outputs:
             if p == path:
                 return Digest(h, n), x
         return None
@@ -493,7 +543,7 @@ def _plan(
     if not tracker.still_valid(store, walker, lstats, unchanged):
         return None
     _check_index(store, state, p)
-    _check_entries(store, state["actions"], state["blobs"], p)
+    _check_entries(store, state, state["blobs"], p)
     return p
 
 
@@ -616,9 +666,9 @@ def _check_sources(
 
 def _check_index(store: Any, state: dict, p: Plan) -> None:
     dirty = p.dirty
-    actions = state["actions"]
     index_sig = store.index_signature()
     if index_sig is None or index_sig != state.get("index_sig"):
+        actions = _actions(state)
         # NB: another build recorded other keys for some of these actions; the scheduler
         # records ours again so "why" compares against what this request last ran
         index = store.load_target_index()
@@ -629,7 +679,7 @@ def _check_index(store: Any, state: dict, p: Plan) -> None:
         p.changed = True
 
 
-def _check_entries(store: Any, actions: dict, blobs: dict, p: Plan) -> None:
+def _check_entries(store: Any, state: dict, blobs: dict, p: Plan) -> None:
     """Every action not yet dirty keeps its cache entry and blobs as recorded (by signature);
     a racy or differing one is verified by content as a cache hit would be, and an action
     whose entry or blobs fail is dirty. The checks go by distinct folder and blob, not by
@@ -677,7 +727,7 @@ def _check_entries(store: Any, actions: dict, blobs: dict, p: Plan) -> None:
             bad.add(h)
     if bad or recheck:
         owned: set[str] = set()
-        for action_id, a in actions.items():
+        for action_id, a in _actions(state).items():
             if bad:
                 mine = [o[1] for o in a[OUTPUTS] if o[1] in bad]
                 mine += [d[0] for d in a[LOGS] if d and d[0] in bad]
@@ -909,7 +959,7 @@ def _record_changes(
     keyed and the entries of the actions it looked at are new; no other spec is read."""
     now = time.time_ns()
     state = p.state
-    sources, actions = state["sources"], state["actions"]
+    sources, actions = state["sources"], _actions(state)
     updated = p.updated
     for path, seen in observed.items():
         old = sources.get(path)
