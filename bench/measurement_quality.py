@@ -74,8 +74,8 @@ def _median(xs: list):
 
 
 def slow_candidate(task: str, work: Path) -> Path:
-    """A clear loss: the baseline, each call also computed on a third of its rows first (the
-    same output, about 1.33x the time: a loss the old 1.5x early stop never caught)."""
+    """A clear loss: the baseline, each call also computed on a quarter of its rows first (the
+    same output, about 1.25x the time: a loss the old 1.5x early stop never caught)."""
     spec = json.loads((TASKS / task / "harness_spec.example.json").read_text())
     module, function = spec["entry"]["module"], spec["entry"]["function"]
     out = work / "slow"
@@ -83,8 +83,13 @@ def slow_candidate(task: str, work: Path) -> Path:
     src = out / f"{module}.py"
     src.write_text(
         src.read_text() + f"\n\n_bench_once = {function}\n\n\ndef {function}(*args, **kwargs):\n"
-        "    _bench_once(args[0][: max(1, len(args[0]) // 3)], *args[1:], **kwargs)\n"
-        "    return _bench_once(*args, **kwargs)\n"
+        "    part = dict(zip(_bench_names, args), **kwargs)\n"
+        "    first = part[_bench_names[0]]\n"
+        "    part[_bench_names[0]] = first[: max(1, len(first) // 4)]\n"
+        "    _bench_once(**part)\n"
+        "    return _bench_once(*args, **kwargs)\n\n\n"
+        "import inspect as _bench_inspect\n\n"
+        "_bench_names = list(_bench_inspect.signature(_bench_once).parameters)\n"
     )
     return out
 
