@@ -6,6 +6,15 @@ cold build, no-op rebuild, one leaf changed, one leaf touched; each as wall seco
 a 1 GiB file through rsi.digest against the bare blake3 library.
 
     python bench/fanin.py [--sizes 100 1000] [--repeat 5] [--hash-gib 1]
+
+The no-op at scale (issue 31): `--noop-at DIR` times `rsi build //:root` no-ops of a workspace
+this script wrote and built (`--write N DIR`, then one cold build), each beside the floor no
+stat-based tool can beat, measured in the same run: one process that `stat`s every source and
+every output blob the no-op checks. Prints seconds, us per action, the ratio to the floor, the
+peak RSS (GNU time) and the event log's size.
+
+    python bench/fanin.py --write 100000 /tmp/ws100k   # then: cd /tmp/ws100k && rsi build //:root
+    python bench/fanin.py --noop-at /tmp/ws100k --repeat 5 [--served]
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -197,6 +207,86 @@ def bench_hash(gib: float, base: Path) -> dict:
     }
 
 
+FLOOR = """
+import os, sys
+paths = open(sys.argv[1]).read().split("\\n")
+for p in paths:
+    os.stat(p)
+"""
+
+
+def _timed(cmd: list[str], cwd: Path, env: dict | None = None) -> tuple[float, int, str]:
+    """(wall seconds, peak RSS KiB from GNU time, stdout) of one command."""
+    rss = cwd.parent / f".rss-{os.getpid()}"
+    t0 = time.perf_counter()
+    p = subprocess.run(
+        ["/usr/bin/time", "-f", "%M", "-o", str(rss), *cmd],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"{cmd} failed:\n{p.stdout}\n{p.stderr}")
+    kib = int(rss.read_text().split()[-1])
+    rss.unlink()
+    return dt, kib, p.stdout
+
+
+# NB: the command people run (the console script): `rsi build TARGET` with no option takes the
+# incremental build's own path (rsi/entry.py), and the build server's when RSI_SERVER=1
+_SCRIPT = Path(sys.executable).parent / "rsi"
+PLAIN = (
+    [str(_SCRIPT)]
+    if os.access(_SCRIPT, os.X_OK)
+    else [*RSI[:1], "-c", "import rsi.entry as e; e.run()"]
+)
+
+
+def bench_noop(ws: Path, repeat: int, served: bool = False) -> dict:
+    """No-ops of a built workspace, each followed by the stat floor, in one run. `served`:
+    through the build server (RSI_SERVER=1; its peak RSS is not the client's, so not shown)."""
+    env = {**os.environ, "RSI_SERVER": "1" if served else "0"}
+    sources = sorted(str(p) for p in (ws / "in").iterdir())
+    cas = ws / "cache" / "cas"
+    blobs = [str(p) for d in cas.iterdir() if d.is_dir() for p in d.iterdir()]
+    listing = ws.parent / f".floor-{os.getpid()}"
+    listing.write_text("\n".join(sources + blobs))
+    noop, floor, rss, log_bytes = [], [], [], []
+    # NB: bytecode as installed (PYTHONDONTWRITEBYTECODE would compile rsi on every run)
+    for tree, flags in ((ROOT / "rsi", ["-q"]), (ROOT / "rules", ["-q", "-l"])):
+        subprocess.run([sys.executable, "-m", "compileall", *flags, str(tree)], capture_output=True)
+    try:
+        for _ in range(3 if served else 1):  # NB: untimed: settles the state (and the server)
+            _timed([*PLAIN, "build", "//:root"], ws, env)
+        for _ in range(repeat):
+            dt, kib, out = _timed([*PLAIN, "build", "//:root"], ws, env)
+            m = re.search(r"(\d+) actions: (\d+) cached, (\d+) executed", out)
+            assert m is not None and m.group(3) == "0", out
+            noop.append(dt)
+            rss.append(kib)
+            logs = ws / "cache" / "events"
+            log_bytes.append(max(logs.iterdir(), key=lambda q: q.stat().st_mtime).stat().st_size)
+            floor.append(_timed([sys.executable, "-S", "-c", FLOOR, str(listing)], ws)[0])
+    finally:
+        listing.unlink()
+    actions = int(m.group(1))
+    n, f = statistics.median(noop), statistics.median(floor)
+    return {
+        "actions": actions,
+        "stat_paths": len(sources) + len(blobs),
+        "noop_s": n,
+        "noop_us_per_action": 1e6 * n / actions,
+        "floor_s": f,
+        "ratio_to_floor": n / f,
+        "peak_rss_mib": max(rss) / 1024,
+        "event_log_bytes": max(log_bytes),
+        "noop_samples_s": [round(x, 4) for x in noop],
+        "floor_samples_s": [round(x, 4) for x in floor],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -205,7 +295,24 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--hash-gib", type=float, default=1.0)
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench" / "fanin.json")
+    ap.add_argument("--write", nargs=2, metavar=("N", "DIR"), help="write a workspace, exit")
+    ap.add_argument("--noop-at", type=Path, metavar="DIR", help="no-ops of a built workspace")
+    ap.add_argument("--served", action="store_true", help="--noop-at through the build server")
     args = ap.parse_args()
+    if args.write:
+        write_workspace(Path(args.write[1]), int(args.write[0]))
+        return
+    if args.noop_at:
+        r = bench_noop(args.noop_at.resolve(), args.repeat, args.served)
+        print(
+            f"{r['actions']} actions: {'served ' if args.served else ''}no-op {r['noop_s']:.3f}s "
+            f"({r['noop_us_per_action']:.2f} us/action), stat floor {r['floor_s']:.3f}s "
+            f"({r['stat_paths']} paths): {r['ratio_to_floor']:.2f}x | peak RSS "
+            f"{r['peak_rss_mib']:.0f} MiB | event log {r['event_log_bytes']} bytes",
+            flush=True,
+        )
+        print(json.dumps(r))
+        return
     global GRAVEYARD
     base = Path(tempfile.mkdtemp(prefix="rsi-bench-"))
     GRAVEYARD = base / "graveyard"
