@@ -32,7 +32,15 @@ ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 # own sibling loads), so editing the renderer reruns no measurement and the GPU query in
 # _common.py no assessment
 SCRIPTS: dict[str, tuple[str, ...]] = {
-    "check": ("check.py", "referee.py", "worker.py", "confine.py", "_common.py", "_core.py"),
+    "check": (
+        "check.py",
+        "referee.py",
+        "worker.py",
+        "confine.py",
+        "_common.py",
+        "_core.py",
+        "imports.py",
+    ),
     "measure": (
         "measure.py",
         "referee.py",
@@ -42,6 +50,7 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
         "_core.py",
         "stats.py",
         "sequential.py",
+        "imports.py",
     ),
     "assess": ("assess.py", "stats.py", "sequential.py", "_core.py", "render.py"),
     "render": ("render.py",),
@@ -77,6 +86,7 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
         "_core.py",
         "stats.py",
         "sequential.py",
+        "imports.py",
     ),
 }
 # NB: the jinja2 templates a step renders with (not Python: listed apart from SCRIPTS)
@@ -189,10 +199,12 @@ class Step:
 
 
 # NB: a catalog task's steps
-CHECK = Step("check", "check.py", ("task", "impl", "spec", "out"), "check")
+# NB: a check or measurement of code that imports a package outside the judge's identity
+# (rules/harness/imports.py) also exits BUSY_EXIT: judged and recorded, never cached
+BUSY_EXIT = 75
+CHECK = Step("check", "check.py", ("task", "impl", "spec", "out"), "check", uncached_exit=BUSY_EXIT)
 # NB: a measurement on a busy host exits BUSY_EXIT (75) after writing its documents: the
 # verdict says INCONCLUSIVE host_busy, and nothing of it is cached (building again re-measures)
-BUSY_EXIT = 75
 MEASURE = Step(
     "measure",
     "measure.py",
@@ -216,7 +228,14 @@ RENDER = Step("render", "render.py", ("verdict", "check", "out"), "render", stdl
 
 # NB: a multi-rank task's check and measure: the same flags and documents, run by
 # multirank.py (world_size rank workers per arm-run, lockstep calls; rules/harness/SPEC.md)
-MR_CHECK = Step("mr_check", "multirank.py", CHECK.flags, "multirank", sub=("check",))
+MR_CHECK = Step(
+    "mr_check",
+    "multirank.py",
+    CHECK.flags,
+    "multirank",
+    sub=("check",),
+    uncached_exit=BUSY_EXIT,
+)
 MR_MEASURE = Step(
     "mr_measure",
     "multirank.py",

@@ -32,6 +32,7 @@ def _load(name: str, stem: str):
 
 C = _load("_rsi_harness_common", "_common")
 R = _load("_rsi_harness_referee", "referee")
+IMP = _load("_rsi_harness_imports", "imports")
 np = C.np
 
 SCHEMA = "rsi.check/1"
@@ -377,6 +378,7 @@ def main() -> int:
     out_path = args.out.resolve()
     R.harden_self()
     C.become_subreaper()
+    outside: dict = {}
     work_dir = Path(tempfile.mkdtemp(prefix="rsi-check-"))
     try:
         spec = C.load_spec(args.spec)
@@ -384,8 +386,12 @@ def main() -> int:
         secret = R.secret_seed() if args.seed is None else int(args.seed)
         if args.seed is not None:
             spec["_seed_given"] = True
+        # NB: what the judged code imports beyond the judge's identity (rules/harness/imports.py)
+        # is not in the action key: judged, recorded, never cached
+        outside = IMP.outside_identity([args.task.resolve(), args.impl.resolve()])
         doc = run_check(args.task.resolve(), args.impl.resolve(), spec, work_dir, secret)
         C.kill_descendants()
+        doc["imports_outside_identity"] = outside
         try:
             C.write_json(out_path, doc)
         except (ValueError, TypeError, RecursionError) as exc:
@@ -396,6 +402,12 @@ def main() -> int:
     finally:
         C.kill_descendants()
         shutil.rmtree(work_dir, ignore_errors=True)
+    if outside:
+        print(
+            f"rsi check: imports outside the judge's identity, not to be cached: {outside}",
+            file=sys.stderr,
+        )
+        return C.BUSY_EXIT
     return 0
 
 

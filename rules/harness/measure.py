@@ -39,6 +39,7 @@ def _load(name: str, stem: str):
 
 C = _load("_rsi_harness_common", "_common")
 R = _load("_rsi_harness_referee", "referee")
+IMP = _load("_rsi_harness_imports", "imports")
 S = _load("_rsi_harness_stats", "stats")
 Q = _load("_rsi_harness_sequential", "sequential")
 np = C.np
@@ -984,12 +985,18 @@ def main() -> int:
     R.harden_self()
     C.become_subreaper()
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    outside: dict = {}
     work_dir = Path(tempfile.mkdtemp(prefix="rsi-measure-"))
     try:
         spec = C.load_spec(args.spec)
         C.require_device(spec)
         secret = R.secret_seed() if args.seed is None else int(args.seed)
         spec["_seed_given"] = args.seed is not None
+        # NB: what the judged code imports beyond the judge's identity (rules/harness/imports.py)
+        # is not in the action key: judged, recorded, never cached
+        outside = IMP.outside_identity(
+            [args.task.resolve(), args.baseline.resolve(), args.candidate.resolve()]
+        )
         R.pin_referee(int(spec["threads"]))
         doc = run_measure(
             args.task.resolve(),
@@ -1000,6 +1007,7 @@ def main() -> int:
             secret,
         )
         doc["host"]["loadavg_start"] = load_start
+        doc["imports_outside_identity"] = outside
         C.kill_descendants()
         try:
             C.write_json(out_path, doc)
@@ -1015,6 +1023,12 @@ def main() -> int:
         shutil.rmtree(work_dir, ignore_errors=True)
     if busy:
         print(f"rsi measure: the host was busy, not to be cached: {busy}", file=sys.stderr)
+        return C.BUSY_EXIT
+    if outside:
+        print(
+            f"rsi measure: imports outside the judge's identity, not to be cached: {outside}",
+            file=sys.stderr,
+        )
         return C.BUSY_EXIT
     return 0
 

@@ -935,12 +935,21 @@ def main() -> int:
     R.harden_self()
     C.become_subreaper()
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    outside: dict = {}
     work_dir = Path(tempfile.mkdtemp(prefix=f"rsi-mr-{args.step}-"))
     try:
         spec = C.load_spec(args.spec)
         C.require_device(spec)
         ranks_of(spec)
         secret = R.secret_seed() if args.seed is None else int(args.seed)
+        # NB: what the judged code imports beyond the judge's identity (rules/harness/imports.py)
+        # is not in the action key: judged, recorded, never cached
+        judged = (
+            [args.task, args.impl]
+            if args.step == "check"
+            else [args.task, args.baseline, args.candidate]
+        )
+        outside = K.IMP.outside_identity([p.resolve() for p in judged])
         if args.step == "check":
             if args.seed is not None:
                 spec["_seed_given"] = True
@@ -957,6 +966,7 @@ def main() -> int:
             )
             doc["host"]["loadavg_start"] = load_start
         C.kill_descendants()
+        doc["imports_outside_identity"] = outside
         try:
             C.write_json(out_path, doc)
         except (ValueError, TypeError, RecursionError) as exc:
@@ -973,6 +983,13 @@ def main() -> int:
         # NB: judged (assess: INCONCLUSIVE host_busy) but never cached, as measure.py
         print(
             f"rsi multirank measure: the host was busy, not to be cached: {busy}", file=sys.stderr
+        )
+        return C.BUSY_EXIT
+    if outside:
+        print(
+            f"rsi multirank {args.step}: imports outside the judge's identity, not to be "
+            f"cached: {outside}",
+            file=sys.stderr,
         )
         return C.BUSY_EXIT
     return 0

@@ -60,8 +60,9 @@ confine = _load_confine()
 MAX_MESSAGE = 1 << 20
 MAX_DEPTH = 16  # the deepest reply the protocol has is 3 levels; a deeper one is refused
 # NB: a private switch for tests that prove a defence matters by removing it: a comma list of
-# "dump", "caps", "seccomp", "own_only", "seal". Read from the referee's environment, which candidate code
-# never writes (the worker's is built from scratch, _env); every use is in the evidence.
+# "dump", "caps", "seccomp", "own_only", "seal". Read from the referee's environment, which
+# candidate code never writes (the worker's is built from scratch, _env); every use is in the
+# evidence.
 UNCONFINED_ENV = "_RSI_TEST_UNCONFINED"
 
 
