@@ -469,3 +469,76 @@ def test_e2e_a_model_wrong_only_inside_the_replay_window_fails(tmp_path):
     assert doc["ok"] is False and doc["reason"]["code"] == "wrong_output", doc["reason"]
     assert "replayed request" in doc["reason"]["detail"]
     assert proc.returncode == 1
+
+
+_POOL_LIKE = r"""
+import ctypes, json, os, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+os.setgroups([]); os.setgid(65534); os.setuid(65534)  # NB: as rsi's pooled slot runs actions
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+import serve_isolation as iso
+from pathlib import Path
+wrap, how = iso.sandbox_argv([], [], [], Path(sys.executable))
+code = (
+    "import os, json\n"
+    "own = os.readlink('/proc/self') == str(os.getpid())\n"
+    "try:\n"
+    "    open('/proc/JUDGE/fd/1', 'a'); judge = 'written'\n"
+    "except OSError as e:\n"
+    "    judge = type(e).__name__\n"
+    "print(json.dumps({'own_status': own, 'judge_stdout': judge}))\n"
+).replace("JUDGE", str(os.getpid()))
+r = subprocess.run([*wrap, sys.executable, "-c", code], capture_output=True, text=True)
+print(json.dumps({"how": how, "rc": r.returncode, "out": r.stdout, "err": r.stderr[-500:]}))
+"""
+
+
+@pytest.mark.fast
+def test_inside_a_pooled_action_sandbox_the_server_still_finds_its_own_proc(tmp_path):
+    """rsi's pooled slot (bwrap as root, the action at uid 65534, /proc partly masked) refuses a
+    new /proc: the server's sandbox binds the host's, shares the pid namespace (so the engine's
+    /proc/<getpid()> exists) and still cannot write the judge's stdout (it is non-dumpable)."""
+    if os.geteuid() != 0:
+        pytest.fail("this check builds rsi's pooled slot, which needs root (as the CI has)")
+    py = Path(os.path.realpath(sys.executable))
+    prefix = py.parent.parent
+    outer = [
+        "/usr/bin/bwrap",
+        "--unshare-net",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--die-with-parent",
+        "--ro-bind",
+        "/",
+        "/",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--tmpfs",
+        "/tmp",
+        "--perms",
+        "0755",
+        "--tmpfs",
+        "/root",
+    ]
+    for d in reversed(prefix.parents):
+        if d.is_relative_to("/root") and d != Path("/root"):
+            outer += ["--perms", "0755", "--dir", str(d)]
+    outer += ["--ro-bind", str(prefix), str(prefix), "--ro-bind", str(PROJECT), str(PROJECT)]
+    outer += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--"]
+    proc = subprocess.run(
+        [*outer, str(py), "-c", _POOL_LIKE, str(PROJECT)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc["rc"] == 0, doc
+    inside = json.loads(doc["out"].strip().splitlines()[-1])
+    assert inside["own_status"] is True, doc
+    assert inside["judge_stdout"] != "written", doc

@@ -75,7 +75,10 @@ def hand_over(path: Path) -> None:
 
 
 def _base(proc: list[str]) -> list[str]:
-    ns = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent"]
+    # NB: a pid namespace only with its own /proc: under the host's, a process's own pid would
+    # not name its /proc entry (the engine reads /proc/<getpid()>/status)
+    pidns = ["--unshare-pid"] if proc[0] == "--proc" else []
+    ns = [*pidns, "--unshare-ipc", "--unshare-uts", "--die-with-parent"]
     if os.geteuid() == 0:
         caps = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
@@ -135,9 +138,10 @@ def sandbox_argv(
     the result folder); `readonly` and `writable` are bound back over them (the server's own
     model, plugin and scratch). A fresh /proc of the server's own pid namespace where the kernel
     allows it; inside a sandbox that masks parts of /proc the kernel refuses a new one, and the
-    host's is bound read-only (pids outside are visible, but every judge process is
-    non-dumpable, so their fds, memory and environment are not). NotIsolated when bwrap cannot
-    build either."""
+    host's is bound read-only and the server shares the pid namespace (pids outside are
+    visible, but every judge process is non-dumpable, so their fds, memory and environment are
+    not; a signal it sends to a judge process can only make its own arm invalid). NotIsolated
+    when bwrap cannot build either."""
     exe = bwrap_path()
     if not os.access(exe, os.X_OK):
         raise NotIsolated(f"{exe} is not an executable: the server cannot be sandboxed")
