@@ -135,6 +135,72 @@ def make_non_dumpable() -> bool:
         return False
 
 
+def become_subreaper() -> bool:
+    """PR_SET_CHILD_SUBREAPER: a helper a command started that left its session (setsid) and
+    its parent is re-parented here, not to init, so it stays findable and is ended with the run."""
+    global _SUBREAPER
+    try:
+        _SUBREAPER = ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        _SUBREAPER = False
+    return _SUBREAPER
+
+
+# NB: only a subreaper ends what lies below it after a run: called in-process (tests), the
+# harness must not kill its host's other children
+_SUBREAPER = False
+
+
+def _descendants() -> list[int]:
+    """Every live process below this one, by the parent links in /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat_line = f.read()
+        except OSError:
+            continue
+        # NB: the command name may hold spaces and parentheses: the fields follow the last ")"
+        fields = stat_line[stat_line.rfind(b")") + 2 :].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [os.getpid()]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            found.append(pid)
+            todo.append(pid)
+    return found
+
+
+def end_descendants(rounds: int = 20) -> list[int]:
+    """SIGKILL whatever a run left behind below this process (it outlived its process group);
+    returns those pids. Zombies are reaped."""
+    ended: list[int] = []
+    if not _SUBREAPER:
+        return ended
+    for _ in range(rounds):
+        alive = _descendants()
+        if not alive:
+            break
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                continue
+            if pid not in ended:
+                ended.append(pid)
+        time.sleep(0.01)
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+    return ended
+
+
 def assemble(base: Path, overlay: Path | None, dest: Path) -> None:
     """The frozen baseline with the candidate's editable files laid over it."""
     dest.mkdir(parents=True)
@@ -194,6 +260,8 @@ def run_command(cmd: str, cwd: Path, env: dict, timeout_s: float) -> dict:
             except (ProcessLookupError, PermissionError):
                 pass
             proc.wait()
+            # NB: a helper that called setsid left the group: as subreaper it is still ours
+            escaped = end_descendants()
     wall = time.perf_counter() - t0
     stdout = out_path.read_bytes()
     stderr = err_path.read_bytes()
@@ -206,6 +274,7 @@ def run_command(cmd: str, cwd: Path, env: dict, timeout_s: float) -> dict:
         "wall_s": round(wall, 6),
         "stdout": stdout.decode("utf-8", "replace"),
         "stderr_tail": tail,
+        "escaped": escaped,
     }
 
 
@@ -346,7 +415,12 @@ def quality(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
         "exit_code": run["exit_code"],
     }
     parsed = None
-    if run["timed_out"]:
+    if run["escaped"]:
+        case.update(
+            reason="escaped_process",
+            detail=f"processes outlived the command's process group (ended): {run['escaped']}",
+        )
+    elif run["timed_out"]:
         case.update(
             reason="timeout",
             detail=f"no result within {q['timeout_s']} s; the process group was killed",
@@ -469,7 +543,15 @@ def bench(spec: dict, base: Path, overlay: Path | None, work: Path) -> dict:
                 "log_tail": run["stderr_tail"],
                 "output": bench_output(run["stdout"]),
             }
-            if run["timed_out"]:
+            if run["escaped"]:
+                # NB: a process that outlived its run could reach the next one's folder
+                record["reasons"].append(
+                    {
+                        "code": "escaped_process",
+                        "detail": f"processes outlived the command's group: {run['escaped']}",
+                    }
+                )
+            elif run["timed_out"]:
                 record["reasons"].append(
                     {"code": "timeout", "detail": f"no result within {b['timeout_s']} s"}
                 )
@@ -623,6 +705,7 @@ def main() -> int:
         # NB: failing this is not a fault of the host worth stopping for: the pristine trees
         # are still re-checked before each run
         make_non_dumpable()
+        become_subreaper()
     out = args.out.resolve()
     work = Path(tempfile.mkdtemp(prefix=f".rsi-project-{args.step}-", dir=Path.cwd()))
     try:
