@@ -30,7 +30,9 @@ from rsi.analysis_cache import read_sealed_head, write_sealed
 from rsi.digest import HITS_MOD, Digest, FileDigestMemo, digest_file, digest_value, hit_term
 from rsi.record import Value
 
-SCHEMA = "rsi.incremental/5"
+# NB: /6: the actions packed, `exports`, `hits_sum`. In the request key too, so an older rsi
+# sharing the store never reads a state it cannot (it would apply a delta to packed bytes)
+SCHEMA = "rsi.incremental/6"
 RACY_NS = FileDigestMemo.RACY_NS
 # NB: a build that only found a few small sources touched leaves the state as it is (each is
 # hashed again next time, as now): at 100,000 actions, writing the state costs seconds
