@@ -350,8 +350,11 @@ KEEP_BYTES = 1 << 30
 # may give the new file the inode the old one had, with the same size; so a kept analysis is
 # served only while the file's whole signature (device, inode, size, mtime, ctime) and its
 # seal (the first line: the digest of its content) are as when it was read; off unless
-# `rsi.incremental.keeping`
+# `keeping`
 _KEPT: dict[str, tuple] = {}
+# NB: set by a long-lived process (the build server); rsi/incremental.py keeps the build state
+# in memory under the same switch
+keeping = False
 KEEP_IN_MEMORY = 2
 
 
@@ -367,11 +370,9 @@ def _entry_identity(path: Path) -> tuple | None:
 
 
 def _read(store, key: str) -> tuple | None:
-    from rsi import incremental
-
     path = store.root / "analysis" / key
     ident = None
-    if incremental.keeping:
+    if keeping:
         ident = _entry_identity(path)
         kept = _KEPT.get(str(path))
         if ident is not None and kept is not None and kept[0] == ident:
@@ -379,7 +380,7 @@ def _read(store, key: str) -> tuple | None:
             kept[1][2].memo = store.meta_memo
             return kept[1]
     found = _read_file(store, key)
-    if incremental.keeping and found is not None and ident is not None:
+    if keeping and found is not None and ident is not None:
         _KEPT.pop(str(path), None)
         # NB: the identity taken before the read: a file replaced meanwhile differs next time
         _KEPT[str(path)] = (ident, found)

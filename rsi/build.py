@@ -1,4 +1,5 @@
-"""One build, end to end: load, analyse, schedule, materialise outputs, report.
+"""One build, end to end: load, analyse, schedule, materialise outputs, report. It must never export
+an output older than the sources it read.
 
 This is the engine's entry point for the CLI and for tests; it holds the store lock for the
 whole build and writes one event log per build under `<store>/events/`, which always ends with
@@ -548,7 +549,7 @@ def _clean_stale_scratch(store: LocalStore) -> None:
         if entry.is_dir():
             # NB: imported only when there is something to remove: a no-op build never needs
             # the executors
-            from rsi.executors.base import remove_tree
+            from rsi.fsutil import remove_tree
 
             remove_tree(entry)
         else:

@@ -1,6 +1,6 @@
-"""The `rsi` command line: a thin layer over the engine. Every command a program reads has
-`--json`. Exit codes: 0 success, 1 build failure (or a corrupt store found), 2 usage or
-declaration error."""
+"""The `rsi` command line: a thin layer over the engine. Every command a program reads has `--json`.
+Exit codes: 0 success, 1 build failure (or a corrupt store found), 2 usage or declaration error. It
+must never hold engine logic of its own."""
 
 from __future__ import annotations
 
@@ -368,7 +368,7 @@ def info(ctx: click.Context, as_json: bool) -> None:
     """This host as rsi sees it: the sandbox, and every action's scratch and memory limits
     with how each is enforced (or why it is not)."""
     from rsi.errors import UsageError
-    from rsi.limits import describe, render
+    from rsi.info import describe, render
 
     try:
         ws = _workspace(ctx)

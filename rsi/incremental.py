@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from rsi import __version__
+from rsi import __version__, analysis_cache
 from rsi.analysis_cache import quiet_gc  # noqa: F401 - NB: build.py uses it from here
 from rsi.analysis_cache import read_sealed_head, write_sealed
 from rsi.digest import HITS_MOD, Digest, FileDigestMemo, digest_file, digest_value, hit_term
@@ -117,15 +117,15 @@ DELTA_PARTS = ("actions", "sources", "blobs", "logs", "ac_dirs", "exports")
 DELTA_FIELDS = ("index_sig", "roots_sig", "hits_sum")
 
 
-# NB: a long-lived process (the build server, rsi/server.py) keeps in memory the state each of
-# its builds left on disk, so the next build need not read, check and unpickle it again. An
-# entry is taken out when a build loads it (a build that fails never puts back what it may have
-# changed) and put back by a build that ends with the state saved or found unchanged, under the
-# signatures of the state and delta files as they are then: any other writer (another rsi) makes
-# new files, so new signatures, and the state is read from disk as always. Off unless turned on.
+# NB: a long-lived process (the build server, rsi/server.py, sets `analysis_cache.keeping`) keeps in
+# memory the state each of its builds left on disk, so the next build need not read, check and
+# unpickle it again. An entry is taken out when a build loads it (a build that fails never puts back
+# what it may have changed) and put back by a build that ends with the state saved or found
+# unchanged, under the signatures of the state and delta files as they are then: any other writer
+# (another rsi) makes new files, so new signatures, and the state is read from disk as always. Off
+# unless turned on.
 _KEEP: dict[str, tuple] = {}
 KEEP_STATES = 4
-keeping = False
 
 
 def _sig_of(path) -> tuple | None:
@@ -143,7 +143,7 @@ def _sig_of(path) -> tuple | None:
 
 def keep(store: Any, p: Plan) -> None:
     """Remember `p`'s state as the files now on disk hold it (see `_KEEP`)."""
-    if keeping and p.seal is not None:
+    if analysis_cache.keeping and p.seal is not None:
         path = _state_path(store, p.request)
         sigs = (_sig_of(path), _sig_of(_delta_path(store, p.request)))
         if sigs[0] is not None:
@@ -155,7 +155,7 @@ def keep(store: Any, p: Plan) -> None:
 
 
 def _kept(store: Any, request: str) -> tuple[dict, str, dict] | None:
-    if not keeping:
+    if not analysis_cache.keeping:
         return None
     path = _state_path(store, request)
     found = _KEEP.pop(str(path), None)
@@ -338,7 +338,7 @@ class Plan(Value):
     def hit_template(self) -> Any:
         """The hit lines of all this state's actions, kept with it in a long-lived process;
         None otherwise (rendering them once costs what writing them does)."""
-        if not keeping:
+        if not analysis_cache.keeping:
             return None
         if self.hits is None:
             from rsi.events import HitTemplate
@@ -496,7 +496,6 @@ def plan(
 def _plan(
     ws: Any, store: Any, patterns: list[str], current: str, on_edit: Callable[[], None] | None
 ) -> Plan | None:
-    from rsi import analysis_cache
     from rsi.workspace import packages_under
 
     request = request_key(ws, patterns, current, store)

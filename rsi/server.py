@@ -333,14 +333,14 @@ def serve(key: str) -> int:
 
     say(f"serving {key} (idle exit after {idle_s:g} s)")
     # NB: what a build needs, imported once; a build's own imports stay loaded after it
-    from rsi import buildcmd, incremental  # noqa: F401
+    from rsi import analysis_cache, buildcmd, incremental  # noqa: F401
     from rsi.build import build as _  # noqa: F401
 
     # NB: the build state and the analysis each build leaves are kept in memory for the next;
     # with RSI_SERVER_WATCH=1 the sources' folders are watched too, and a source no inotify
     # event named is not stat'ed again (opt-in: inotify misses a change made through a hard
     # link created after the last check, rsi/watch.py)
-    incremental.keeping = True
+    analysis_cache.keeping = True
     if os.environ.get("RSI_SERVER_WATCH") == "1":
         try:
             from rsi.watch import Watcher

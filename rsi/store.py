@@ -40,6 +40,7 @@ from rsi.fsutil import (
     atomic_write_bytes,
     create_temp,
     pid_alive,
+    remove_tree,
     replace_into,
     store_write_error,
     temp_pid,
@@ -637,8 +638,6 @@ class LocalStore:
         A temporary whose pid is alive is never touched; one without a pid in its name only
         once it is old (`_STALE_UNNAMED_S`).
         """
-        from rsi.executors.base import remove_tree
-
         removed: list[str] = []
         now = time.time()
 

@@ -277,12 +277,12 @@ def test_the_state_the_server_keeps_gives_way_to_what_another_rsi_wrote(ws, serv
 def test_a_kept_state_is_used_only_while_its_files_are_unchanged(ws, monkeypatch, tmp_path):
     """In process, as the server runs builds: with `keeping` on, a build after a saved or
     unchanged one reads no state file; a state file another writer replaced is read again."""
-    from rsi import incremental
+    from rsi import analysis_cache, incremental
     from rsi.build import build
     from rsi.workspace import Workspace
 
     monkeypatch.setenv("RSI_HOST_LOCK", str(tmp_path / "host.lock"))
-    monkeypatch.setattr(incremental, "keeping", True)
+    monkeypatch.setattr(analysis_cache, "keeping", True)
     monkeypatch.setattr(incremental, "_KEEP", {})
     monkeypatch.chdir(ws)
     reads: list[str] = []
@@ -334,7 +334,7 @@ def test_hit_lines_from_the_kept_template_are_those_a_fresh_build_writes(ws, mon
     action that ran again drops the template (its key changed)."""
     import json as _json
 
-    from rsi import incremental
+    from rsi import analysis_cache, incremental
     from rsi.build import build
     from rsi.workspace import Workspace
 
@@ -351,7 +351,7 @@ def test_hit_lines_from_the_kept_template_are_those_a_fresh_build_writes(ws, mon
     targets = ["//:up"]
     build(workspace, targets)
     fresh = hits(build(workspace, targets))  # NB: keeping off: rendered the plain way
-    monkeypatch.setattr(incremental, "keeping", True)
+    monkeypatch.setattr(analysis_cache, "keeping", True)
     monkeypatch.setattr(incremental, "_KEEP", {})
     build(workspace, targets)
     for _ in range(2):

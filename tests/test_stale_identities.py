@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rsi import analysis_cache, incremental, server
+from rsi import analysis_cache, server
 from rsi.analysis_cache import Tracker, write_sealed
 from rsi.store import LocalStore
 
@@ -39,7 +39,7 @@ def _rewrite_in_place_keeping_mtime(path: Path, data: bytes) -> None:
 def test_a_kept_analysis_is_not_served_for_an_entry_rewritten_with_the_same_inode_and_size(
     tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(incremental, "keeping", True)
+    monkeypatch.setattr(analysis_cache, "keeping", True)
     monkeypatch.setattr(analysis_cache, "_KEPT", {})
     store = LocalStore(tmp_path / "store")
     (store.root / "analysis").mkdir(exist_ok=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rsi import incremental
+from rsi import analysis_cache, incremental
 from rsi.build import build
 from rsi.watch import Watcher
 from rsi.workspace import Workspace
@@ -30,7 +30,7 @@ def _rewrite_same_size_same_mtime(path: Path, text: str) -> None:
 def _as_the_server_does(ws: Path, tmp_path: Path, monkeypatch) -> Watcher:
     """Builds in this process from `ws`, the state kept in memory and a real watcher on."""
     monkeypatch.setenv("RSI_HOST_LOCK", str(tmp_path / "host.lock"))
-    monkeypatch.setattr(incremental, "keeping", True)
+    monkeypatch.setattr(analysis_cache, "keeping", True)
     monkeypatch.setattr(incremental, "_KEEP", {})
     watcher = Watcher()
     monkeypatch.setattr(incremental, "watcher", watcher)

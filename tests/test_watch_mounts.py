@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rsi import incremental
+from rsi import analysis_cache, incremental
 from rsi.build import build
 from rsi.watch import Watcher
 from rsi.workspace import Workspace
@@ -51,7 +51,7 @@ def served(command, make_workspace, tmp_path, monkeypatch):
     host = tmp_path / "host"
     host.mkdir()
     monkeypatch.setenv("RSI_HOST_LOCK", str(tmp_path / "host.lock"))
-    monkeypatch.setattr(incremental, "keeping", True)
+    monkeypatch.setattr(analysis_cache, "keeping", True)
     monkeypatch.setattr(incremental, "_KEEP", {})
     mounted: list[Path] = []
     watcher = Watcher()

@@ -1,5 +1,6 @@
-"""The executor interface and the pieces every executor shares: materialising inputs from the
-store into a fresh scratch folder and collecting declared outputs back into it."""
+"""The executor interface and the pieces every executor shares: materialising inputs from the store
+into a fresh scratch folder and collecting declared outputs back into it. It must never trust an
+output it has not hashed."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Callable, Protocol
 
 from rsi.action import UNCACHED_EXIT_ENV, Action, ActionResult, OutputFile
 from rsi.digest import FileNode, SymlinkNode, digest_bytes, digest_file
+from rsi.fsutil import remove_tree
 from rsi.limits import Cgroup, Limits, cgroup_support
 from rsi.store import SMALL_BLOB, LocalStore
 
@@ -504,18 +506,6 @@ def uncached_exit(action: Action) -> int | None:
     except ValueError:
         return None
     return code if code not in (None, 0) else None
-
-
-def remove_tree(path: Path) -> None:
-    def onerror(func, p, exc_info):  # NB: read-only folders of inputs block unlink for non-root
-        try:
-            os.chmod(os.path.dirname(p), 0o755)
-            os.chmod(p, 0o755)
-            func(p)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=onerror)
 
 
 @lru_cache(maxsize=1)

@@ -1,7 +1,6 @@
-"""Jobs in process: what `rsi job submit|ls|status|logs|cancel|resume|artifact` do, each
-returning a JSON document (or raising its RsiError). The CLI (rsi/jobs/cli.py) only parses
-options and prints.
-"""
+"""Jobs in process: what `rsi job submit|ls|status|logs|cancel|resume|artifact` do, each returning a
+JSON document (or raising its RsiError). The CLI (rsi/jobs/cli.py) only parses options and prints.
+It must never print."""
 
 from __future__ import annotations
 
@@ -376,7 +375,7 @@ def _remove_scratch(store_root: Path, pids: list[int]) -> list[str]:
             parts = entry.name.split("-")
             if len(parts) > 1 and parts[1] in wanted:
                 if entry.is_dir() and not entry.is_symlink():
-                    from rsi.executors.base import remove_tree
+                    from rsi.fsutil import remove_tree
 
                     remove_tree(entry)
                 else:
