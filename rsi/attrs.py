@@ -1,4 +1,5 @@
-"""Attribute schemas for rules: typed, documented, validated with errors naming the field.
+"""Attribute schemas for rules: typed, documented, validated with errors naming the field. It must
+never run project code.
 
 Declarations are data; this module turns a TOML table into checked Python values without running
 any project code. Attributes of type `label`/`label_list` are the edges of the target graph.

@@ -1,6 +1,6 @@
-"""What `rsi build` prints, free of click: `cli.py`'s build command uses it, and so does the
-console script (`entry.py`) when it runs a plain `rsi build TARGET...` without loading click.
-"""
+"""What `rsi build` prints, free of click: `cli.py`'s build command uses it, and so does the console
+script (`entry.py`) when it runs a plain `rsi build TARGET...` without loading click. It must never
+hold engine logic of its own."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Plain adjacency-list DAG helpers for analysis: a deterministic topological order and a
-cycle to show when there is none. networkx (imported for `rsi query` and `rsi graph`) costs
-~0.15 s to import, more than analysing a campaign, so the build path does without it."""
+"""Plain adjacency-list DAG helpers for analysis: a deterministic topological order and a cycle to
+show when there is none. networkx (imported for `rsi query` and `rsi graph`) costs ~0.15 s to
+import, more than analysing a campaign, so the build path does without it. It must never depend on
+anything but the standard library."""
 
 from __future__ import annotations
 

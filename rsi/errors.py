@@ -1,4 +1,4 @@
-"""The one exception root of rsi and its families.
+"""The one exception root of rsi and its families. It must never import another rsi module.
 
 Every error a person can see carries what they need to act on it: the file, the target and the
 field at fault, and what to do next. Exit codes live here so the CLI and docs agree.

@@ -1,4 +1,5 @@
-"""Labels (`//pkg:name`, `:name`) and target patterns (`//pkg/...`, `//pkg:all`).
+"""Labels (`//pkg:name`, `:name`) and target patterns (`//pkg/...`, `//pkg:all`). It must never
+touch the disk.
 
 A package is a folder, relative to the workspace root, that holds a declaration file. Labels are
 plain values; resolving a pattern against the packages on disk is the loader's job.

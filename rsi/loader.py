@@ -1,4 +1,5 @@
-"""Loading declarations: `BUILD.toml` files become validated targets. No project code runs.
+"""Loading declarations: `BUILD.toml` files become validated targets. No project code runs. It must
+never execute anything from the workspace.
 
 Each top-level table of a `BUILD.toml` is one target; its `rule` key names the rule and every
 other key is an attribute checked against that rule's schema. Errors name file, target and field.

@@ -1,4 +1,4 @@
-"""`rsi query`: a small language over the target graph.
+"""`rsi query`: a small language over the target graph. It must never run an action.
 
     EXPR := PATTERN | deps(EXPR) | rdeps(EXPR) | kind(RULE, EXPR)
 

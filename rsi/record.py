@@ -1,8 +1,9 @@
-"""Value classes without `dataclasses`: every `rsi build` imports these modules, and
-`dataclasses` costs each start ~17 ms on a small VM (it generates and compiles every class's
-methods from source at import, and imports `inspect`, `ast` and `dis` to do so). The classes on
-the build path write their `__init__` out instead and take equality, hashing, ordering, `repr`
-and `replace` from here, with the meaning `@dataclass` gives them:
+"""Value classes without `dataclasses`: every `rsi build` imports these modules, and `dataclasses`
+costs each start ~17 ms on a small VM (it generates and compiles every class's methods from source
+at import, and imports `inspect`, `ast` and `dis` to do so). The classes on the build path write
+their `__init__` out instead and take equality, hashing, ordering, `repr` and `replace` from here.
+It must never import dataclasses, inspect or another rsi module. The meaning is the one
+`@dataclass` gives:
 
 - `_fields` names the fields in `__init__` order; `_compare` those equality, hashing and
   ordering look at (all by default); `_hidden` those `repr` leaves out.

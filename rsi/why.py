@@ -1,4 +1,5 @@
-"""`rsi why`: read a target's last build from the event logs and say what ran and why."""
+"""`rsi why`: read a target's last build from the event logs and say what ran and why. It must never
+build or change a store."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The bwrap executor: the docker executor's sandbox without a daemon, in the same toolchain.
+"""The bwrap executor: the docker executor's sandbox without a daemon, in the same toolchain. It
+must never run an action outside its toolchain's root filesystem.
 
 The toolchain's rootfs tar is extracted once into the store and bound read-only as `/`; inputs
 are read-only, only the declared output folders and /tmp, /dev/shm (folders of the action's

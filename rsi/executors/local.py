@@ -1,5 +1,6 @@
 """The local executor: one action, one fresh scratch folder, a cleared environment, read-only
-inputs, no network, and a process tree that is gone when the action ends.
+inputs, no network, and a process tree that is gone when the action ends. It must never leave a
+process of an action running after the action ends.
 
 Sandboxing prefers bubblewrap (new namespaces, a root built from read-only binds, the workspace
 and the store invisible), falls back to `unshare` (no network, own pid namespace), and only then

@@ -1,4 +1,5 @@
-"""Host probes kept between builds: whether bubblewrap works here, and which options it has.
+"""Host probes kept between builds: whether bubblewrap works here, and which options it has. A probe
+must never decide a key.
 
 Each answer costs a process start (5-10 ms on a small VM) on the critical path of every build
 that runs something, and none of them changes unless what it was asked of does. So the answer is

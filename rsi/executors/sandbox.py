@@ -1,6 +1,7 @@
-"""What the bwrap-based executors share, so neither imports the other: the bwrap arguments
-every sandbox gets, the name of host-Python toolchains, waiting for a sandboxed process (with
-its timeout and cancellation), and which executor runs a toolchain of the other kind.
+"""What the bwrap-based executors share, so neither imports the other: the bwrap arguments every
+sandbox gets, the name of host-Python toolchains, waiting for a sandboxed process (with its timeout
+and cancellation), and which executor runs a toolchain of the other kind. It must never run an
+action itself.
 
 The local executor runs a container toolchain's actions through the bwrap executor, and the
 bwrap executor runs host toolchains' actions through the local one; each finds the other here,

@@ -1,4 +1,5 @@
-"""The Slurm job's side of an action: `python -m rsi.executors.slurm_node JOB_DIR`.
+"""The Slurm job's side of an action: `python -m rsi.executors.slurm_node JOB_DIR`. It must never
+write outside its job folder and the action's scratch.
 
 Reads `JOB_DIR/action.json` (written by rsi/executors/slurm.py), runs the action in this node's
 sandbox with the local executor against the shared store (inputs are blobs there; outputs go

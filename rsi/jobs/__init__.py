@@ -1,6 +1,7 @@
 """Durable evaluation jobs (`rsi job`, docs/jobs.md): a build, a campaign round or a final run
-detached under a budgeted profile, owned by its own cgroup, recorded in an SQLite database in
-the store, resumable after its runner is killed, with its events in the build event format.
+detached under a budgeted profile, owned by its own cgroup, recorded in an SQLite database in the
+store, resumable after its runner is killed, with its events in the build event format. A job must
+never outlive its budget or its cgroup.
 
 - `profile`: profiles (content-addressed TOML) and the budget ledger
 - `db`: the jobs database (`<store>/jobs/jobs.db`)

@@ -1,7 +1,6 @@
-"""`rsi job …`: durable evaluation jobs (docs/jobs.md). Registered through the `rsi.commands`
-entry point; each command parses its options, calls rsi.jobs.service and prints its document
-(`--json`) or a line for people.
-"""
+"""`rsi job …`: durable evaluation jobs (docs/jobs.md). Registered through the `rsi.commands` entry
+point; each command parses its options, calls rsi.jobs.service and prints its document (`--json`) or
+a line for people. It must never hold job logic of its own."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """A job's event stream: `<store>/jobs/<job>/events.jsonl`, in the build event format
 (`rsi.events/1`, docs/events.md). Job events (`job_started`, `job_retry`, `job_budget`,
-`job_finished`, ...) frame the events of every build the job runs, which are passed through
-with their ids renumbered into the job's one increasing sequence (a build's `build_started`
-gets the job's current `job_started` as its parent). A resumed job appends to the same file.
+`job_finished`, ...) frame the events of every build the job runs, which are passed through with
+their ids renumbered into the job's one increasing sequence (a build's `build_started` gets the
+job's current `job_started` as its parent). A resumed job appends to the same file. A line must
+never be rewritten once written.
 
 `rsi job logs --cursor N` reads the events after id N, so a reader resumes where it stopped.
 """

@@ -1,11 +1,11 @@
-"""The job runner: `python -m rsi.jobs.runner STORE JOB`, started detached by `rsi job submit`
-or `resume` (own session, stdio to `<store>/jobs/<job>/runner.log`, in the job's cgroup
-before it runs a line of Python). It runs the job's kind in process, writes the job's event
-stream, heartbeats into the jobs database and enforces the profile's budgets: those counted
-per unit of work (rounds, calls, tokens, money, retries) before each unit, and wall time,
-disk, memory and each action's run time from a watchdog thread, which stops the build in
-progress (as SIGTERM does: running actions are killed, finished results kept) and names the
-budget as the stop reason.
+"""The job runner: `python -m rsi.jobs.runner STORE JOB`, started detached by `rsi job submit` or
+`resume` (own session, stdio to `<store>/jobs/<job>/runner.log`, in the job's cgroup before it runs
+a line of Python). It runs the job's kind in process, writes the job's event stream, heartbeats into
+the jobs database and enforces the profile's budgets: those counted per unit of work (rounds, calls,
+tokens, money, retries) before each unit, and wall time, disk, memory and each action's run time
+from a watchdog thread, which stops the build in progress (as SIGTERM does: running actions are
+killed, finished results kept) and names the budget as the stop reason. It must never judge anything
+a plain `rsi build` would not.
 
 A runner killed with SIGKILL (or a reboot) leaves its record `running`: `rsi job status`
 reads it as `interrupted` (the recorded pid, start time and boot id no longer name a live

@@ -1,6 +1,6 @@
-"""Remote caching and execution over the Remote Execution API v2 (BuildGrid, Buildbarn,
-BuildBuddy): the client, the rsi <-> REAPI mapping, and the cache and executor adapters the
-scheduler calls. See docs/remote.md.
+"""Remote caching and execution over the Remote Execution API v2 (BuildGrid, Buildbarn, BuildBuddy):
+the client, the rsi <-> REAPI mapping, and the cache and executor adapters the scheduler calls. See
+docs/remote.md. It must never trust a downloaded blob before it verifies.
 
 Entry points for the engine: `make_remote_cache(ws)`, `make_remote_executor(ws)`,
 `negotiate_digest_function(url)` and `bind_events(adapter, events)`.

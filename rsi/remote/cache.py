@@ -1,6 +1,7 @@
-"""The remote cache as the scheduler sees it: `get(action)` before running, `put(action,
-result)` after a success. Downloads land in the local store verified; a result is uploaded
-only when it succeeded and every output still hashes to its digest.
+"""The remote cache as the scheduler sees it: `get(action)` before running, `put(action, result)`
+after a success. Downloads land in the local store verified; a result is uploaded only when it
+succeeded and every output still hashes to its digest. It must never upload a failed result or an
+output that no longer hashes to its digest.
 
 Events (dicts passed to `emit`, JSON-ready): remote.cache_hit, remote.cache_miss,
 remote.upload, remote.upload_skipped, remote.blob_rejected, remote.warning (fallback taken).

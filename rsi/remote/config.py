@@ -1,5 +1,6 @@
-"""The remote settings of a workspace: where the server is, what to use it for, what to do
-when it fails. Read from `--remote …` flags or the workspace config's `[remote]` table."""
+"""The remote settings of a workspace: where the server is, what to use it for, what to do when it
+fails. Read from `--remote …` flags or the workspace config's `[remote]` table. It must never guess
+a setting: an unknown key is an error."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The remote executor: runs an action on a REAPI execution service and brings its outputs
-into the local store, verified. Same interface as the local executors.
+"""The remote executor: runs an action on a REAPI execution service and brings its outputs into the
+local store, verified. Same interface as the local executors. It must never put an unverified output
+into the local store.
 
 A job that no worker takes fails at its queue deadline with a message naming the platform
 properties it waits for; a server that is down or failing either fails the action or, with

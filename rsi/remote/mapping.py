@@ -1,4 +1,5 @@
-"""rsi actions and results <-> REAPI v2 messages (Command, Action, Directory tree, ActionResult).
+"""rsi actions and results <-> REAPI v2 messages (Command, Action, Directory tree, ActionResult). It
+must never lose a field a key depends on.
 
 The mapping is total and deterministic: every field that feeds an rsi action key lands in the
 REAPI Action or Command, so equal REAPI action digests mean equal rsi actions, and a worker can

@@ -1,4 +1,5 @@
-"""Package locks of a built root filesystem and the difference between two of them.
+"""Package locks of a built root filesystem and the difference between two of them. It must never
+build anything.
 
 A lock is one `kind name=version` line per installed Debian package (`deb`) and Python
 distribution (`wheel`), sorted. It is read from the tree itself after the build, so it says what

@@ -1,5 +1,6 @@
 """Test support for toolchains and sandboxed executors: one persistent store of built test
-toolchains (reused across runs by recipe digest), and honest skip reasons.
+toolchains (reused across runs by recipe digest), and honest skip reasons. It must never be imported
+by the engine itself.
 
 Set RSI_REQUIRE_SANDBOXES=1 (CI does) to turn every "cannot run here" skip into a failure.
 """

@@ -1,7 +1,7 @@
 """The campaign family's rules, listed once (`RULES`, registered by rules/register.py): the
 `campaign` declaration and its generated `<c>.round-N`, `.best`, `.final`, `.report` and
 `.dashboard` targets, the external project and its baseline. Each rule lives in its own module;
-none of them must ever read the clock or run a measurement (the service enforces budget and
+they must never read the clock or run a measurement (the service enforces budget and
 deadline).
 """
 

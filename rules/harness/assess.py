@@ -1,6 +1,6 @@
-"""Verdict from evidence: a deterministic function of the spec, the paired samples, both checks
-and the A/A calibration. Runs no implementation code; exits non-zero only on unreadable evidence.
-"""
+"""Verdict from evidence: a deterministic function of the spec, the paired samples, both checks and
+the A/A calibration. Runs no implementation code; exits non-zero only on unreadable evidence. It
+must never import rsi or rules."""
 
 from __future__ import annotations
 

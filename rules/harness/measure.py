@@ -1,4 +1,5 @@
-"""Paired timing of baseline vs candidate (A/A calibration when both are the same tree).
+"""Paired timing of baseline vs candidate (A/A calibration when both are the same tree). It must
+never let candidate code run in its own process, nor import rsi or rules.
 
 This process is the referee. It draws a secret seed from the OS, generates every input itself
 (warm-up and timed draws differ; both arms of a pair get the identical sequence), hands each

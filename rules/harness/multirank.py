@@ -1,4 +1,5 @@
-"""The referee of a multi-rank task: `multirank.py check ...` and `multirank.py measure ...`.
+"""The referee of a multi-rank task: `multirank.py check ...` and `multirank.py measure ...`. It
+must never let a rank reach another rank, nor import rsi or rules.
 
 A binding with `ranks = {world_size, backend, topology}` judges its candidates here instead of
 check.py / measure.py, with the same documents (`rsi.check/1`, `rsi.measure/1`, plus per-rank

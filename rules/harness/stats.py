@@ -1,4 +1,5 @@
-"""Statistics for paired timing evidence: per-pair log ratios, bootstrap intervals, noise floor.
+"""Statistics for paired timing evidence: per-pair log ratios, bootstrap intervals, noise floor. It
+must never read the clock or a file.
 
 Pure functions of their arguments, stdlib only (an assessment starts no numpy: a regrade runs
 one per round); randomness comes only from an explicit seed.
