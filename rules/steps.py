@@ -31,27 +31,12 @@ ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 # NB: each step gets only the files it runs (tests/test_steps.py derives them from the scripts'
 # own sibling loads), so editing the renderer reruns no measurement and the GPU query in
 # _common.py no assessment
+# NB: what every referee step (check, measure, multi-rank) runs with, and what judges samples
+_REFEREE = ("referee.py", "worker.py", "confine.py", "_common.py", "_core.py", "imports.py")
+_STATS = ("stats.py", "sequential.py")
 SCRIPTS: dict[str, tuple[str, ...]] = {
-    "check": (
-        "check.py",
-        "referee.py",
-        "worker.py",
-        "confine.py",
-        "_common.py",
-        "_core.py",
-        "imports.py",
-    ),
-    "measure": (
-        "measure.py",
-        "referee.py",
-        "worker.py",
-        "confine.py",
-        "_common.py",
-        "_core.py",
-        "stats.py",
-        "sequential.py",
-        "imports.py",
-    ),
+    "check": ("check.py", *_REFEREE),
+    "measure": ("measure.py", *_REFEREE, *_STATS),
     "assess": ("assess.py", "stats.py", "sequential.py", "_core.py", "render.py"),
     "render": ("render.py",),
     "project": ("project.py",),
@@ -73,21 +58,9 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
     # NB: a candidate's pre-flight (rules/campaign/preflight.py): parse, import, signature
     "preflight": ("preflight.py",),
     # NB: a multi-rank binding's check and measure (one script, two subcommands)
-    "multirank": (
-        "multirank.py",
-        "mr_sandbox.py",
-        "mr_worker.py",
-        "check.py",
-        "measure.py",
-        "referee.py",
-        "worker.py",
-        "confine.py",
-        "_common.py",
-        "_core.py",
-        "stats.py",
-        "sequential.py",
-        "imports.py",
-    ),
+    "multirank": ("multirank.py", "mr_sandbox.py", "mr_worker.py", "check.py", "measure.py")
+    + _REFEREE
+    + _STATS,
 }
 # NB: the jinja2 templates a step renders with (not Python: listed apart from SCRIPTS)
 TEMPLATES: dict[str, tuple[str, ...]] = {
