@@ -293,15 +293,7 @@ def build_filter(
     negs = sorted({(-int(g)) & 0xFFFFFFFF for g in protect_pgids if int(g) > 0})
     # Symbolic program: ("ld", off) / ("jeq"|"jset"|"jge", k, true_label, false_label) /
     # ("ret", k) / ("label", name). Labels resolve to relative jumps below.
-    prog: list[tuple] = [
-        ("ld", _OFF_ARCH),
-        ("jeq", AUDIT_ARCH[arch], None, "deny"),
-        ("ld", _OFF_NR),
-    ]
-    if arch == "x86_64":
-        prog.append(("jge", X32_BIT, "deny", None))
-    for name in DENIED:
-        prog.append(("jeq", _NR[name][col], "deny", None))
+    prog = _prologue(arch, col)
     for name in SIGNALS:
         prog.append(("jeq", _NR[name][col], "signal", None))
     for name in PID_TARGETED:
@@ -337,11 +329,9 @@ def build_filter(
     return _assemble(prog)
 
 
-def _own_only_program(arch: str, own_pid: int) -> list[tuple]:
-    """The symbolic program of an own_only filter (see the module docstring): the same
-    always-denied list, and every pid-naming syscall allowed only at 0, own_pid, -own_pid."""
-    col = 0 if arch == "x86_64" else 1
-    own, neg = own_pid & 0xFFFFFFFF, (-own_pid) & 0xFFFFFFFF
+def _prologue(arch: str, col: int) -> list[tuple]:
+    """What both filters start with: a foreign ABI (and x32) is refused, and so is every
+    syscall of the always-denied list."""
     prog: list[tuple] = [
         ("ld", _OFF_ARCH),
         ("jeq", AUDIT_ARCH[arch], None, "deny"),
@@ -351,6 +341,15 @@ def _own_only_program(arch: str, own_pid: int) -> list[tuple]:
         prog.append(("jge", X32_BIT, "deny", None))
     for name in DENIED:
         prog.append(("jeq", _NR[name][col], "deny", None))
+    return prog
+
+
+def _own_only_program(arch: str, own_pid: int) -> list[tuple]:
+    """The symbolic program of an own_only filter (see the module docstring): the same
+    always-denied list, and every pid-naming syscall allowed only at 0, own_pid, -own_pid."""
+    col = 0 if arch == "x86_64" else 1
+    own, neg = own_pid & 0xFFFFFFFF, (-own_pid) & 0xFFFFFFFF
+    prog = _prologue(arch, col)
     for name in (*SIGNALS, *PID_TARGETED, "pidfd_open"):
         prog.append(("jeq", _NR[name][col], "own", None))
     for name in WHICH_WHO:
