@@ -227,7 +227,7 @@ def _register_refs(
     ws: Workspace, store: LocalStore, refs: dict, events: EventLog, parent: int | None
 ) -> None:
     try:
-        store.register_workspace(ws.root, refs)
+        store.gc_roots.register(ws.root, refs)
     except RsiError as exc:
         events.emit("warning", parent, message=f"workspace not registered as a gc root: {exc}")
 
@@ -248,7 +248,7 @@ def _register_roots(
         if o.ok and o.key is not None and i in graph.actions
     }
     try:
-        store.register_workspace(ws.root, refs)
+        store.gc_roots.register(ws.root, refs)
     except RsiError as exc:
         events.emit("warning", parent, message=f"workspace not registered as a gc root: {exc}")
 
@@ -818,10 +818,10 @@ def _build(
             and (i not in recorded or plan.key_of(i) != str(o.key))
             and i in graph.actions
         }
-        if store.registration_signature(ws.root) == plan.state.get("roots_sig"):
+        if store.gc_roots.signature(ws.root) == plan.state.get("roots_sig"):
             # NB: the registration holds what the state recorded: only the new keys go in
             try:
-                store.update_registration(ws.root, changed)
+                store.gc_roots.update(ws.root, changed)
             except RsiError as exc:
                 message = f"workspace not registered as a gc root: {exc}"
                 events.emit("warning", root_event, message=message)
@@ -937,7 +937,7 @@ def _build(
                 observed=scheduler.sources_seen,
                 previous=plan,
                 rerun=todo,
-                roots_sig=store.registration_signature(ws.root),
+                roots_sig=store.gc_roots.signature(ws.root),
             )
     c = events.counts
     not_built = ("skipped", "not_started", "incompatible")
@@ -1018,15 +1018,15 @@ def _build_unchanged(
             outputs=outputs,
             failed=[],
         )
-    sig = store.registration_signature(ws.root)
+    sig = store.gc_roots.signature(ws.root)
     if sig is None or sig != state["roots_sig"]:
         refs = {
             i: {"key": f"{a[incremental.KEY_HASH]}/{a[incremental.KEY_SIZE]}", "label": a[0]}
             for i, a in plan.actions.items()
         }
         try:
-            store.register_workspace(ws.root, refs)
-            state["roots_sig"] = store.registration_signature(ws.root)
+            store.gc_roots.register(ws.root, refs)
+            state["roots_sig"] = store.gc_roots.signature(ws.root)
             plan.changed = True
         except RsiError as exc:
             message = f"workspace not registered as a gc root: {exc}"

@@ -20,7 +20,7 @@ from rsi.store import LocalStore, OutdatedEntry
 def _labels_by_key(store: LocalStore) -> dict[str, dict]:
     return {
         entry["key"].split("/")[0]: {"id": action_id, **entry}
-        for action_id, entry in store.load_target_index().items()
+        for action_id, entry in store.target_index.load_all().items()
     }
 
 
@@ -45,7 +45,7 @@ def cache_ls(store: LocalStore) -> list[dict]:
 
 
 def cache_show(store: LocalStore, what: str) -> dict:
-    index = store.load_target_index()
+    index = store.target_index.load_all()
     entry = None
     for action_id, e in index.items():
         if what in (action_id, e.get("label")) or e["key"].startswith(what):
@@ -58,7 +58,7 @@ def cache_show(store: LocalStore, what: str) -> dict:
         )
     key = Digest.parse(entry["key"])
     result = store.get_action_result(key, check_blobs=False)
-    desc, _ = store.index_details(entry["id"], entry)
+    desc, _ = store.target_index.details(entry["id"], entry)
     return {
         "action": entry["id"],
         "label": entry.get("label"),
@@ -143,9 +143,9 @@ def cache_stats(store: LocalStore) -> dict:
         "blob_bytes": blob_bytes,
         "action_results": actions,
         "builds_logged": events,
-        "tracked_actions": len(store.load_target_index()),
+        "tracked_actions": len(store.target_index.load_all()),
         "workspaces": sorted(
-            str(doc.get("workspace")) for _, doc in store.registrations() if doc.get("workspace")
+            str(doc.get("workspace")) for _, doc in store.gc_roots.all() if doc.get("workspace")
         ),
     }
 
@@ -174,13 +174,13 @@ def cache_gc(
     from rsi.registry import gc_root_blobs
 
     family_roots = gc_root_blobs(store)
-    index = store.load_target_index()
-    mine_path = store._registration_path(workspace) if workspace is not None else None
+    index = store.target_index.load_all()
+    mine_path = store.gc_roots.path_for(workspace) if workspace is not None else None
     root_keys: set[str] = set()
     mine: dict[str, dict] = {}
     others: list[str] = []
     dropped: list[dict] = []
-    for path, doc in store.registrations():
+    for path, doc in store.gc_roots.all():
         actions = doc.get("actions")
         if path == mine_path:
             mine = actions if isinstance(actions, dict) else {}
@@ -218,7 +218,7 @@ def cache_gc(
     for action_id, entry in index.items():
         if entry.get("key", "").split("/")[0] in kept_keys:
             new_index[action_id] = entry
-            kept_blobs.update(store.index_blobs(entry))
+            kept_blobs.update(store.target_index.blobs(entry))
     kept_blobs |= family_roots
     my_new = {i: e for i, e in my_keep.items() if str(e.get("key")).split("/")[0] in kept_keys}
 
@@ -240,7 +240,7 @@ def cache_gc(
         for name in removed_blobs:
             store._quarantine(store.cas / name[:2] / name)
         for gone in dropped:
-            store.drop_registration(Path(gone["file"]))
+            store.gc_roots.drop(Path(gone["file"]))
         try:
             os.unlink(store.root / "blob-memo.json")
         except OSError:
@@ -270,13 +270,13 @@ def _rewrite(
     removed_actions: list[str],
 ) -> None:
     """The writes of gc, after its removals: the target index and this workspace's roots."""
-    path = store.targets / "index"
+    path = store.target_index.folder
     try:
         if new_index != index:
-            store.write_target_index(new_index)
+            store.target_index.replace_all(new_index)
         if workspace is not None and mine_path is not None and my_new != mine:
             path = mine_path
-            store._write_registration(mine_path, workspace, my_new)
+            store.gc_roots.write(mine_path, workspace, my_new)
     except (OSError, StoreError) as exc:
         cause = exc.__cause__ if isinstance(exc, StoreError) else exc
         reason = getattr(cause, "strerror", None) or str(cause or exc)

@@ -4,6 +4,7 @@ never meet a half-written file."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 import threading
@@ -158,3 +159,26 @@ def remove_tree(path: Path) -> None:
             pass
 
     shutil.rmtree(path, onerror=onerror)
+
+
+def scan_dir(folder: str | os.PathLike) -> list[os.DirEntry]:
+    """The entries of `folder`; [] when it is absent or not a folder."""
+    try:
+        with os.scandir(folder) as it:
+            return list(it)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def read_json_object(path: Path) -> dict:
+    """A JSON object read from `path`; {} when it is absent, unreadable or not an object."""
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def stat_signature(st: os.stat_result) -> list[int]:
+    """What changes whenever a file is replaced or written: inode, size, mtime, ctime."""
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]

@@ -667,12 +667,12 @@ def _check_sources(
 
 def _check_index(store: Any, state: dict, p: Plan) -> None:
     dirty = p.dirty
-    index_sig = store.index_signature()
+    index_sig = store.target_index.signature()
     if index_sig is None or index_sig != state.get("index_sig"):
         actions = _actions(state)
         # NB: another build recorded other keys for some of these actions; the scheduler
         # records ours again so "why" compares against what this request last ran
-        index = store.load_target_index()
+        index = store.target_index.load_all()
         for action_id, a in actions.items():
             if (index.get(action_id) or {}).get("key") != f"{a[KEY_HASH]}/{a[KEY_SIZE]}":
                 dirty.add(action_id)
@@ -881,7 +881,7 @@ def record(
         "blobs": blobs,
         "logs": _logs_of(actions.values()),
         "ac_dirs": ac_dirs,
-        "index_sig": store.index_signature(),
+        "index_sig": store.target_index.signature(),
         "roots_sig": roots_sig,
         "hits_sum": _hits_sum(actions),
     }
@@ -1001,6 +1001,6 @@ def _record_changes(
         if state["ac_dirs"].get(shard, 0) is not None:
             state["ac_dirs"][shard] = None
             updated["ac_dirs"].add(shard)
-    state["index_sig"] = store.index_signature()
+    state["index_sig"] = store.target_index.signature()
     state["roots_sig"] = roots_sig
     save_changes(store, p)

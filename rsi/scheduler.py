@@ -38,7 +38,8 @@ from rsi.host import (
     unmet_requirement,
 )
 from rsi.rule import ActionSpec
-from rsi.store import LazyIndex, LocalStore
+from rsi.store import LocalStore
+from rsi.store_index import LazyIndex
 
 # NB: descriptions per "why" pack blob: bounded, so reading one action's costs the same at any N
 PACK_ACTIONS = 64
@@ -106,7 +107,7 @@ class Scheduler:
         self.remote = remote
         self.remote_fallback = remote_fallback
         # NB: read shard by shard as actions are recorded or explained, never all of it
-        self.index = LazyIndex(store)
+        self.index = LazyIndex(store.target_index)
         self.index_updates: dict[str, dict] = {}
         self._pack: dict[str, dict] = {}
         self._targets_by_name: dict | None = None
@@ -203,7 +204,7 @@ class Scheduler:
             return ["no earlier build of this action is recorded"]
         if last.get("key") == str(action.key()):
             return ["its cached result is missing or failed verification"]
-        before, before_attrs = self.store.index_details(spec.id, last)
+        before, before_attrs = self.store.target_index.details(spec.id, last)
         if before is None:
             return ["the action changed (its earlier description is no longer in the store)"]
         reasons = diff_descriptions(before, action.describe())
@@ -249,7 +250,7 @@ class Scheduler:
         if last is not None and last.get("attrs") == spec.attrs_digest and spec.attrs_digest:
             # NB: the same attributes as last time, as recorded then ("why" read that pack
             # already): the target is not unpickled, nor its rule's code imported
-            attrs = self.store.index_details(spec.id, last)[1]
+            attrs = self.store.target_index.details(spec.id, last)[1]
         if attrs is None:
             attrs = self._attrs_of(spec)
         self._pack[spec.id] = {"description": action.describe(), "attrs": attrs}
@@ -555,7 +556,7 @@ class Scheduler:
             TRASH.drain()
             try:
                 self._write_pack()
-                self.store.save_target_index(self.index_updates)
+                self.store.target_index.save(self.index_updates)
             finally:
                 self.store.save_memos()
         for action_id, fut in self._commits:

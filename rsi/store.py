@@ -1,12 +1,13 @@
-"""The local store: content-addressed blobs and the action cache, on disk, crash-safe.
+"""The local store: content-addressed blobs and the action cache, on disk, crash-safe. Must never
+serve a blob or result that fails verification, nor write into a folder it did not claim.
 
-Layout (Bazel's disk cache): `STORE.json` (the marker: only a folder holding it, or an empty
-one, is used as a store), `cas/ab/<hash>` blobs, `ac/ab/<key>` action results, `targets/` the
-last key per action id (for "why did this rebuild?"), `roots/` the workspaces using the store
-(gc roots), `tmp/` temporaries. Every write is a temporary under `tmp/` (named by pid, so a
-killed writer's is found and removed) + rename, made durable by an fsync each or, during a
-scheduler run, by group commit (`sync_each`); every read that serves content verifies it; a
-corrupt entry is deleted and reported, never served.
+Layout (Bazel's disk cache): `STORE.json` (the marker, `store_folder.py`: only a folder holding it,
+or an empty one, is used as a store), `cas/ab/<hash>` blobs, `ac/ab/<key>` action results,
+`targets/` the last key per action id (for "why did this rebuild?", `store_index.py`), `roots/` the
+workspaces using the store (gc roots, `store_roots.py`), `tmp/` temporaries. Every write is a
+temporary under `tmp/` (named by pid, so a killed writer's is found and removed) + rename, made
+durable by an fsync each or, during a scheduler run, by group commit (`sync_each`); every read that
+serves content verifies it; a corrupt entry is deleted and reported, never served.
 """
 
 from __future__ import annotations
@@ -24,41 +25,29 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
-try:  # NB: the C module itself: hashlib would load OpenSSL (~2 ms of every start)
-    from _sha2 import sha256  # type: ignore[import-not-found]  # Python 3.12+
-except ImportError:
-    try:
-        from _sha256 import sha256  # type: ignore[import-not-found,no-redef]
-    except ImportError:  # pragma: no cover - NB: a Python built without either
-        from hashlib import sha256  # type: ignore[assignment]
-
 from rsi.action import ActionResult
 from rsi.canonical import canonical_bytes
 from rsi.digest import DEFAULT_FUNCTION, Digest, FileDigestMemo, digest_bytes, digest_file
-from rsi.errors import EXIT_USAGE, CorruptEntry, RsiError, StoreError
+from rsi.errors import CorruptEntry, StoreError
 from rsi.fsutil import (
     atomic_write_bytes,
     create_temp,
     pid_alive,
     remove_tree,
     replace_into,
+    scan_dir,
     store_write_error,
     temp_pid,
 )
+from rsi.store_folder import STORE_MARKER, claim_store, marker_bytes
+from rsi.store_index import TargetIndex
+from rsi.store_roots import GcRoots
 
-STORE_SCHEMA = "rsi.store/1"
-STORE_MARKER = "STORE.json"
 # NB: version 2 hashes the key with the content: an entry moved to another key never verifies
 AC_SCHEMA = "rsi.ac/2"
-ROOT_SCHEMA = "rsi.gcroot/1"
 # NB: blobs up to this size are verified by hashing them, not through the blob memo
 SMALL_BLOB = 4 << 20
-# NB: a registration's journal is folded into it past this size (see `update_registration`)
-JOURNAL_BYTES = 256 << 10
 _SMALL_COPY = 1 << 20
-# NB: files an empty folder may hold in a repository (the default `cache/` ships with one);
-# rsi never touches them
-_PLACEHOLDERS = frozenset({".gitkeep", ".gitignore", ".keep"})
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _ENTRY = re.compile(r"[0-9a-f]{64}")
 # NB: how old a temporary without a pid in its name must be before it counts as abandoned:
@@ -67,131 +56,8 @@ _ENTRY = re.compile(r"[0-9a-f]{64}")
 _STALE_UNNAMED_S = {"tmp": 86400, "entries": 3600}
 
 
-def _marker(function: str | None) -> bytes:
-    doc = {"schema": STORE_SCHEMA}
-    if function is not None:
-        doc["digest_function"] = function
-    return json.dumps(doc).encode()
-
-
-def claim_store(root: Path, function: str | None = None) -> None:
-    """Make `root` a store before anything is written under it (StoreRefused when it may not
-    be one): every writer into a store folder, not only `LocalStore`, calls this first."""
-    root = Path(root)
-    problem = store_folder_problem(root)
-    if problem is not None:
-        raise StoreRefused(
-            f"{root} cannot be used as the store: {problem}",
-            hint="point the store at a new or empty folder (rsi.toml `store`, or --store)",
-        )
-    meta = root / STORE_MARKER
-    if meta.exists():
-        return
-    try:
-        # NB: the marker first, so a folder rsi starts to fill is recognisably a store
-        root.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(meta, _marker(function))
-    except OSError as exc:
-        raise store_write_error(root, exc) from exc
-
-
-class StoreRefused(StoreError):
-    """The configured folder cannot be a store (not empty and not an rsi store)."""
-
-    exit_code = EXIT_USAGE
-
-
 class OutdatedEntry(ValueError):
     """An action-cache entry in an older format, whose integrity did not cover its key."""
-
-
-def store_folder_problem(root: Path) -> str | None:
-    """Why `root` cannot be used as a store, or None: it may be absent, empty, or a store.
-
-    rsi writes and deletes files under its store, so a folder holding anything else (and no
-    STORE.json) is refused rather than adopted.
-    """
-    try:
-        entries = [
-            e for e in os.listdir(root) if not e.startswith(".tmp-") and e not in _PLACEHOLDERS
-        ]
-    except FileNotFoundError:
-        return None
-    except NotADirectoryError:
-        return "it is a file, not a folder"
-    except OSError as exc:
-        return f"it cannot be read ({exc.strerror or exc})"
-    if STORE_MARKER not in entries:
-        if not entries:
-            return None  # NB: `.tmp-*`: another rsi is creating this store right now
-        shown = ", ".join(sorted(entries)[:3]) + (", ..." if len(entries) > 3 else "")
-        return (
-            f"it is not empty ({shown}) and is not an rsi store (no {STORE_MARKER}); rsi "
-            "deletes files in its store, so it only uses an empty folder or one it created"
-        )
-    try:
-        doc = json.loads((root / STORE_MARKER).read_bytes())
-        schema = doc.get("schema") if isinstance(doc, dict) else None
-    except (OSError, ValueError) as exc:
-        return f"its {STORE_MARKER} is unreadable ({exc})"
-    if schema == STORE_SCHEMA:
-        return None
-    if isinstance(schema, str) and schema.startswith("rsi.store/"):
-        return f"another version of rsi wrote it (schema {schema}; this rsi reads {STORE_SCHEMA})"
-    return f"its {STORE_MARKER} is not an rsi store marker (schema {schema!r})"
-
-
-# NB: the folders of a store a build writes in (checked by name: a listing costs more); a rule
-# family's own folders (the campaign logs) are its business: the engine names none of them
-WRITTEN_FOLDERS = (
-    "cas",
-    "ac",
-    "targets",
-    "tmp",
-    "roots",
-    "events",
-    "analysis",
-    "toolchains",
-    "locks",  # NB: the outputs lock of each workspace (rsi/wslock.py)
-)
-
-
-def folder_write_problem(
-    root: str | os.PathLike, what: str = "it", inside: tuple[str, ...] = WRITTEN_FOLDERS
-) -> str | None:
-    """Why rsi could not write under `root` (a store, or `out/`), or None: the folder, the
-    folders `inside` it that exist, or where it is to be made, is read-only (a read-only mount, an
-    immutable folder: root bypasses modes but not these) or closed to this user. Checked
-    before a build writes anything, so a refusal leaves nothing half written. (A file where
-    the folder should be is left to `store_folder_problem`.)"""
-    want = os.R_OK | os.W_OK | os.X_OK
-    top = here = os.fspath(root)
-    while not os.path.lexists(here):
-        parent = os.path.dirname(here)
-        if parent == here:
-            return None
-        here = parent
-        what = f"the folder it would be made in ({here})"
-    if not os.path.isdir(here):
-        return None
-    folders = [here]
-    if here == top:
-        folders += [os.path.join(here, name) for name in inside]
-    for folder in folders:
-        if os.access(folder, want) or (folder != here and not os.path.lexists(folder)):
-            continue
-        try:
-            read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
-        except OSError:
-            read_only = False
-        if read_only:
-            why = "on a read-only file system"
-        elif os.access(folder, os.R_OK | os.X_OK):
-            why = "not writable (an immutable folder, or its mode)"
-        else:
-            why = "not readable by this user"
-        return f"{what if folder == here else folder} is {why}"
-    return None
 
 
 @lru_cache(maxsize=1)
@@ -230,14 +96,10 @@ class LocalStore:
         self.ac = self.root / "ac"
         self.targets = self.root / "targets"
         self.tmp = self.root / "tmp"
-        self.roots = self.root / "roots"
         self.events_dir = self.root / "events"
         self.corrupt_seen: list[str] = []
         self._empty: Digest | None = None
         self._dev: int | None = None
-        self._packs: dict[str, dict] = {}
-        # NB: an older store's one-file target index, parsed once per (inode, size, mtime)
-        self._legacy_cached: tuple | None = None
         # NB: True: every blob and entry is fsynced before its rename. A scheduler turns it off
         # for a run and group-commits instead: one `sync()` before each batch of action-cache
         # entries makes the blobs they name durable first, and one more at the end.
@@ -253,6 +115,9 @@ class LocalStore:
         # NB: the few files a build reads besides action inputs (engine and rule code,
         # declarations, out/), kept apart so checking them never loads a memo of every source
         self.meta_memo = FileDigestMemo(self.root / "meta-memo.json", self.function)
+        # NB: the workspaces using this store, and what each action id was last built as
+        self.gc_roots = GcRoots(self.root, self.tmp)
+        self.target_index = TargetIndex(self.root, self.targets, self.read_bytes)
 
     # ------------------------------------------------------------------------------ layout
     def _init(self) -> None:
@@ -266,7 +131,7 @@ class LocalStore:
         try:
             found = json.loads(meta.read_text()).get("digest_function")
             if found is None:  # NB: claimed by a writer that stores no digests (toolchains)
-                atomic_write_bytes(meta, _marker(self.function))
+                atomic_write_bytes(meta, marker_bytes(self.function))
                 found = self.function
         except (OSError, ValueError) as exc:
             raise StoreError(f"{meta}: unreadable store metadata ({exc})") from exc
@@ -651,14 +516,14 @@ class LocalStore:
                 return False
             return age > _STALE_UNNAMED_S[where]
 
-        candidates = [(e, "tmp") for e in _scan(self.tmp)]
+        candidates = [(e, "tmp") for e in scan_dir(self.tmp)]
         for folder in (self.cas, self.ac):
-            for entry in _scan(folder):
+            for entry in scan_dir(folder):
                 if entry.name.startswith(".tmp-"):
                     candidates.append((entry, "entries"))
                 elif _SHARD.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
                     candidates += [
-                        (e, "entries") for e in _scan(entry.path) if e.name.startswith(".tmp-")
+                        (e, "entries") for e in scan_dir(entry.path) if e.name.startswith(".tmp-")
                     ]
         for entry, where in candidates:
             if not stale(entry, where):
@@ -673,323 +538,13 @@ class LocalStore:
             removed.append(entry.path)
         return removed
 
-    # -------------------------------------------------------------- gc roots (workspaces)
-    # NB: every workspace that builds with this store records the action keys it references,
-    # so `cache gc` run from one workspace keeps what the others still use.
-    def _registration_path(self, workspace: Path) -> Path:
-        name = sha256(os.fsencode(str(workspace))).hexdigest()[:32]
-        return self.roots / f"{name}.json"
-
-    # NB: a registration is `roots/<name>.json` and, beside it, a journal `<name>.journal`:
-    # a first line naming the registration file it extends (its stat signature), then one
-    # JSON line of updates per build. A one-change build appends its few new keys instead of
-    # rewriting the keys of every action; a journal naming another file (the registration was
-    # rewritten since, folding it in) is stale and ignored, so a crash at any point leaves
-    # either the old registration or the new one.
-    @staticmethod
-    def _journal_path(path: Path) -> Path:
-        return path.with_suffix(".journal")
-
-    def registration_signature(self, workspace: Path) -> tuple | None:
-        """Changes whenever the registration file is rewritten or its journal grows."""
-        path = self._registration_path(workspace)
-        sigs = []
-        for p in (path, self._journal_path(path)):
-            try:
-                st = os.stat(p)
-            except OSError:
-                sigs.append(None)
-                continue
-            sigs.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
-        return None if sigs[0] is None else tuple(sigs)
-
-    def _read_registration(self, path: Path) -> dict:
-        """The registration document with its journal (when it extends this file) applied."""
-        try:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                doc = json.loads(f.read())
-        except (OSError, ValueError):
-            return {}
-        if not isinstance(doc, dict):
-            return {}
-        actions = doc.get("actions")
-        if isinstance(actions, dict):
-            for update in self._journal_updates(path, _stat_sig(st)):
-                actions.update(update)
-        return doc
-
-    def _journal_updates(self, path: Path, base_sig: list) -> list[dict]:
-        try:
-            lines = self._journal_path(path).read_bytes().splitlines()
-        except OSError:
-            return []
-        updates: list[dict] = []
-        for n, line in enumerate(lines):
-            try:
-                doc = json.loads(line)
-            except ValueError:
-                continue  # NB: a line cut short by a crash
-            if not isinstance(doc, dict):
-                continue
-            if n == 0:
-                if doc.get("extends") != base_sig:
-                    return []  # NB: stale: the registration was rewritten with it folded in
-                continue
-            if isinstance(doc.get("actions"), dict):
-                updates.append(doc["actions"])
-        return updates
-
-    def register_workspace(self, workspace: Path, actions: dict[str, dict]) -> None:
-        """Add `actions` (action id -> {"key", "label"}) to what `workspace` references."""
-        path = self._registration_path(workspace)
-        with self._roots_lock():
-            doc = self._read_registration(path)
-            known = doc.get("actions") if doc.get("workspace") == str(workspace) else None
-            known = known if isinstance(known, dict) else {}
-            merged = {**known, **actions}
-            if path.exists() and merged == known:
-                return  # NB: a no-op build writes nothing
-            self._write_registration(path, workspace, merged)
-
-    def update_registration(self, workspace: Path, actions: dict[str, dict]) -> None:
-        """Add `actions` to what `workspace` references, known to be registered already but
-        for these: appended to the journal, without reading or rewriting the registration
-        (folded into it once the journal outgrows `JOURNAL_BYTES`)."""
-        if not actions:
-            return
-        path = self._registration_path(workspace)
-        journal = self._journal_path(path)
-        with self._roots_lock():
-            try:
-                base = _stat_sig(os.stat(path))
-            except OSError:
-                base = None
-            try:
-                size = os.stat(journal).st_size
-            except OSError:
-                size = 0
-            fresh = size == 0 or self._journal_header(journal) != base
-            if base is None or size > JOURNAL_BYTES:
-                doc = self._read_registration(path) if base is not None else {}
-                known = doc.get("actions") if doc.get("workspace") == str(workspace) else None
-                known = known if isinstance(known, dict) else {}
-                self._write_registration(path, workspace, {**known, **actions})
-                return
-            line = json.dumps({"actions": actions}, sort_keys=True) + "\n"
-            try:
-                if fresh:
-                    head = json.dumps({"schema": ROOT_SCHEMA, "extends": base}) + "\n"
-                    atomic_write_bytes(journal, (head + line).encode(), tmp_dir=self.tmp)
-                else:
-                    with open(journal, "a", encoding="utf-8") as f:
-                        f.write(line)
-                        f.flush()
-                        os.fsync(f.fileno())
-            except OSError as exc:
-                raise store_write_error(self.root, exc) from exc
-
-    @staticmethod
-    def _journal_header(journal: Path) -> list | None:
-        try:
-            with open(journal, "rb") as f:
-                return json.loads(f.readline()).get("extends")
-        except (OSError, ValueError, AttributeError):
-            return None
-
-    @contextmanager
-    def _roots_lock(self) -> Iterator[None]:
-        try:
-            self.roots.mkdir(exist_ok=True)
-            fd = os.open(self.root / "roots.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise store_write_error(self.root, exc) from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
-
-    def _write_registration(self, path: Path, workspace: Path, actions: dict) -> None:
-        doc = {"schema": ROOT_SCHEMA, "workspace": str(workspace), "actions": actions}
-        try:
-            atomic_write_bytes(path, json.dumps(doc, sort_keys=True).encode(), tmp_dir=self.tmp)
-        except OSError as exc:
-            raise store_write_error(self.root, exc) from exc
-        # NB: stale now (it names the file just replaced); removed so it is not read again
-        with contextlib.suppress(OSError):
-            os.unlink(self._journal_path(path))
-
-    def drop_registration(self, path: Path) -> None:
-        for p in (path, self._journal_path(path)):
-            with contextlib.suppress(OSError):
-                os.unlink(p)
-
-    def registrations(self) -> list[tuple[Path, dict]]:
-        """Every workspace registration: (its file, its document with its journal; {} when
-        unreadable)."""
-        return [
-            (Path(e.path), self._read_registration(Path(e.path)))
-            for e in sorted(_scan(self.roots), key=lambda e: e.name)
-            if e.name.endswith(".json")
-        ]
-
-    # ------------------------------------------------------------------- target index (why)
-    # NB: what each action id was last built as (key, description pack, attributes), for
-    # "why" and `rsi cache`. Sharded by a hash of the id (targets/index/<xx>.json, 256
-    # shards), so a build reads and rewrites only the shards of the actions it ran: a one-file
-    # index of 100,000 actions is ~35 MB to parse and write again on every build. A concurrent
-    # build may lose the other's update of a shard, which only weakens "why", never
-    # correctness. `targets/index.json` is the one-file index of older stores: read as the
-    # base of every shard, and folded into the shards at the first write.
-    def _target_index_path(self) -> Path:
-        return self.targets / "index.json"
-
-    def _index_dir(self) -> Path:
-        return self.targets / "index"
-
-    @staticmethod
-    def index_shard(action_id: str) -> str:
-        return sha256(action_id.encode()).hexdigest()[:2]
-
-    def index_signature(self) -> tuple | None:
-        """Changes whenever any index shard (or the old one-file index) is replaced."""
-        sig = []
-        for path in (self._index_dir(), self._target_index_path()):
-            try:
-                st = os.stat(path)
-            except OSError:
-                sig.append(None)
-                continue
-            sig.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
-        return None if sig == [None, None] else tuple(sig)
-
-    def index_details(self, action_id: str, entry: dict) -> tuple[dict | None, dict | None]:
-        """(description, attributes) recorded for an action's last build; None where gone."""
-        try:
-            if entry.get("pack"):
-                pack = self._packs.get(entry["pack"])
-                if pack is None:
-                    pack = json.loads(self.read_bytes(Digest.parse(entry["pack"])))
-                    if len(self._packs) >= 4:  # NB: a few at a time bounds memory
-                        self._packs.pop(next(iter(self._packs)))
-                    self._packs[entry["pack"]] = pack
-                item = pack.get(action_id) or {}
-                return item.get("description"), item.get("attrs")
-            if entry.get("description"):  # NB: stores written before packs existed
-                return json.loads(self.read_bytes(Digest.parse(entry["description"]))), None
-        except (RsiError, KeyError, ValueError):
-            pass
-        return None, None
-
-    def index_blobs(self, entry: dict) -> list[str]:
-        return [Digest.parse(entry[k]).hash for k in ("pack", "description") if entry.get(k)]
-
-    def _legacy_index(self) -> dict[str, dict]:
-        path = self._target_index_path()
-        try:
-            st = os.stat(path)
-        except OSError:
-            return {}
-        sig = (st.st_ino, st.st_size, st.st_mtime_ns)
-        cached = self._legacy_cached
-        if cached is None or cached[0] != sig:
-            cached = self._legacy_cached = (sig, _read_json(path))
-        return dict(cached[1])
-
-    def load_index_shard(self, shard: str) -> dict[str, dict]:
-        """The entries of one shard (with the old one-file index's entries for it beneath)."""
-        found = _read_json(self._index_dir() / f"{shard}.json")
-        entries = found if isinstance(found, dict) else {}
-        if self._target_index_path().exists():
-            old = {k: v for k, v in self._legacy_index().items() if self.index_shard(k) == shard}
-            entries = {**old, **entries}
-        return entries
-
-    def load_target_index(self) -> dict[str, dict]:
-        index = self._legacy_index()
-        for entry in _scan(self._index_dir()):
-            if entry.name.endswith(".json"):
-                found = _read_json(Path(entry.path))
-                if isinstance(found, dict):
-                    index.update(found)
-        return index
-
-    def _write_shard(self, shard: str, entries: dict) -> None:
-        path = self._index_dir() / f"{shard}.json"
-        if not entries:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            return
-        atomic_write_bytes(path, json.dumps(entries).encode(), fsync=False)
-
-    def save_target_index(self, updates: dict[str, dict]) -> None:
-        """Update the entries of these action ids (rewriting only their shards)."""
-        if not updates:
-            return
-        try:
-            self._index_dir().mkdir(exist_ok=True)
-            if self._target_index_path().exists():
-                # NB: fold the old one-file index into the shards once
-                self.write_target_index({**self.load_target_index(), **updates})
-                return
-            by_shard: dict[str, dict] = {}
-            for action_id, entry in updates.items():
-                by_shard.setdefault(self.index_shard(action_id), {})[action_id] = entry
-            for shard, entries in by_shard.items():
-                self._write_shard(shard, {**self.load_index_shard(shard), **entries})
-        except OSError as exc:
-            raise store_write_error(self.root, exc) from exc
-
-    def write_target_index(self, index: dict[str, dict]) -> None:
-        """Replace the whole index with `index` (cache gc); raises OSError."""
-        self._index_dir().mkdir(exist_ok=True)
-        by_shard: dict[str, dict] = {}
-        for action_id, entry in index.items():
-            by_shard.setdefault(self.index_shard(action_id), {})[action_id] = entry
-        present = {e.name[:-5] for e in _scan(self._index_dir()) if e.name.endswith(".json")}
-        for shard in sorted(present | set(by_shard)):
-            self._write_shard(shard, by_shard.get(shard, {}))
-        with contextlib.suppress(FileNotFoundError):
-            self._target_index_path().unlink()
-
-
-class LazyIndex:
-    """The target index as a mapping read shard by shard on first use (a build that runs
-    three actions reads three shards), remembering what the build sets."""
-
-    def __init__(self, store: LocalStore) -> None:
-        self._store = store
-        self._shards: dict[str, dict] = {}
-
-    def _shard(self, action_id: str) -> dict:
-        shard = self._store.index_shard(action_id)
-        entries = self._shards.get(shard)
-        if entries is None:
-            entries = self._shards[shard] = self._store.load_index_shard(shard)
-        return entries
-
-    def get(self, action_id: str, default=None):
-        return self._shard(action_id).get(action_id, default)
-
-    def __setitem__(self, action_id: str, entry: dict) -> None:
-        self._shard(action_id)[action_id] = entry
-
-
-def _scan(folder: str | os.PathLike) -> list[os.DirEntry]:
-    try:
-        with os.scandir(folder) as it:
-            return list(it)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-
 
 def _entries(folder: Path) -> Iterator[tuple[str, Path]]:
     """`(name, path)` of every entry in a sharded folder; temporaries and strays are skipped."""
-    for shard in sorted(_scan(folder), key=lambda e: e.name):
+    for shard in sorted(scan_dir(folder), key=lambda e: e.name):
         if not _SHARD.fullmatch(shard.name) or not shard.is_dir(follow_symlinks=False):
             continue
-        for entry in sorted(_scan(shard.path), key=lambda e: e.name):
+        for entry in sorted(scan_dir(shard.path), key=lambda e: e.name):
             if _ENTRY.fullmatch(entry.name):
                 yield entry.name, Path(entry.path)
 
@@ -998,15 +553,3 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-def _stat_sig(st: os.stat_result) -> list[int]:
-    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        doc = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}

@@ -254,7 +254,7 @@ class Workspace(Frozen):
         """Refuse a store folder rsi must not write into: the workspace root or a folder above
         it, `out/`, or a folder that holds files and is not an rsi store (rsi deletes files in
         its store). Exit 2, naming where the setting came from."""
-        from rsi.store import store_folder_problem
+        from rsi.store_folder import store_folder_problem
 
         store = self.store_dir.resolve()
         root = self.root.resolve()
@@ -289,7 +289,7 @@ class Workspace(Frozen):
         before it writes anything: exit 2 naming `store` or out/, nothing written. Commands
         that only read the store (`why`, `cache stats`, `cache verify` of a sound store) do
         not ask it."""
-        from rsi.store import folder_write_problem
+        from rsi.store_folder import folder_write_problem
 
         store = self.store_dir
         problem = folder_write_problem(store)

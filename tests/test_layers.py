@@ -42,7 +42,10 @@ ENGINE = [
             "rsi.jobs.events",
         ),
     ),
-    ("store", ("rsi.store", "rsi.cacheops")),
+    (
+        "store",
+        ("rsi.store_folder", "rsi.store_roots", "rsi.store_index", "rsi.store", "rsi.cacheops"),
+    ),
     ("executors", ("rsi.limits", "rsi.executors", "rsi.toolchain", "rsi.remote.client")),
     ("workspace", ("rsi.workspace", "rsi.loader", "rsi.remote", "rsi.runtime", "rsi.worker")),
     (

@@ -343,22 +343,22 @@ def test_concurrent_builds_on_one_store_corrupt_nothing(
 @pytest.mark.fast
 def test_registration_updates_go_to_a_journal_read_with_the_registration(store, tmp_path):
     ws = tmp_path / "ws"
-    store.register_workspace(ws, {"a": {"key": "1" * 64 + "/1", "label": "//:a"}})
-    path = store._registration_path(ws)
+    store.gc_roots.register(ws, {"a": {"key": "1" * 64 + "/1", "label": "//:a"}})
+    path = store.gc_roots.path_for(ws)
     before = path.stat()
-    store.update_registration(ws, {"b": {"key": "2" * 64 + "/1", "label": "//:b"}})
-    store.update_registration(ws, {"a": {"key": "3" * 64 + "/1", "label": "//:a"}})
+    store.gc_roots.update(ws, {"b": {"key": "2" * 64 + "/1", "label": "//:b"}})
+    store.gc_roots.update(ws, {"a": {"key": "3" * 64 + "/1", "label": "//:a"}})
     after = path.stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
-    ((_, doc),) = store.registrations()
+    ((_, doc),) = store.gc_roots.all()
     assert doc["actions"] == {
         "a": {"key": "3" * 64 + "/1", "label": "//:a"},
         "b": {"key": "2" * 64 + "/1", "label": "//:b"},
     }
     # NB: a full registration folds the journal in; the journal is gone (or stale)
-    store.register_workspace(ws, {"c": {"key": "4" * 64 + "/1", "label": "//:c"}})
+    store.gc_roots.register(ws, {"c": {"key": "4" * 64 + "/1", "label": "//:c"}})
     assert not path.with_suffix(".journal").exists()
-    ((_, doc),) = store.registrations()
+    ((_, doc),) = store.gc_roots.all()
     assert set(doc["actions"]) == {"a", "b", "c"}
     assert doc["actions"]["a"]["key"].startswith("3")
 
@@ -369,28 +369,28 @@ def test_a_journal_naming_an_older_registration_is_ignored(store, tmp_path):
     journal was removed: the journal names the file it extended, so it is not applied again
     over newer keys."""
     ws = tmp_path / "ws"
-    store.register_workspace(ws, {"a": {"key": "1" * 64 + "/1", "label": "//:a"}})
-    store.update_registration(ws, {"a": {"key": "2" * 64 + "/1", "label": "//:a"}})
-    journal = store._registration_path(ws).with_suffix(".journal")
+    store.gc_roots.register(ws, {"a": {"key": "1" * 64 + "/1", "label": "//:a"}})
+    store.gc_roots.update(ws, {"a": {"key": "2" * 64 + "/1", "label": "//:a"}})
+    journal = store.gc_roots.path_for(ws).with_suffix(".journal")
     stale = journal.read_bytes()
-    store.register_workspace(ws, {"a": {"key": "5" * 64 + "/1", "label": "//:a"}})
+    store.gc_roots.register(ws, {"a": {"key": "5" * 64 + "/1", "label": "//:a"}})
     journal.write_bytes(stale)
-    ((_, doc),) = store.registrations()
+    ((_, doc),) = store.gc_roots.all()
     assert doc["actions"]["a"]["key"].startswith("5")
 
 
 @pytest.mark.fast
 def test_a_long_journal_is_folded_into_the_registration(store, tmp_path, monkeypatch):
-    import rsi.store as store_mod
+    import rsi.store_roots as roots_mod
 
-    monkeypatch.setattr(store_mod, "JOURNAL_BYTES", 200)
+    monkeypatch.setattr(roots_mod, "JOURNAL_BYTES", 200)
     ws = tmp_path / "ws"
-    store.register_workspace(ws, {"a": {"key": "1" * 64 + "/1", "label": "//:a"}})
+    store.gc_roots.register(ws, {"a": {"key": "1" * 64 + "/1", "label": "//:a"}})
     for n in range(6):
-        store.update_registration(ws, {f"x{n}": {"key": f"{n}" * 64 + "/1", "label": "//:x"}})
-    journal = store._registration_path(ws).with_suffix(".journal")
+        store.gc_roots.update(ws, {f"x{n}": {"key": f"{n}" * 64 + "/1", "label": "//:x"}})
+    journal = store.gc_roots.path_for(ws).with_suffix(".journal")
     assert not journal.exists() or journal.stat().st_size <= 400
-    ((_, doc),) = store.registrations()
+    ((_, doc),) = store.gc_roots.all()
     assert set(doc["actions"]) == {"a", *(f"x{n}" for n in range(6))}
 
 

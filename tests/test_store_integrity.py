@@ -19,7 +19,8 @@ import pytest
 from rsi.action import ActionResult, OutputFile
 from rsi.digest import Digest, digest_bytes, digest_file
 from rsi.errors import EXIT_USAGE
-from rsi.store import AC_SCHEMA, LocalStore, StoreRefused, claim_store
+from rsi.store import AC_SCHEMA, LocalStore
+from rsi.store_folder import StoreRefused, claim_store
 
 
 def _tree(root: Path) -> dict[str, tuple[bytes, float]]:

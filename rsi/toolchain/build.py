@@ -276,7 +276,7 @@ def build(
     the last build of the same name in this store. `cancel` (set by a build's Ctrl-C or
     SIGTERM) kills the step that runs (mmdebstrap, pip) with its process group.
     """
-    from rsi.store import claim_store
+    from rsi.store_folder import claim_store
 
     recipe = load_recipe(spec, name)
     say = progress or (lambda msg: print(f"[toolchain {recipe.name}] {msg}", file=sys.stderr))

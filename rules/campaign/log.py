@@ -101,7 +101,7 @@ class CampaignLog:
     @contextmanager
     def locked(self) -> Iterator["CampaignLog"]:
         """One writer at a time: budget checks and the append happen under this lock."""
-        from rsi.store import claim_store
+        from rsi.store_folder import claim_store
 
         claim_store(self.store_root)  # NB: the log may be the first thing written in the store
         try:
