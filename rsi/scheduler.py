@@ -6,43 +6,34 @@ digests, so a rebuilt producer with identical outputs leaves its consumers cache
 actions (timing) run with nothing else running, here and (through the host lock) in any other
 rsi process. An action whose platform asks for something the executor lacks (an accelerator
 the host does not have) is not run: it is `incompatible`, and so is everything downstream.
-The scheduler never executes anything itself.
+The scheduler never executes anything itself. Beside it: `action_history.py` (the target index
+it records and reads for "why"), `group_commit.py` (durable action-cache entries in batches),
+`lock_wait.py` (telling who holds the host lock an action waits for).
 """
 
 from __future__ import annotations
 
-import queue
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Protocol
 
 from rsi.action import Action, ActionResult
+from rsi.action_history import ActionHistory
 from rsi.analysis import BuildGraph
-from rsi.canonical import canonical_bytes
 from rsi.digest import Digest, FileNode, SymlinkNode
 from rsi.errors import CorruptEntry, ExecutionError, RsiError, StoreError
 from rsi.events import EventLog
 from rsi.executors.base import TRASH, Executor
 from rsi.executors.hoststep import HOST_STEPS, host_step_kind
 from rsi.executors.hoststep import present as host_step_present
+from rsi.group_commit import GroupCommitter
+from rsi.host import Capabilities, HostLock, unmet_requirement
+from rsi.lock_wait import LockWaiter
 from rsi.record import Value
-from rsi.host import (
-    Capabilities,
-    Holder,
-    HostLock,
-    describe_holders,
-    short_label,
-    unmet_requirement,
-)
 from rsi.rule import ActionSpec
 from rsi.store import LocalStore
-from rsi.store_index import LazyIndex
-
-# NB: descriptions per "why" pack blob: bounded, so reading one action's costs the same at any N
-PACK_ACTIONS = 64
 
 
 class RemoteCache(Protocol):
@@ -106,11 +97,8 @@ class Scheduler:
         self.salt = salt
         self.remote = remote
         self.remote_fallback = remote_fallback
-        # NB: read shard by shard as actions are recorded or explained, never all of it
-        self.index = LazyIndex(store.target_index)
-        self.index_updates: dict[str, dict] = {}
-        self._pack: dict[str, dict] = {}
-        self._targets_by_name: dict | None = None
+        # NB: what each action was built as, and why a miss missed (the target index)
+        self.history = ActionHistory(store)
         self.cancel = threading.Event()
         self.host_lock = host_lock if host_lock is not None else HostLock()
         self._capabilities = capabilities
@@ -197,97 +185,11 @@ class Scheduler:
                         hint="run the build again",
                     )
 
-    # ------------------------------------------------------------------------------- why
-    def why(self, spec: ActionSpec, action: Action) -> list[str]:
-        last = self.index.get(spec.id)
-        if last is None:
-            return ["no earlier build of this action is recorded"]
-        if last.get("key") == str(action.key()):
-            return ["its cached result is missing or failed verification"]
-        before, before_attrs = self.store.target_index.details(spec.id, last)
-        if before is None:
-            return ["the action changed (its earlier description is no longer in the store)"]
-        reasons = diff_descriptions(before, action.describe())
-        if last.get("attrs") and last["attrs"] != spec.attrs_digest:
-            now = self._attrs_of(spec)
-            if before_attrs is None or now is None:
-                reasons[:0] = ["target attributes changed"]
-            else:
-                reasons[:0] = [
-                    f"attribute {k} changed"
-                    for k in sorted(set(before_attrs) | set(now))
-                    if before_attrs.get(k) != now.get(k)
-                ]
-        return reasons or ["the action changed"]
-
-    def _attrs_of(self, spec: ActionSpec) -> dict | None:
-        from rsi.analysis import _jsonable
-        from rsi.label import Label
-
-        known = getattr(self._graph, "attrs_json", {}).get(spec.label)
-        if known is not None:
-            return known
-        try:
-            # NB: by its own label, not by listing every target: a graph from the analysis
-            # cache unpickles a target only when it is looked at
-            target = self._graph.targets.get(Label.parse(spec.label))
-        except RsiError:
-            target = None
-        if target is None:
-            if self._targets_by_name is None:
-                self._targets_by_name = {str(k): t for k, t in self._graph.targets.items()}
-            target = self._targets_by_name.get(spec.label)
-        return _jsonable(target.attrs) if target is not None else None
-
-    def _record(self, spec: ActionSpec, action: Action) -> None:
-        key = str(action.key())
-        last = self.index.get(spec.id)
-        if last is not None and last.get("key") == key:
-            return
-        # NB: descriptions and attributes go into one pack blob written when the run ends,
-        # not one small file per action (file creation dominates on small VMs)
-        attrs = None
-        if last is not None and last.get("attrs") == spec.attrs_digest and spec.attrs_digest:
-            # NB: the same attributes as last time, as recorded then ("why" read that pack
-            # already): the target is not unpickled, nor its rule's code imported
-            attrs = self.store.target_index.details(spec.id, last)[1]
-        if attrs is None:
-            attrs = self._attrs_of(spec)
-        self._pack[spec.id] = {"description": action.describe(), "attrs": attrs}
-        entry = {
-            "key": key,
-            "pack": None,
-            "attrs": spec.attrs_digest,
-            "label": spec.label,
-            "time": time.time(),
-        }
-        self.index[spec.id] = entry
-        self.index_updates[spec.id] = entry
-
-    def _write_pack(self) -> None:
-        """The run's descriptions, in packs of at most `PACK_ACTIONS`: "why" for one action
-        then parses one small pack, not every description a cold build of 100,000 wrote."""
-        if not self._pack:
-            return
-        items = list(self._pack.items())
-        self._pack = {}
-        for start in range(0, len(items), PACK_ACTIONS):
-            chunk = dict(items[start : start + PACK_ACTIONS])
-            try:
-                digest = str(self.store.put_bytes(canonical_bytes(chunk), fsync=False))
-            except RsiError:
-                for action_id in chunk:  # NB: "why" then says the description is gone
-                    self.index_updates.pop(action_id, None)
-                continue
-            for action_id in chunk:
-                if action_id in self.index_updates:
-                    self.index_updates[action_id]["pack"] = digest
-
     # ---------------------------------------------------------------------------- lookup
     def lookup(self, graph: BuildGraph, wanted: set[str]) -> dict[str, Outcome]:
         """What a build of `wanted` would serve from the local cache, running nothing: a `hit`
         outcome for every action whose key resolves (its producers were hits) and is cached."""
-        self._graph = graph
+        self._graph = self.history.graph = graph
         preds = graph.preds
         waiting = {a: sum(1 for p in preds.get(a, ()) if p in wanted) for a in wanted}
         ready = deque(sorted(a for a, n in waiting.items() if n == 0))
@@ -320,7 +222,7 @@ class Scheduler:
         """Build `wanted`. `known` are outcomes settled before the run (cache hits the
         incremental state vouched for, whose events the caller emits): they feed their
         consumers, are looked up only when a consumer needs them, and are never run."""
-        self._graph = graph
+        self._graph = self.history.graph = graph
         preds, succs = graph.preds, graph.succs
         waiting = {a: sum(1 for p in preds.get(a, ()) if p in wanted) for a in wanted}
         ready = deque(sorted(a for a, n in waiting.items() if n == 0))
@@ -403,7 +305,7 @@ class Scheduler:
                                 )
                             )
                         counts["hit"] += 1
-                        self._record(spec, action)
+                        self.history.record(spec, action)
                         if status == "hit":
                             # NB: summarised (`actions_cached`), listed only when asked for
                             self.events.hit(
@@ -428,7 +330,7 @@ class Scheduler:
                         self._incompatible(action_id, spec, action, unmet, build_event, finish)
                         stopped = stopped or (required and not self.keep_going)
                         continue
-                    why = self.why(spec, action)
+                    why = self.history.why(spec, action)
                     if gone:
                         why = ["what this host step built is no longer in the store"]
                     to_execute.append((spec, action, why, 0))
@@ -486,7 +388,7 @@ class Scheduler:
                             stopped = stopped or not self.keep_going
                             continue
                         counts["executed"] += 1
-                        self._record(spec, action)
+                        self.history.record(spec, action)
                         self._missed_finished(
                             ev,
                             spec,
@@ -555,8 +457,7 @@ class Scheduler:
                 self.store.sync_each = True
             TRASH.drain()
             try:
-                self._write_pack()
-                self.store.target_index.save(self.index_updates)
+                self.history.flush()
             finally:
                 self.store.save_memos()
         for action_id, fut in self._commits:
@@ -683,7 +584,7 @@ class Scheduler:
         else:
             # NB: `exclusive` must hold across every rsi process on this host (two agents, two
             # CI jobs), not only inside this scheduler: timing actions take the host lock alone
-            waiter = _LockWaiter(self.events, self.host_lock, spec, action.exclusive, parent)
+            waiter = LockWaiter(self.events, self.host_lock, spec, action.exclusive, parent)
             with self.host_lock.slot(
                 action.exclusive, spec.label, cancel=self.cancel, on_wait=waiter
             ):
@@ -756,186 +657,3 @@ class _Settled(dict):
             return None
         fast = getattr(self._known, "output", None)
         return fast(producer, path) if fast is not None else None
-
-
-_HURRY = object()  # NB: a GroupCommitter queue item: stop lingering, write the batch now
-
-
-class GroupCommitter:
-    """Writes action-cache entries on one thread, in batches, each batch after one `sync()` of
-    the store: the blobs an entry names are durable before the entry is, at the price of one
-    sync per batch instead of one fsync per file. A batch is whatever queued meanwhile, so it
-    grows by itself when actions finish faster than entries are written."""
-
-    def __init__(self, store: LocalStore) -> None:
-        self.store = store
-        self.used = False
-        self.linger_s = 0.02
-        self._hurried = False
-        self._queue: "queue.Queue" = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="rsi-commit", daemon=True)
-        self._thread.start()
-
-    def submit(self, fn, *args) -> Future:
-        self.used = True
-        fut: Future = Future()
-        self._hurried = False
-        self._queue.put((fut, fn, args))
-        return fut
-
-    def hurry(self) -> None:
-        """Write what is queued now, without waiting for more to join the batch (the
-        scheduler has nothing left running)."""
-        if not self._hurried:
-            self._hurried = True
-            self._queue.put(_HURRY)
-
-    def _run(self) -> None:
-        stop = False
-        while not stop:
-            item = self._queue.get()
-            if item is None:
-                break
-            if item is _HURRY:
-                continue
-            batch = [item]
-            # NB: a short linger lets a batch form (one sync for many entries instead of one
-            # each). It delays only the "finished" events: dependents use results in memory.
-            deadline = time.monotonic() + self.linger_s
-            while True:
-                try:
-                    nxt = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                if nxt is _HURRY:
-                    break
-                batch.append(nxt)
-            try:
-                self.store.sync()
-            except OSError as exc:
-                for fut, _, _ in batch:
-                    fut.set_exception(StoreError(f"cannot sync the store: {exc}"))
-                continue
-            done: list[tuple[Future, object, BaseException | None]] = []
-            for fut, fn, args in batch:
-                try:
-                    done.append((fut, fn(*args), None))
-                except BaseException as exc:  # NB: reported per action by the scheduler
-                    done.append((fut, None, exc))
-            try:
-                self.store.sync()  # NB: the entries themselves, before anyone is told "ok"
-            except OSError as exc:
-                done = [
-                    (f, None, e or StoreError(f"cannot sync the store: {exc}")) for f, _, e in done
-                ]
-            for fut, value, exc in done:
-                if exc is None:
-                    fut.set_result(value)
-                else:
-                    fut.set_exception(exc)
-
-    def shutdown(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
-        if self.used:  # NB: a no-op build wrote nothing that needs a sync
-            try:
-                self.store.sync()
-            except OSError:
-                pass
-
-
-def _wait_text(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"waited {seconds}s" if seconds < 60 else f"waited {seconds // 60}m{seconds % 60:02d}s"
-
-
-class _LockWaiter:
-    """Tells people and the event stream who holds the host lock an action waits for: a
-    `host_lock_wait` event whenever the holders change, one short progress line (redrawn in
-    place on a terminal; elsewhere a line when the wait starts, when the holder changes at most
-    every `CHANGE_S`, and every `HEARTBEAT_S`), and `host_lock_acquired` once it is taken."""
-
-    CHANGE_S = 5.0
-    HEARTBEAT_S = 30.0
-
-    def __init__(self, events: EventLog, lock: HostLock, spec: ActionSpec, exclusive, parent):
-        self.events, self.lock, self.spec = events, lock, spec
-        self.exclusive, self.parent = exclusive, parent
-        self.started: float | None = None
-        self._seen: tuple | None = None
-        self._printed: float | None = None
-
-    def __call__(self, holders: list[Holder], waited_s: float) -> None:
-        now = time.monotonic()
-        if self.started is None:
-            self.started = now - waited_s
-        seen = tuple((h.pid, h.label, h.exclusive, h.since) for h in holders)
-        changed = seen != self._seen
-        self._seen = seen
-        mode = "exclusive" if self.exclusive else "shared"
-        if changed:
-            self.events.emit(
-                "host_lock_wait",
-                self.parent,
-                action=self.spec.id,
-                label=self.spec.label,
-                lock=str(self.lock.path),
-                mode=mode,
-                holders=[h.to_json() for h in holders],
-                timeout_s=self.lock.timeout_s,
-            )
-        first = self._printed is None
-        since = None if first else now - self._printed
-        new = first or (changed and since >= self.CHANGE_S) or since >= self.HEARTBEAT_S
-        where = f" ({self.lock.path})" if first else ""
-        if new:
-            self._printed = now
-        self.events.notice(
-            f"{short_label(self.spec.label)} waits for the host lock{where} ({mode}, "
-            f"{_wait_text(waited_s)}): held by {describe_holders(holders)}",
-            new=new,
-        )
-
-    def acquired(self) -> None:
-        if self.started is None:
-            return
-        self.events.emit(
-            "host_lock_acquired",
-            self.parent,
-            action=self.spec.id,
-            label=self.spec.label,
-            waited_s=round(time.monotonic() - self.started, 3),
-        )
-
-
-def diff_descriptions(before: dict, after: dict) -> list[str]:
-    """Name each field that differs between two action descriptions."""
-    reasons: list[str] = []
-    b_in, a_in = before.get("inputs", {}), after.get("inputs", {})
-    for path in sorted(set(b_in) | set(a_in)):
-        if path not in b_in:
-            reasons.append(f"input {path} added")
-        elif path not in a_in:
-            reasons.append(f"input {path} removed")
-        elif b_in[path] != a_in[path]:
-            old, new = b_in[path], a_in[path]
-            if old[:2] != new[:2]:
-                reasons.append(
-                    f"input {path} content changed ({str(old[0])[:12]} -> {str(new[0])[:12]})"
-                )
-            else:
-                reasons.append(f"input {path} executable bit changed")
-    b_env, a_env = before.get("env", {}), after.get("env", {})
-    for k in sorted(set(b_env) | set(a_env)):
-        if b_env.get(k) != a_env.get(k):
-            reasons.append(f"env {k} changed ({b_env.get(k)!r} -> {a_env.get(k)!r})")
-    for name in ("argv", "outputs", "platform", "timeout_s", "salt", "digest_function"):
-        if before.get(name) != after.get(name):
-            if name == "salt":
-                reasons.append("salt changed (every action key was invalidated)")
-            else:
-                reasons.append(f"{name} changed")
-    return reasons

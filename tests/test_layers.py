@@ -52,6 +52,9 @@ ENGINE = [
         "scheduler",
         (
             "rsi.analysis",
+            "rsi.group_commit",
+            "rsi.lock_wait",
+            "rsi.action_history",
             "rsi.scheduler",
             "rsi.query",
             "rsi.incremental",

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from rsi.host import Holder, HostLock, short_label
-from rsi.scheduler import _LockWaiter
+from rsi.lock_wait import LockWaiter
 
 pytestmark = pytest.mark.fast
 
@@ -82,7 +82,7 @@ def test_a_long_wait_prints_a_few_short_lines_not_one_per_poll(tmp_path, monkeyp
     clock = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     events = _Events()
-    waiter = _LockWaiter(events, HostLock(tmp_path / "l"), _Spec(), True, None)
+    waiter = LockWaiter(events, HostLock(tmp_path / "l"), _Spec(), True, None)
     a = Holder(1, " ".join(f"//q{i}:t" for i in range(50)), True, time.time())
     b = Holder(2, "//other:t", True, time.time())
     # NB: 3 minutes of polls once a second; the holder flips every 2 s for one minute
