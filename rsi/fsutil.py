@@ -12,6 +12,14 @@ import time
 from pathlib import Path
 from typing import Callable
 
+try:  # NB: the C module itself: hashlib would load OpenSSL (~2 ms of every start)
+    from _sha2 import sha256  # type: ignore[import-not-found]  # Python 3.12+
+except ImportError:
+    try:
+        from _sha256 import sha256  # type: ignore[import-not-found,no-redef]
+    except ImportError:  # pragma: no cover - NB: a Python built without either
+        from hashlib import sha256  # type: ignore[assignment]
+
 from rsi.errors import StoreError
 
 
@@ -182,3 +190,22 @@ def read_json_object(path: Path) -> dict:
 def stat_signature(st: os.stat_result) -> list[int]:
     """What changes whenever a file is replaced or written: inode, size, mtime, ctime."""
     return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def path_signatures(paths: tuple[Path, ...]) -> list[tuple | None]:
+    """Each path's (inode, size, mtime, ctime), None where it is absent: what changes whenever
+    one of the files is replaced or written."""
+    sigs: list[tuple | None] = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            sigs.append(None)
+            continue
+        sigs.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return sigs
+
+
+def name_hash(text: str) -> str:
+    """The SHA-256 hex of `text` (file-system encoded): a stable file name for a path or an id."""
+    return sha256(os.fsencode(text)).hexdigest()

@@ -11,17 +11,16 @@ import os
 from pathlib import Path
 from typing import Callable
 
-try:  # NB: the C module itself: hashlib would load OpenSSL (~2 ms of every start)
-    from _sha2 import sha256  # type: ignore[import-not-found]  # Python 3.12+
-except ImportError:
-    try:
-        from _sha256 import sha256  # type: ignore[import-not-found,no-redef]
-    except ImportError:  # pragma: no cover - NB: a Python built without either
-        from hashlib import sha256  # type: ignore[assignment]
-
 from rsi.digest import Digest
 from rsi.errors import RsiError
-from rsi.fsutil import atomic_write_bytes, read_json_object, scan_dir, store_write_error
+from rsi.fsutil import (
+    atomic_write_bytes,
+    name_hash,
+    path_signatures,
+    read_json_object,
+    scan_dir,
+    store_write_error,
+)
 
 
 # NB: sharded by a hash of the id (targets/index/<xx>.json, 256 shards), so a build reads and
@@ -45,18 +44,11 @@ class TargetIndex:
 
     @staticmethod
     def shard_of(action_id: str) -> str:
-        return sha256(action_id.encode()).hexdigest()[:2]
+        return name_hash(action_id)[:2]
 
     def signature(self) -> tuple | None:
         """Changes whenever any index shard (or the old one-file index) is replaced."""
-        sig = []
-        for path in (self.folder, self.legacy):
-            try:
-                st = os.stat(path)
-            except OSError:
-                sig.append(None)
-                continue
-            sig.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        sig = path_signatures((self.folder, self.legacy))
         return None if sig == [None, None] else tuple(sig)
 
     def details(self, action_id: str, entry: dict) -> tuple[dict | None, dict | None]:

@@ -13,16 +13,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-try:  # NB: the C module itself: hashlib would load OpenSSL (~2 ms of every start)
-    from _sha2 import sha256  # type: ignore[import-not-found]  # Python 3.12+
-except ImportError:
-    try:
-        from _sha256 import sha256  # type: ignore[import-not-found,no-redef]
-    except ImportError:  # pragma: no cover - NB: a Python built without either
-        from hashlib import sha256  # type: ignore[assignment]
-
 from rsi.fsutil import (
     atomic_write_bytes,
+    name_hash,
+    path_signatures,
     scan_dir,
     stat_signature,
     store_write_error,
@@ -42,7 +36,7 @@ class GcRoots:
         self.tmp = tmp
 
     def path_for(self, workspace: Path) -> Path:
-        name = sha256(os.fsencode(str(workspace))).hexdigest()[:32]
+        name = name_hash(str(workspace))[:32]
         return self.folder / f"{name}.json"
 
     # NB: a registration is `roots/<name>.json` and, beside it, a journal `<name>.journal`:
@@ -58,14 +52,7 @@ class GcRoots:
     def signature(self, workspace: Path) -> tuple | None:
         """Changes whenever the registration file is rewritten or its journal grows."""
         path = self.path_for(workspace)
-        sigs = []
-        for p in (path, self._journal_path(path)):
-            try:
-                st = os.stat(p)
-            except OSError:
-                sigs.append(None)
-                continue
-            sigs.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        sigs = path_signatures((path, self._journal_path(path)))
         return None if sigs[0] is None else tuple(sigs)
 
     def read(self, path: Path) -> dict:

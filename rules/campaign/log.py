@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from rsi.errors import DeclarationError, RsiError
+from rsi.fsutil import read_json_object
 from rsi.label import Label
 
 LOG_SCHEMA = "rsi.campaign.log/1"
@@ -234,11 +235,8 @@ EVIDENCE_INDEX = "evidence-index.json"
 
 
 def read_index(path: Path) -> dict:
-    try:
-        doc = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
+    """The evidence index at `path`; {} when absent or unreadable (it is rebuilt as rounds land)."""
+    return read_json_object(path)
 
 
 def update_index(path: Path, entries: dict) -> None:
