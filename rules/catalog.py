@@ -537,6 +537,7 @@ class Catalog:
                     }
                 )
                 row["status"] = "build failed"
+                row["reason"] = why or None  # NB: the row says why, not only the problems list
                 continue
             row["status"] = doc.get("status")
             if doc.get("status") != "ok":

@@ -41,6 +41,8 @@ TOLERANCES = {
     "float64": {"atol": 1e-8, "rtol": 1e-8},
     "bfloat16": {"atol": 2e-2, "rtol": 2e-2},
     "float16": {"atol": 2e-3, "rtol": 2e-3},
+    "int64": {"atol": 0, "rtol": 0},
+    "int32": {"atol": 0, "rtol": 0},
 }
 INIT_SEED = 0
 # NB: the probe's own cap (it sizes on the meta device and runs once at the fitted sizes)
@@ -164,11 +166,24 @@ def _load():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     for name, value in FIXED.items():
-        setattr(module, name, value)
+        setattr(module, name, tuple(value) if isinstance(value, list) else value)
     return module
 
 
 _P = _load()
+
+
+def _set(unit: str, n: int) -> None:
+    # NB: a unit is the sites one size is written at ("batch_size=input_shape[0]"), set together
+    for site in unit.split("="):
+        name, _, index = site.partition("[")
+        if not index:
+            setattr(_P, name, n)
+            continue
+        value = getattr(_P, name)
+        items = list(value)
+        items[int(index[:-1])] = n
+        setattr(_P, name, type(value)(items))
 
 
 def init_inputs() -> list:
@@ -180,10 +195,11 @@ def make_inputs(case: dict, seed: int) -> dict:
     if kind not in SCALE:
         raise ValueError(f"unknown workload kind {{kind!r}}")
     sizes = dict(zip(VARIED, (int(n) for n in case.get("shape") or []), strict=False))
-    saved = {{g: getattr(_P, g) for g in sizes}}
+    names = {{site.partition("[")[0] for unit in sizes for site in unit.split("=")}}
+    saved = {{g: getattr(_P, g) for g in names}}
     try:
-        for g, n in sizes.items():
-            setattr(_P, g, n)
+        for unit, n in sizes.items():
+            _set(unit, n)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(seed) % (1 << 63))
             values = list(_P.get_inputs())
@@ -226,7 +242,7 @@ def _model():
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         for name, value in FIXED.items():
-            setattr(module, name, value)
+            setattr(module, name, tuple(value) if isinstance(value, list) else value)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(INIT_SEED)
             model = module.Model(*INIT)
@@ -255,7 +271,8 @@ def render(path: Path, name: str, doc: dict) -> dict[str, str]:
     if fixed:
         kernel += (
             "\n\n# rsi import: sizes fitted to the task's memory budget (the model is built "
-            "with them)\n" + "".join(f"{g} = {v}\n" for g, v in fixed.items())
+            "with them)\n"
+            + "".join(f"{g} = {tuple(v) if isinstance(v, list) else v}\n" for g, v in fixed.items())
         )
     names = [i["name"] for i in doc["inputs"]]
     cases, hidden = _cases(doc)

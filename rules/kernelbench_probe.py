@@ -26,6 +26,9 @@ import tokenize
 # calls' inputs prepared; KernelBench's own sizes reach gigabytes, made for a big GPU)
 DEFAULT_BUDGET = 16 << 20
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "bool")
+# NB: an integer output (argmax, indices) is compared exactly: the float64 oracle orders the
+# same input values as the float32 model does
+OUTPUT_DTYPES = ("float32", "float64", "bfloat16", "float16", "int64", "int32")
 
 
 class Refused(Exception):
@@ -52,29 +55,102 @@ def _json_value(value):
     return value
 
 
-def _int_globals(tree: ast.Module, mod) -> list[str]:
-    """Module-level names assigned at the top level whose value is an int (`N = 2048 * 2`
-    counts: the expression is evaluated by the module, not read from the source)."""
-    names = []
+def _size_sites(tree: ast.Module, mod) -> list[str]:
+    """The module-level sizes a problem's shapes may be made of, as sites: `n` for an int
+    global (`N = 2048 * 2` counts: the value is read from the module, not the source; so do
+    `h = w = 128` and `h, w = 64, 32`), `shape[i]` for each int element of a tuple or list
+    global (`input_shape = (4096,)`)."""
+    names: list[str] = []
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and len(targets) == 1:
-            target = targets[0]
-            if isinstance(target, ast.Name) and type(getattr(mod, target.id, None)) is int:
-                if target.id not in names:
-                    names.append(target.id)
-    return names
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        else:
+            continue
+        for target in targets:
+            elts = target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]
+            names += [t.id for t in elts if isinstance(t, ast.Name) and t.id not in names]
+    sites: list[str] = []
+    for name in names:
+        value = getattr(mod, name, None)
+        if type(value) is int:
+            sites.append(name)
+        elif type(value) in (tuple, list) and 0 < len(value) <= 8:
+            sites += [f"{name}[{i}]" for i, v in enumerate(value) if type(v) is int]
+    return sites
+
+
+def _aliases(tree: ast.Module, sites: list[str]) -> dict[str, str]:
+    """{site: the global it was written from}: `input_shape = (num_classes,)` makes
+    `input_shape[0]` an alias of `num_classes`, `k = n` makes `k` one of `n` (a size written
+    twice in the source is one size: halving one copy alone would break the problem)."""
+    known = set(sites)
+    direct: dict[str, str] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            continue
+        target, value = node.targets[0], node.value
+        if not isinstance(target, ast.Name):
+            continue
+        if isinstance(value, ast.Name) and target.id in known:
+            direct[target.id] = value.id
+        elif isinstance(value, (ast.Tuple, ast.List)):
+            for i, elt in enumerate(value.elts):
+                if isinstance(elt, ast.Name) and f"{target.id}[{i}]" in known:
+                    direct[f"{target.id}[{i}]"] = elt.id
+
+    def root(site: str) -> str:
+        seen = {site}
+        while site in direct and direct[site] not in seen:
+            site = direct[site]
+            seen.add(site)
+        return site
+
+    return {site: root(site) for site in sites}
+
+
+def _site(site: str) -> tuple[str, int | None]:
+    name, _, index = site.partition("[")
+    return name, (int(index[:-1]) if index else None)
+
+
+def _get(mod, site: str) -> int:
+    name, index = _site(site)
+    value = getattr(mod, name)
+    return value if index is None else value[index]
+
+
+def _with_sites(mod, sizes: dict) -> dict:
+    """{global name: new value} that sets every site of every unit in `sizes` ("a=b[0]": the
+    sites a unit halves together; a tuple keeps its type)."""
+    out: dict = {}
+    for unit, n in sizes.items():
+        for site in unit.split("="):
+            _set_site(mod, out, site, n)
+    return out
+
+
+def _set_site(mod, out: dict, site: str, n: int) -> None:
+    name, index = _site(site)
+    if index is None:
+        out[name] = n
+        return
+    value = out.get(name, getattr(mod, name))
+    items = list(value)
+    items[index] = n
+    out[name] = type(value)(items)
 
 
 class _Sizes:
-    """Set module globals for a block, then put them back."""
+    """Set module sizes (sites, see `_size_sites`) for a block, then put the globals back."""
 
     def __init__(self, mod, sizes: dict) -> None:
-        self.mod, self.sizes = mod, sizes
+        self.mod, self.values = mod, _with_sites(mod, sizes)
 
     def __enter__(self) -> None:
-        self.saved = {g: getattr(self.mod, g) for g in self.sizes}
-        for g, v in self.sizes.items():
+        self.saved = {g: getattr(self.mod, g) for g in self.values}
+        for g, v in self.values.items():
             setattr(self.mod, g, v)
 
     def __exit__(self, *exc) -> None:
@@ -166,10 +242,10 @@ def probe(path: str, budget: int = DEFAULT_BUDGET) -> dict:
     if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params.values()):
         raise Refused("Model.forward takes *args or **kwargs; its inputs need names")
     names = [n for n in params if n != "self"]
-    ints = _int_globals(tree, mod)
-    defaults = {g: getattr(mod, g) for g in ints}
+    sites = _size_sites(tree, mod)
+    values = {g: _get(mod, g) for g in sites}
     try:
-        init0, meta0, _ = _meta_call(mod, {}, False)
+        init0, meta0, out0 = _meta_call(mod, {}, True)
         _json_value(init0)
     except TypeError:
         raise Refused(
@@ -181,18 +257,38 @@ def probe(path: str, budget: int = DEFAULT_BUDGET) -> dict:
             f"get_inputs() cannot be sized without running it ({type(exc).__name__}: {exc})"
         ) from None
     shapes0 = _shapes(meta0)
-    # NB: a free size changes the inputs' shapes and not the model; a tied one changes both
-    free, tied = [], []
-    for g in ints:
-        if defaults[g] < 2:
-            continue
+    # NB: where Model runs on the meta device at the problem's sizes, a halving must keep it
+    # running: that is how a size written out twice (`batch_size` and `input_shape =
+    # (4096,)` both 4096) shows itself, and the two are halved together
+    forward_on_meta = out0 is not None
+
+    def halved(change: dict) -> tuple[list, list] | None:
         try:
-            init_g, meta_g, _ = _meta_call(mod, {g: defaults[g] // 2}, False)
-        except Exception:  # noqa: BLE001  the size is constrained by another: left alone
+            init_g, meta_g, out_g = _meta_call(mod, change, forward_on_meta)
+        except Exception:  # noqa: BLE001  the size is constrained by another
+            return None
+        return None if forward_on_meta and out_g is None else (init_g, meta_g)
+
+    # NB: a size (a unit: sites halved together, named "a=b") is free when it changes the
+    # inputs' shapes and not the model, tied when it changes both
+    free, tied = [], []
+    defaults: dict[str, int] = {}
+    taken: set[str] = set()
+    roots = _aliases(tree, sites)
+    for g in sites:
+        if values[g] < 2 or g in taken:
             continue
-        if _shapes(meta_g) == shapes0:
+        unit = [h for h in sites if h not in taken and roots[h] == roots[g]]
+        got = halved({h: values[g] // 2 for h in unit})
+        if got is None:
+            unit = [h for h in sites if values[h] == values[g] and h not in taken]
+            got = halved({h: values[g] // 2 for h in unit}) if len(unit) > 1 else None
+        if got is None or _shapes(got[1]) == shapes0:
             continue
-        (free if init_g == init0 else tied).append(g)
+        taken.update(unit)
+        name = "=".join(unit)
+        defaults[name] = values[g]
+        (free if got[0] == init0 else tied).append(name)
 
     def run(sizes: dict) -> tuple[list, list, object]:
         with _Sizes(mod, sizes):
@@ -268,11 +364,15 @@ def probe(path: str, budget: int = DEFAULT_BUDGET) -> dict:
     if not isinstance(out, torch.Tensor):
         raise Refused(f"Model returns a {type(out).__name__}; one tensor is supported")
     out_dtype = str(out.dtype).removeprefix("torch.")
-    if out_dtype not in ("float32", "float64", "bfloat16", "float16"):
-        raise Refused(f"Model returns {out_dtype}; floating outputs only (compared to float64)")
+    if out_dtype not in OUTPUT_DTYPES:
+        raise Refused(
+            f"Model returns {out_dtype}; supported outputs: {', '.join(OUTPUT_DTYPES)} "
+            "(floating ones compared to float64 within tolerance, integer ones exactly)"
+        )
     varied = list(free)
     # NB: tied sizes that had to shrink are fixed for the task (the model is built with them)
-    fixed = {g: sizes[g] for g in tied if sizes[g] != defaults[g]}
+    fixed = _with_sites(mod, {g: sizes[g] for g in tied if sizes[g] != defaults[g]})
+    fixed = {g: list(v) if isinstance(v, tuple) else v for g, v in fixed.items()}
     small = {g: max(1, sizes[g] // 8) for g in varied}
     if varied:
         try:

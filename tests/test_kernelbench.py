@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,6 +73,8 @@ def test_imported_tasks_pass_catalog_check_and_judge_modelnew_candidates(
         "2_Sum_over_a_dimension.py",
         "3_Scaled_residual.py",
         "8_Layer_norm_tied.py",
+        "9_Margin_loss_written_twice.py",
+        "10_Index_of_largest.py",
     )
     assert _import(ws, run_rsi, *problems).returncode == 0
     assert run_rsi(ws, "catalog", "update", "--yes").returncode == 0
@@ -84,6 +88,9 @@ def test_imported_tasks_pass_catalog_check_and_judge_modelnew_candidates(
         "//tasks/kb_scaled_residual:cpu": "ok",
         "//tasks/kb_sum_over_a_dimension:cpu": "ok",
         "//tasks/kb_layer_norm_tied:cpu": "ok",
+        # NB: a size written twice, halved as one; an integer output compared exactly
+        "//tasks/kb_margin_loss_written_twice:cpu": "ok",
+        "//tasks/kb_index_of_largest:cpu": "ok",
     }
 
     pkg = ws / "tasks" / "kb_linear_bias_gelu"
@@ -167,3 +174,49 @@ def test_a_problem_that_runs_out_of_the_probes_memory_is_refused_as_such(
 
 def _import_with(ws: Path, run_rsi, name: str, *flags: str):
     return run_rsi(ws, "import", "kernelbench", "--json", *flags, str(FIXTURES / name), timeout=300)
+
+
+@pytest.mark.e2e
+def test_a_size_written_twice_is_halved_as_one_and_chained_names_are_sizes(
+    tmp_path, make_workspace, run_rsi, torch
+):
+    """`rows` and `feature_shape = (16384,)` must stay equal (halving one alone breaks the
+    broadcast), as must `classes` and `score_shape = (classes,)` (the labels' range);
+    `height = width = 512` are two sizes. The fitting sees both, so neither problem
+    is refused, and the task's workloads set every site of a size."""
+    ws = make_workspace(tmp_path)
+    run = _import(
+        ws,
+        run_rsi,
+        "9_Margin_loss_written_twice.py",
+        "10_Index_of_largest.py",
+        "11_Class_scores_alias.py",
+    )
+    assert run.returncode == 0, str(run)
+    written = {w["task"].split(":")[0]: w for w in json.loads(run.stdout)["written"]}
+    margin = written["//tasks/kb_margin_loss_written_twice"]
+    assert margin["free_sizes"] == ["rows=feature_shape[0]"]
+    [(before, after)] = margin["size_policy"]["scaled"].values()
+    assert before == 16384 and after < before
+    assert margin["size_policy"]["call_bytes"] <= 16 << 20
+    # NB: `score_shape = (classes,)`: an alias in the source, one size
+    alias = written["//tasks/kb_class_scores_alias"]
+    assert alias["free_sizes"] == ["samples", "classes=score_shape[0]"]
+    index = written["//tasks/kb_index_of_largest"]
+    assert index["free_sizes"] == ["batch", "height", "width"]
+    pkg = ws / "tasks" / "kb_index_of_largest"
+    # NB: argmax's output is an integer: compared exactly, never within a float tolerance
+    assert "tolerances = {int64 = {atol = 0, rtol = 0}}" in (pkg / "BUILD.toml").read_text()
+    # NB: the task's own workloads make inputs at a hidden-case size: both sites move together
+    workloads = ws / "tasks" / "kb_margin_loss_written_twice" / "workloads.py"
+    probe = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('w', {str(workloads)!r})\n"
+        "w = importlib.util.module_from_spec(spec); spec.loader.exec_module(w)\n"
+        "x = w.make_inputs({'shape': [40], 'kind': 'normal'}, 7)\n"
+        "print(list(x['scores'].shape), list(x['labels'].shape))\n"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert shown.stdout.split() == ["[40,", "40]", "[40]"], shown.stderr
