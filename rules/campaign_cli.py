@@ -283,6 +283,9 @@ def campaign_status(ctx: click.Context, campaign: str, as_json: bool) -> None:
             what += f" ({r['abandoned']['reason']})"
         elif r["state"] == "failed_retryable" and (r["last_attempt"] or {}).get("message"):
             what += f" ({r['last_attempt']['message'].splitlines()[0][:120]})"
+        elif r["state"] == "host_busy":
+            what += f" ({r['verdict']}, not kept: run `rsi round {doc['campaign']} --round "
+            what += f"{r['round']}` to measure again)"
         click.echo(
             f"  round {r['round']}: {what}{sp}"
             + (f"  — {r['hypothesis']}" if r["hypothesis"] else "")

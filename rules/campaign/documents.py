@@ -384,13 +384,16 @@ def status_document(camp: Campaign, store) -> dict:
             rstate = "done"
         else:
             rstate = attempt_state(last)
+        # NB: a host_busy round's verdict (INCONCLUSIVE) is shown from its last attempt; it is
+        # not in the cache, so it is never counted and `rsi round --round N` measures anew
+        busy = (last or {}).get("verdict_doc") if rstate == "host_busy" else None
         row = {
             "round": i,
             "label": str(camp.round_label(i)),
             "state": rstate,
             "retryable": rstate not in ("done", "abandoned", "error"),
-            "verdict": doc["verdict"] if doc else None,
-            "speedup": doc["speedup"] if doc else None,
+            "verdict": doc["verdict"] if doc else (busy or {}).get("verdict"),
+            "speedup": doc["speedup"] if doc else (busy or {}).get("speedup"),
             "failure_kind": doc["correctness"]["failure_kind"] if doc else None,
             "review": (doc.get("review") or {}).get("verdict") if doc else None,
             "accepted": doc.get("accepted") if doc else None,

@@ -198,6 +198,7 @@ def _pending(camp, i: int, entry: dict, attempt: str) -> dict:
         "building": "being judged now",
         "failed_retryable": "its last build failed; retry it",
         "interrupted": "its last build was interrupted; retry it",
+        "host_busy": "judged while the host was busy (INCONCLUSIVE, not kept); ask again",
     }.get(attempt, "not judged yet")
     return {
         "round": i,

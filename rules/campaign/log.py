@@ -228,6 +228,11 @@ def attempt_state(attempt: dict | None) -> str:
         return "building"
     if outcome in ("failed", "not_built"):
         return "failed_retryable"
+    reasons = (attempt.get("verdict_doc") or {}).get("reasons") or []
+    if outcome == "done" and "host_busy" in reasons:
+        # NB: judged, but the measurement said nothing (the host was busy): never cached, so
+        # asking again measures anew; its verdict is shown, never counted
+        return "host_busy"
     return "not_built"  # NB: built once, but its result is no longer in the cache
 
 
