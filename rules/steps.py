@@ -32,11 +32,25 @@ ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 # own sibling loads), so editing the renderer reruns no measurement and the GPU query in
 # _common.py no assessment
 # NB: what every referee step (check, measure, multi-rank) runs with, and what judges samples
-_REFEREE = ("referee.py", "worker.py", "confine.py", "_common.py", "_core.py", "imports.py")
+_REFEREE = (
+    "referee.py",
+    "referee_protocol.py",
+    "referee_timing.py",
+    "proctree.py",
+    "isolation.py",
+    "siblings.py",
+    "worker.py",
+    "confine.py",
+    "_common.py",
+    "_core.py",
+    "imports.py",
+)
 _STATS = ("stats.py", "sequential.py")
+# NB: a measurement's parts below measure.py (multi-rank judges with measure_judge and _doc)
+_MEASURE = ("measure_run.py", "measure_arm.py", "measure_judge.py", "measure_doc.py")
 SCRIPTS: dict[str, tuple[str, ...]] = {
     "check": ("check.py", *_REFEREE),
-    "measure": ("measure.py", *_REFEREE, *_STATS),
+    "measure": ("measure.py", *_MEASURE, *_REFEREE, *_STATS),
     "assess": ("assess.py", "stats.py", "sequential.py", "_core.py", "render.py"),
     "render": ("render.py",),
     "project": ("project.py",),
@@ -58,7 +72,19 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
     # NB: a candidate's pre-flight (rules/campaign/preflight.py): parse, import, signature
     "preflight": ("preflight.py",),
     # NB: a multi-rank binding's check and measure (one script, two subcommands)
-    "multirank": ("multirank.py", "mr_sandbox.py", "mr_worker.py", "check.py", "measure.py")
+    "multirank": (
+        "multirank.py",
+        "mr_task.py",
+        "mr_check.py",
+        "mr_measure.py",
+        "mr_arm.py",
+        "mr_lockstep.py",
+        "mr_sandbox.py",
+        "mr_worker.py",
+        "check.py",
+        "measure_judge.py",
+        "measure_doc.py",
+    )
     + _REFEREE
     + _STATS,
 }

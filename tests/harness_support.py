@@ -92,13 +92,13 @@ def isolation_unavailable(mode: str) -> str | None:
     under a 0700 home cannot be)."""
     import os
 
-    referee = load_harness_module("referee")
-    if mode == "namespaces" and referee._bwrap() is None:
+    isolation = load_harness_module("isolation")
+    if mode == "namespaces" and isolation.bwrap_path() is None:
         return "no bubblewrap here"
     if mode == "uid":
         if os.geteuid() != 0:
             return "uid mode needs a root referee"
-        uid = referee.WORKER_UID
+        uid = isolation.WORKER_UID
 
         def drop():
             os.setgroups([])

@@ -1,4 +1,4 @@
-"""referee.Freezer on real processes: while one arm's timed calls run, every process of the
+"""proctree.Freezer on real processes: while one arm's timed calls run, every process of the
 other arm's sandbox is stopped (threads, children, and orphans left to a subreaper alike) and
 uses no CPU; afterwards all of them go on. The arms' calls interleave, so without it an idle
 candidate could burn the CPU, cache or memory bandwidth that the baseline's call is using."""
@@ -15,7 +15,7 @@ from harness_support import load_harness_module
 
 pytestmark = pytest.mark.fast
 
-R = load_harness_module("referee")
+R = load_harness_module("proctree")
 
 # A root that becomes a subreaper, runs a burning thread, a burning child and a double-forked
 # burning orphan (reparented to the root), then says how many it started.
@@ -43,11 +43,11 @@ def _tree(root: int) -> list[int]:
 
 
 def _cpu(pids: list[int]) -> int:
-    return sum(R._cpu_clock_ns(p) or 0 for p in pids)
+    return sum(R.cpu_clock_ns(p) or 0 for p in pids)
 
 
 def _states(pids: list[int]) -> set[bytes]:
-    return {s for p in pids for s in R._task_states(p)}
+    return {s for p in pids for s in R.task_states(p)}
 
 
 @pytest.fixture()
@@ -87,7 +87,7 @@ def test_a_frozen_sandbox_uses_no_cpu_and_goes_on_when_thawed(tree):
 def test_a_process_that_cannot_be_stopped_is_reported(tree, monkeypatch):
     """A sandbox whose threads still run after the settle time is the frozen arm's failure
     (measure.py: `interference`), not a silent pass."""
-    monkeypatch.setattr(R, "_task_states", lambda pid: [b"R"])
+    monkeypatch.setattr(R, "task_states", lambda pid: [b"R"])
     monkeypatch.setattr(R.Freezer, "SETTLE_S", 0.02)
     freezer = R.Freezer(tree)
     try:
@@ -99,9 +99,9 @@ def test_a_process_that_cannot_be_stopped_is_reported(tree, monkeypatch):
 
 def test_without_children_files_the_process_table_finds_the_same_tree(tree, monkeypatch):
     """A kernel without /proc/<pid>/task/<tid>/children must not leave children running."""
-    with_files = sorted(R._children_of(tree))
+    with_files = sorted(R.children_of(tree))
     monkeypatch.setattr(R, "_CHILDREN_FILES", False)
-    assert sorted(R._children_of(tree)) == with_files
+    assert sorted(R.children_of(tree)) == with_files
     assert len(with_files) == 2
     freezer = R.Freezer(tree)
     freezer.freeze()

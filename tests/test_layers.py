@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
 
 import networkx as nx
@@ -90,6 +91,27 @@ CAMPAIGN = [
     ("package", ("=rules.campaign",)),
 ]
 ADAPTERS = ("rules.cli_support", "rules.mcp_server", "rules.register")
+# NB: the sandboxed harness (rules/harness/) loads its siblings by path, not by import: its
+# layers are read from those loads (`load_siblings("a", "b")`, `_load_sibling("a")`, ...)
+HARNESS = [
+    (
+        "values",
+        ("siblings", "confine", "_core", "_common", "imports", "stats", "sequential", "proctree"),
+    ),
+    ("protocol", ("referee_protocol",)),
+    ("sandbox", ("isolation", "referee_timing")),
+    ("referee", ("referee", "mr_sandbox")),
+    ("judging", ("check", "measure_judge", "measure_doc", "mr_task", "mr_lockstep")),
+    ("arms", ("measure_arm", "mr_arm", "mr_check")),
+    ("driving", ("measure_run", "mr_measure")),
+    ("commands", ("measure", "multirank")),
+]
+HARNESS_LOADS = (
+    re.compile(r'_load\("[^"]*",\s*"(\w+)"\)'),
+    re.compile(r'_load_sibling\("(\w+)"\)'),
+    re.compile(r'_sibling\("(\w+)"\)'),
+    re.compile(r'/ "(\w+)\.py"'),
+)
 
 
 def _modules() -> dict[str, Path]:
@@ -217,3 +239,33 @@ def test_every_module_says_what_it_owns_and_must_never_do():
         if not doc or not any(w in doc.lower() for w in ("never", "must not", "nothing")):
             missing.append(str(path.relative_to(ROOT)))
     assert not missing, f"{len(missing)} modules open with no 'owns / must never' lines: {missing}"
+
+
+def harness_graph() -> nx.DiGraph:
+    """harness module -> the sibling it loads by path (worker scripts it starts included)."""
+    folder = ROOT / "rules" / "harness"
+    stems = {p.stem for p in folder.glob("*.py")}
+    graph = nx.DiGraph()
+    for path in folder.glob("*.py"):
+        text = path.read_text()
+        found = {m for rx in HARNESS_LOADS for m in rx.findall(text)}
+        for args in re.findall(r"load_siblings\(([^)]*)\)", text):
+            found |= set(re.findall(r'"(\w+)"', args))
+        graph.add_node(path.stem)
+        graph.add_edges_from((path.stem, m) for m in found & stems if m != path.stem)
+    return graph
+
+
+@pytest.mark.fast
+def test_the_harness_loads_its_siblings_downwards_only():
+    graph = harness_graph()
+    circles = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
+    assert not circles, f"harness modules that load each other: {circles}"
+    layer = {m: i for i, (_, mods) in enumerate(HARNESS) for m in mods}
+    upward = [
+        f"{a} ({HARNESS[layer[a]][0]}) loads {b} ({HARNESS[layer[b]][0]})"
+        for a, b in graph.edges
+        if a in layer and b in layer and layer[b] > layer[a]
+    ]
+    assert not upward, "upward loads in rules/harness:\n" + "\n".join(upward)
+    assert graph.has_edge("mr_check", "check") and graph.has_edge("referee", "siblings")

@@ -91,10 +91,10 @@ def test_a_call_is_contended_when_any_rank_waited_over_half_its_wall():
     recorded apart, never deciding."""
     from types import SimpleNamespace
 
-    mr = load_harness_module("multirank")
+    mr_arm, mr_lockstep = load_harness_module("mr_arm"), load_harness_module("mr_lockstep")
     spec = {"call_timeout_s": 1.0, "device": "cpu"}
-    arm = mr.ArmRun("candidate", Path("."), SimpleNamespace(index=0), {}, spec, None, [], 0, 2)
-    res = mr.Lockstep(2)
+    arm = mr_arm.ArmRun("candidate", Path("."), SimpleNamespace(index=0), {}, spec, None, [], 0, 2)
+    res = mr_lockstep.Lockstep(2)
     res.sample_ns = 1000
     for waited in ([0, 0, 600], [100, 100, 100], [501, 0, 0], [0, 500, 0]):
         arm._contention(res, waited)

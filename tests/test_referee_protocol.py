@@ -16,7 +16,7 @@ pytestmark = pytest.mark.fast
 
 R = load_harness_module("referee", "_rsi_test_proto")
 K = load_harness_module("check", "_rsi_test_proto")
-M = load_harness_module("measure", "_rsi_test_proto")
+M = load_harness_module("measure_doc", "_rsi_test_proto")
 confine = R.confine
 
 DONE = {

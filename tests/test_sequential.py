@@ -149,7 +149,7 @@ def test_an_unknown_design_is_refused():
         seq.plan(30, 8, 2, "peek", 0.95)
 
 
-measure = load_harness_module("measure")
+measure = load_harness_module("measure_doc")
 assess = load_harness_module("assess")
 POLICY = {
     "pairs": PAIRS,
@@ -178,7 +178,7 @@ def _measured(pairs: list[dict]) -> list[dict]:
     plan = seq.plan(PAIRS, 8, 2, "peto", 0.95)
     taken = []
     for k in range(1, len(pairs) + 1):
-        look = measure._look(POLICY, plan, pairs[:k], taken[-1]["n"] if taken else 0)
+        look = measure.look(POLICY, plan, pairs[:k], taken[-1]["n"] if taken else 0)
         if look is not None:
             taken.append(look)
             if look["stop"]:
@@ -214,7 +214,7 @@ def test_contention_makes_a_look_invalid_never_a_decision():
 
 def test_the_last_look_never_stops_the_run_early():
     taken = _measured([_pair(1.3, contention=0.9) for _ in range(PAIRS)])
-    doc = measure._sequential_doc(
+    doc = measure.sequential_doc(
         POLICY, seq.plan(PAIRS, 8, 2, "peto", 0.95), taken, [_pair(1.3)] * PAIRS
     )
     assert doc["stop"] == "max_pairs" and doc["stopped_at"] == PAIRS

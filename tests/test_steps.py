@@ -25,9 +25,14 @@ STARTS = re.compile(r'/ "(\w+\.py)"')  # NB: a script started by path (referee -
 LAZY = {"project": {"assess.py"}}
 
 
+# NB: several at once: `A, B = load_siblings("a", "b")` (rules/harness/siblings.py)
+LOAD_MANY = re.compile(r"load_siblings\(([^)]*)\)")
+
+
 def _uses(name: str) -> set[str]:
     text = (HARNESS_DIR / name).read_text()
     found = {f"{m}.py" for rx in LOADS for m in rx.findall(text)}
+    found |= {f"{m}.py" for args in LOAD_MANY.findall(text) for m in re.findall(r'"(\w+)"', args)}
     found |= set(STARTS.findall(text))
     return {f for f in found if (HARNESS_DIR / f).is_file()}
 

@@ -13,27 +13,18 @@ the candidate's failure `referee_error`, with the evidence written.
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import runpy
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 
-def _load(name: str, stem: str):
-    path = Path(__file__).resolve().parent / f"{stem}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-C = _load("_rsi_harness_common", "_common")
-R = _load("_rsi_harness_referee", "referee")
-IMP = _load("_rsi_harness_imports", "imports")
-np = C.np
+# NB: the harness's one sibling loader (siblings.py), itself run by path: no sys.path here
+load_siblings = runpy.run_path(str(Path(__file__).resolve().parent / "siblings.py"))["load"]
+C, R, IMP = load_siblings("_common", "referee", "imports")
 
 SCHEMA = "rsi.check/1"
 # per-case reason code -> top-level failure_kind
@@ -107,13 +98,9 @@ def prepare_case(case: dict, seed: int, workloads, oracle) -> dict:
     }
 
 
-def _record(case: dict, prep: dict) -> dict:
+def unjudged(prep: dict) -> dict:
+    """What judging one call fills in (a case's record here, a rank's in multirank.py)."""
     return {
-        "name": case["name"],
-        "seed": prep["seed"],
-        "input_digest": prep["digest"],
-        "hidden": bool(case.get("hidden")),
-        "shape": case.get("shape"),
         "passed": False,
         "reason": None,
         "detail": None,
@@ -121,6 +108,17 @@ def _record(case: dict, prep: dict) -> dict:
         "max_rel_err": None,
         "mismatched": None,
         "expected_shape": list(prep["ref"].shape),
+    }
+
+
+def _record(case: dict, prep: dict) -> dict:
+    return {
+        "name": case["name"],
+        "seed": prep["seed"],
+        "input_digest": prep["digest"],
+        "hidden": bool(case.get("hidden")),
+        "shape": case.get("shape"),
+        **unjudged(prep),
         "expected_dtype": prep["out_dtype"],
         "output": None,
         "wall_s": None,
@@ -207,11 +205,7 @@ def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path, secret
     workloads = C.load_task_module(task_dir, "workloads")
     oracle = C.load_task_module(task_dir, "oracle")
     impl_digest, impl_files = C.tree_digest(impl_dir)
-    drawn = hidden_cases(spec, secret)
-    cases = list(spec["cases"]) + drawn
-    for case in drawn:
-        if case.get("out_dtype", case.get("dtype")) not in spec["tolerances"]:
-            raise C.HarnessError(f"no tolerance for the output dtype of hidden range {case!r}")
+    cases, drawn = draw_cases(spec, secret)
     preps = [
         prepare_case(case, C.derive_seed(secret, "check", case["name"]), workloads, oracle)
         for case in cases
@@ -249,16 +243,48 @@ def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path, secret
         referee_error(records, exc)
     finally:
         worker.kill()
-    log = R.tail(log_path)
+    add_log_tail(records, R.tail(log_path))
+    doc = check_document(spec, records, drawn, impl_digest, impl_files)
+    return dict(
+        doc,
+        referee={
+            "isolation": isolation,
+            "secret_seed": str(secret),
+            "seed_source": "os.urandom" if spec.get("_seed_given") is None else "--seed (replay)",
+            "confinement": confinement,
+            "unconfined": R.unconfined() or None,
+        },
+        wall_s=round(time.monotonic() - started, 3),
+    )
+
+
+def draw_cases(spec: dict, secret: int) -> tuple[list[dict], list[dict]]:
+    """(every case, the hidden ones): the spec's cases and those drawn from its shape ranges
+    with the secret seed, each of which must have a tolerance for its output dtype."""
+    drawn = hidden_cases(spec, secret)
+    for case in drawn:
+        if case.get("out_dtype", case.get("dtype")) not in spec["tolerances"]:
+            raise C.HarnessError(f"no tolerance for the output dtype of hidden range {case!r}")
+    return list(spec["cases"]) + drawn, drawn
+
+
+def add_log_tail(records: list[dict], log: str | None) -> None:
+    """The worker's log tail goes with the first case that failed (not one left unrun)."""
     for rec in records:
         if rec["reason"] not in (None, "ok", "not_run"):
             rec["log_tail"] = log
             break
-    fprint = C.fingerprint(
-        spec, C.device_facts(spec), C.nvidia_smi() if spec["device"] != "cpu" else None
-    )
+
+
+def check_document(
+    spec: dict, records: list[dict], drawn: list[dict], impl_digest: str, impl_files: list[str]
+) -> dict:
+    """The `rsi.check/1` document of judged `records` (check.py's and multirank.py's alike; the
+    caller adds `referee` and `wall_s`): the first failure decides its kind, and a case left
+    unjudged without any failure is the harness's fault, never a pass."""
     reasons = [
         {"code": c["reason"], "case": c["name"], "detail": c["detail"]}
+        | ({"rank": c.get("rank")} if "ranks" in c else {})
         for c in records
         if not c["passed"] and c["reason"] != "not_run"
     ]
@@ -285,15 +311,9 @@ def run_check(task_dir: Path, impl_dir: Path, spec: dict, work_dir: Path, secret
         "n_hidden": len(drawn),
         "hidden_cases": drawn,
         "device": spec["device"],
-        "fingerprint": fprint,
-        "referee": {
-            "isolation": isolation,
-            "secret_seed": str(secret),
-            "seed_source": "os.urandom" if spec.get("_seed_given") is None else "--seed (replay)",
-            "confinement": confinement,
-            "unconfined": R.unconfined() or None,
-        },
-        "wall_s": round(time.monotonic() - started, 3),
+        "fingerprint": C.fingerprint(
+            spec, C.device_facts(spec), C.nvidia_smi() if spec["device"] != "cpu" else None
+        ),
     }
 
 
