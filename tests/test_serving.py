@@ -32,13 +32,14 @@ def _judge():
     return mod
 
 
-def _record(tokens=24, error=None, cancelled=False, start=0, end=1_000_000_000):
+def _record(tokens=24, error=None, cancelled=False, start=0, end=1_000_000_000, ttft=10.0, itl=2.0):
     rec = {
         "metadata": {"credit_issued_ns": start, "request_end_ns": end, "was_cancelled": cancelled},
         "metrics": {
             "usage_completion_tokens": {"value": tokens, "unit": "tokens"},
-            "time_to_first_token": {"value": 10.0, "unit": "ms"},
-            "inter_token_latency": {"value": 2.0, "unit": "ms"},
+            "time_to_first_token": {"value": ttft, "unit": "ms"},
+            "inter_token_latency": {"value": itl, "unit": "ms"},
+            "request_latency": {"value": (end - start) / 1e6, "unit": "ms"},
         },
     }
     if error:
@@ -57,23 +58,50 @@ def _aggregate(total, count):
 
 
 TRACE = [
-    {"timestamp": 2000, "text_input": "a", "output_length": 24},
-    {"timestamp": 2500, "text_input": "b", "output_length": 24},
+    {"timestamp": 0, "text_input": "a", "output_length": 24},
+    {"timestamp": 5, "text_input": "b", "output_length": 24},
 ]
+OBJECTIVE = {"ttft_ms": 100.0, "mean_itl_ms": 20.0}
 
 
 @pytest.mark.fast
-def test_throughput_counts_the_whole_window_idle_and_drain_included():
+def test_goodput_counts_only_requests_meeting_the_objective_over_the_load_window():
     j = _judge()
-    t0 = 5_000_000_000  # the first credit, 2 s after the schedule's zero
+    t0 = 5_000_000_000  # the first request sent: the window's start, no idle lead-in
     recs = [
         _record(start=t0, end=t0 + 1_000_000_000),
-        _record(start=t0 + 500_000_000, end=t0 + 2_000_000_000),
+        _record(start=t0 + 5_000_000, end=t0 + 2_000_000_000),
     ]
-    s = j.summarise(recs, _aggregate(48, 2), TRACE, 2000.0, 48.0)
-    assert s["window_s"] == pytest.approx(4.0)  # 2 s idle + 2 s to the last answer's end
-    assert s["output_tokens_per_s"] == pytest.approx(12.0)
+    s = j.summarise(recs, _aggregate(48, 2), TRACE, OBJECTIVE, 48.0)
+    assert s["window_s"] == pytest.approx(2.0)
+    assert s["output_tokens_per_s"] == pytest.approx(24.0)
+    assert s["goodput_tokens_per_s"] == pytest.approx(24.0)  # both met it
+    assert s["objective"]["met"] == 2 and j.objective_note(s) is None
     assert s["ttft_ms"]["p50"] == 10.0 and s["itl_ms"]["p99"] == 2.0
+    # one request over the TTFT bound, one over the mean-ITL bound: neither counts, and the
+    # note says which bound each missed; raw throughput is unchanged
+    late = [
+        _record(start=t0, end=t0 + 1_000_000_000, ttft=150.0),
+        _record(start=t0 + 5_000_000, end=t0 + 2_000_000_000, itl=25.0),
+    ]
+    s = j.summarise(late, _aggregate(48, 2), TRACE, OBJECTIVE, 48.0)
+    assert s["output_tokens_per_s"] == pytest.approx(24.0)
+    assert s["goodput_tokens_per_s"] == 0.0 and s["objective"]["met"] == 0
+    assert s["objective"]["missed"] == {"ttft_ms": 1, "mean_itl_ms": 1}
+    note = j.objective_note(s)
+    assert "1 of 2 over ttft_ms 100" in note and "1 of 2 over mean_itl_ms 20" in note
+    # a bound exactly met counts
+    edge = [_record(start=t0, end=t0 + 10**9, ttft=100.0, itl=20.0), _record(start=t0, end=t0 + 1)]
+    s = j.summarise(edge, _aggregate(48, 2), TRACE, OBJECTIVE, 48.0)
+    assert s["objective"]["met"] == 2
+
+
+@pytest.mark.fast
+def test_an_end_to_end_bound_is_judged_from_the_request_latency():
+    j = _judge()
+    recs = [_record(end=3_000_000_000), _record(end=1_000_000_000)]
+    s = j.summarise(recs, _aggregate(48, 2), TRACE, {"e2e_ms": 2000.0}, 48.0)
+    assert s["objective"]["missed"] == {"e2e_ms": 1} and s["objective"]["good_tokens"] == 24
 
 
 @pytest.mark.fast
@@ -86,13 +114,97 @@ def test_throughput_counts_the_whole_window_idle_and_drain_included():
         ([_record(), _record()], _aggregate(40, 2), 48.0, "aggregate says"),
         ([_record(), _record()], _aggregate(48, 2), 50.0, "server generated"),
         ([_record()], _aggregate(24, 1), 24.0, "1 request records for 2"),
+        ([_record(), _record(ttft=None)], _aggregate(48, 2), 48.0, "time_to_first_token"),
+        ([_record(), _record(itl="fast")], _aggregate(48, 2), 48.0, "inter_token_latency"),
+        ([_record(), _record(ttft=-1.0)], _aggregate(48, 2), 48.0, "time_to_first_token"),
     ],
 )
 def test_errored_cancelled_or_unreconciled_runs_are_invalid_not_faster(recs, agg, counter, needle):
     j = _judge()
     with pytest.raises(j.Invalid) as exc:
-        j.summarise(recs, agg, TRACE, 2000.0, counter)
+        j.summarise(recs, agg, TRACE, OBJECTIVE, counter)
     assert exc.value.code == "run_invalid" and needle in exc.value.detail
+
+
+@pytest.mark.fast
+def test_a_request_with_missing_timing_makes_the_run_invalid_never_faster():
+    """Dropping a slow request's timing must not drop it from the judgement: the run is
+    invalid, whatever its goodput would have been."""
+    j = _judge()
+    slow = _record(end=2_000_000_000, ttft=900.0)
+    del slow["metrics"]["time_to_first_token"]
+    with pytest.raises(j.Invalid) as exc:
+        j.summarise([_record(), slow], _aggregate(48, 2), TRACE, OBJECTIVE, 48.0)
+    assert exc.value.code == "run_invalid" and "record 1 has no readable" in exc.value.detail
+    bare = _record()
+    del bare["metadata"]["request_end_ns"]
+    with pytest.raises(j.Invalid) as exc:
+        j.summarise([_record(), bare], _aggregate(48, 2), TRACE, OBJECTIVE, 48.0)
+    assert "request_end_ns" in exc.value.detail
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "objective",
+    [None, {}, {"ttft_ms": 0}, {"ttft_ms": "100"}, {"ttft_ms": True}, {"p99_ms": 100.0}],
+)
+def test_a_missing_or_malformed_objective_cannot_be_judged(objective):
+    j = _judge()
+    with pytest.raises(j.Invalid) as exc:
+        j.summarise([_record(), _record()], _aggregate(48, 2), TRACE, objective, 48.0)
+    assert exc.value.code == "objective_unchecked"
+
+
+@pytest.mark.fast
+def test_goodput_counts_only_checked_answers_and_the_trace_is_the_bound_load_shape():
+    j = _judge()
+    j.require_all_checked({"requests": 48, "tokens": 1152}, 48)
+    with pytest.raises(j.Invalid) as exc:
+        j.require_all_checked({"requests": 47, "tokens": 1128}, 48)
+    assert exc.value.code == "sample_unchecked"
+    b = json.loads((PROJECT / "serve.json").read_text())
+    w = b["workload"]
+    data = (PROJECT / w["trace"]).read_bytes()
+    trace = j.parse_trace(data, b)
+    assert len(trace) == w["load_shape"]["requests"]
+    # every shipped request has a trusted reference: each timed answer is checked
+    assert all(int(n) > 0 for n in w["reference_trusted"])
+    # the same requests with an idle lead-in (or spread out) are not the bound shape
+    rows = [json.loads(x) for x in data.decode().splitlines()]
+    for shift in (lambda i, t: t + 2000, lambda i, t: t * 2):
+        moved = [dict(r, timestamp=shift(i, r["timestamp"])) for i, r in enumerate(rows)]
+        with pytest.raises(j.Invalid) as exc:
+            j.parse_trace("".join(json.dumps(r) + "\n" for r in moved).encode(), b)
+        assert exc.value.code == "trace_mismatch"
+
+
+@pytest.mark.fast
+def test_the_verdict_shows_which_objective_an_arm_missed():
+    """The harness carries an arm's one-line note into the verdict's reasons."""
+    spec = importlib.util.spec_from_file_location(
+        "project_harness_under_test", ROOT / "rules" / "harness" / "project.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    samples = {
+        "pairs": [
+            {
+                "index": 0,
+                "arms": {
+                    "baseline": {"output": {"samples": [50.0]}},
+                    "candidate": {"output": {"note": "objective missed: 40 of 48 over ttft_ms"}},
+                },
+            }
+        ]
+    }
+    assert mod._arm_notes(samples) == [
+        {
+            "code": "arm_note",
+            "detail": "candidate: objective missed: 40 of 48 over ttft_ms",
+            "pair": 0,
+        }
+    ]
+    assert mod._arm_notes({"pairs": [{"index": 0, "arms": {"baseline": {"output": None}}}]}) == []
 
 
 @pytest.mark.fast
@@ -123,7 +235,7 @@ def test_greedy_tokens_must_match_token_for_token_and_the_binding_is_complete():
     assert c["min_logit_margin"] >= c["margin_bound"]
     assert len(b["model"]["weights_sha256"]) == 64
     first = json.loads((PROJECT / b["workload"]["trace"]).read_text().splitlines()[0])
-    assert first["timestamp"] == b["workload"]["idle_ms"]
+    assert first["timestamp"] == 0  # no idle lead-in: the window is the load
 
 
 # ------------------------------------------------------------------------------------ e2e
@@ -158,6 +270,11 @@ def _run_arm(tmp_path: Path, step: str, overlay: Path | None = None, trace: list
         rows = [ref.get(r["text_input"]) for r in trace]
         w["reference_token_ids"] = [[] if i is None else w["reference_token_ids"][i] for i in rows]
         w["reference_trusted"] = [0 if i is None else w["reference_trusted"][i] for i in rows]
+        # NB: and its load shape: the judge refuses a trace that is not the bound shape
+        gap = trace[1]["timestamp"] - trace[0]["timestamp"] if len(trace) > 1 else 0
+        w["load_shape"] = dict(
+            w["load_shape"], requests=len(trace), spacing_ms=gap, output_length=24
+        )
         (tree / "serve.json").write_text(json.dumps(binding, indent=1))
     env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path), "HOME": str(tmp_path)}
     if "RSI_SERVING_ROOT" in os.environ:
@@ -212,11 +329,9 @@ def test_a_candidate_that_changes_outputs_fails_correctness_and_the_server_is_go
 def test_a_run_with_errored_requests_is_invalid(tmp_path):
     _serving_env()
     # NB: a prompt longer than --max-model-len (256) is refused by the server: an errored request
-    long = {"timestamp": 2500, "text_input": "x" * 400, "output_length": 24}
-    trace = [
-        {"timestamp": 2000, "text_input": "the quick brown fox jumps 0", "output_length": 24},
-        long,
-    ]
+    long = {"timestamp": 5, "text_input": "x" * 400, "output_length": 24}
+    shipped = json.loads((PROJECT / "trace.jsonl").read_text().splitlines()[0])
+    trace = [dict(shipped, timestamp=0), long]
     proc, doc = _run_arm(tmp_path, "bench", trace=trace)
     assert proc.returncode == 1 and doc["ok"] is False
     assert doc["reason"]["code"] == "run_invalid" and "errored" in doc["reason"]["detail"]
@@ -255,7 +370,7 @@ def test_a_campaign_round_judges_a_flag_candidate_end_to_end(tmp_path, make_work
     assert arms, samples
     for arm in arms:
         serving = arm["output"]["serving"]
-        assert serving["output_tokens_per_s"] == arm["samples"][0]
+        assert serving["goodput_tokens_per_s"] == arm["samples"][0]
         assert {"p50", "p99"} <= set(serving["ttft_ms"]) and {"p50", "p99"} <= set(
             serving["itl_ms"]
         )

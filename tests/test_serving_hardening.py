@@ -453,7 +453,7 @@ def test_e2e_the_export_forger_reaches_nothing_the_benchmark_reads(tmp_path):
     assert "FORGER ok" not in log, [x for x in log.splitlines() if "FORGER" in x]
     assert "FORGER blocked" in log, log[-2000:]
     assert doc["ok"] is True, doc["reason"]
-    assert doc["isolation"]["bwrap"] and doc["samples"] == [doc["serving"]["output_tokens_per_s"]]
+    assert doc["isolation"]["bwrap"] and doc["samples"] == [doc["serving"]["goodput_tokens_per_s"]]
     assert doc["serving"]["window_answers"]["requests"] > 0
     # the stdout is a log line naming the result file, no samples a parser could take
     assert "samples" not in proc.stdout

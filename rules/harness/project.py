@@ -648,6 +648,21 @@ def _as_task_samples(doc):
     return dict(doc, pairs=pairs)
 
 
+def _arm_notes(samples) -> list[dict]:
+    """The one-line `note` a bench command's output may carry on an arm (the serving judge: which
+    bound of its objective requests missed), as reasons beside the verdict: they explain a
+    figure, never change it."""
+    out = []
+    for p in (samples or {}).get("pairs") or []:
+        for arm, rec in sorted(((p or {}).get("arms") or {}).items()):
+            note = (rec.get("output") or {}).get("note") if isinstance(rec, dict) else None
+            if isinstance(note, str) and note:
+                out.append(
+                    {"code": "arm_note", "detail": f"{arm}: {note[:300]}", "pair": p["index"]}
+                )
+    return out
+
+
 def assess(spec_path: Path, paths: dict[str, Path]) -> dict:
     spec = load_spec(spec_path)
     blobs = {}
@@ -681,6 +696,7 @@ def assess(spec_path: Path, paths: dict[str, Path]) -> dict:
     except a.C.HarnessError as exc:
         raise HarnessError(str(exc)) from exc
     doc["metric"] = spec["measure"]["metric"]
+    doc["reasons"].extend(_arm_notes(docs["samples"]))
     doc["evidence_sha256"] = {n: hashlib.sha256(b).hexdigest() for n, b in blobs.items()}
     return doc
 

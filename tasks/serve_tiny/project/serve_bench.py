@@ -1,7 +1,7 @@
 """The serving task's judge (protocol file): one arm = one fresh OpenAI-compatible vLLM server.
 
     python3 serve_bench.py quality   # prints {"ok": bool, ...}: correctness only
-    python3 serve_bench.py bench     # prints {"samples": [output tokens/s], "ok": ..., ...}
+    python3 serve_bench.py bench     # prints {"samples": [goodput tokens/s], "ok": ..., ...}
 
 Both run in the current folder (the frozen tree with the candidate's files over it) with the
 interpreter rsi runs actions on (standard library only). The engine runs in the serving
@@ -12,11 +12,13 @@ Order of one arm: the candidate's engine flags are checked against the declared 
 is built from the binding's config and seed and its weights' digest must equal the bound one;
 the server starts in its own session (a fresh HOME, port and log); the engine's own version
 must be the bound one; greedy continuations of the fixed prompts must equal the reference's
-token ids exactly. Only then (bench) AIPerf replays the pinned trace (an idle period first: the
-trace's first timestamp) and waits for the drain. The metric is output tokens over the whole
-window (schedule start, idle included, to the last response's end). Per-request records are
-reconciled with AIPerf's aggregates and with the server's own generation-token counter; any
-error, cancellation, short answer or mismatch makes the run invalid (exit 1), never faster.
+token ids exactly. Only then (bench) AIPerf replays the pinned trace, a burst that saturates
+the engine (the binding's `load_shape`), and waits for the drain. The metric is goodput: output
+tokens of the requests that met the binding's per-request `objective` (TTFT and mean ITL
+bounds), over the window from the first request sent to the last answer. Per-request records
+are reconciled with AIPerf's aggregates and with the server's own generation-token counter, and
+every answer is checked against the reference; any error, cancellation, short answer,
+unreadable timing or mismatch makes the run invalid (exit 1), never faster.
 The server's whole process group is killed at the end, whatever happened, and checked gone.
 """
 
@@ -113,15 +115,44 @@ def _metric(rec: dict, name: str):
     return m.get("value") if isinstance(m, dict) else None
 
 
+OBJECTIVES = {
+    # objective key -> (AIPerf's per-request metric, what it bounds)
+    "ttft_ms": ("time_to_first_token", "time to first token"),
+    "mean_itl_ms": ("inter_token_latency", "mean inter-token latency"),
+    "e2e_ms": ("request_latency", "end-to-end latency"),
+}
+
+
+def check_objective(objective) -> dict[str, float]:
+    """The binding's per-request objective ({key: bound in ms}, keys from OBJECTIVES); Invalid
+    when there is none or a bound is not a positive number: goodput could not be judged."""
+    if not isinstance(objective, dict):
+        raise Invalid("objective_unchecked", "the binding's workload has no objective")
+    bounds = {k: v for k, v in objective.items() if k in OBJECTIVES}
+    unknown = sorted(k for k in objective if k not in OBJECTIVES and k != "calibration")
+    if unknown or not bounds:
+        raise Invalid(
+            "objective_unchecked",
+            f"objective keys {unknown or sorted(objective)} not in {sorted(OBJECTIVES)}",
+        )
+    for k, v in bounds.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise Invalid("objective_unchecked", f"objective {k} = {v!r} is not a positive bound")
+    return {k: float(v) for k, v in bounds.items()}
+
+
 def summarise(
     records: list[dict],
     aggregate: dict,
     trace: list[dict],
-    idle_ms: float,
+    objective: dict,
     counter_delta: float | None,
 ) -> dict:
-    """Throughput over the whole window and latency evidence from AIPerf's per-request records,
-    reconciled with its aggregate, the trace and the server's counter; Invalid on any gap."""
+    """Goodput over the load window (first request sent to last answer) and latency evidence
+    from AIPerf's per-request records, reconciled with its aggregate, the trace and the server's
+    counter; Invalid on any gap. A request counts toward goodput only when it meets every bound
+    of the objective; one whose timing cannot be read makes the run invalid, never faster."""
+    bounds = check_objective(objective)
     problems = []
     if len(records) != len(trace):
         problems.append(f"{len(records)} request records for {len(trace)} trace entries")
@@ -151,41 +182,94 @@ def summarise(
         problems.append(f"{len(records)} records, the aggregate counts {agg_count.get('avg')}")
     if counter_delta is not None and int(counter_delta) != total:
         problems.append(f"the server generated {counter_delta} tokens, the records say {total}")
+    timing: list[dict[str, float]] = []
+    for n, r in enumerate(records):
+        md = r.get("metadata") or {}
+        got = {k: _metric(r, name) for k, (name, _) in OBJECTIVES.items()}
+        unreadable = [
+            OBJECTIVES[k][0]
+            for k, v in got.items()
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0
+        ]
+        for key in ("credit_issued_ns", "request_end_ns"):
+            if not isinstance(md.get(key), int) or isinstance(md.get(key), bool):
+                unreadable.append(key)
+        if unreadable:
+            # NB: a request whose timing cannot be read cannot be judged against the objective
+            problems.append(f"record {n} has no readable {', '.join(unreadable)}")
+            continue
+        timing.append(got)
     if problems:
         raise Invalid("run_invalid", "; ".join(problems))
     starts = [r["metadata"]["credit_issued_ns"] for r in records]
     ends = [r["metadata"]["request_end_ns"] for r in records]
-    first_ts = min(float(t["timestamp"]) for t in trace)
-    # NB: the schedule's zero is the first credit minus the first request's own offset, so the
-    # idle period before it is inside the window, and the window ends when the last answer did
-    window_start = min(starts) - int(first_ts * 1e6)
-    window_s = (max(ends) - window_start) / 1e9
-    ttft = [_metric(r, "time_to_first_token") for r in records]
-    itl = [_metric(r, "inter_token_latency") for r in records]
-    ttft = [v for v in ttft if v is not None]
-    itl = [v for v in itl if v is not None]
+    if min(ends) <= min(starts):
+        raise Invalid("run_invalid", "a request ended before the first one was sent")
+    # NB: the window is the load itself: from the first request sent to the last answer's end
+    # (no idle lead-in: the trace starts at 0), so an engine that drains the burst sooner shows
+    window_s = (max(ends) - min(starts)) / 1e9
+    missed = {k: 0 for k in bounds}
+    good_tokens, good_requests = 0, 0
+    for t, got in zip(tokens, timing, strict=True):
+        over = [k for k, bound in bounds.items() if got[k] > bound]
+        for k in over:
+            missed[k] += 1
+        if not over:
+            good_tokens += t
+            good_requests += 1
+    ttft = [g["ttft_ms"] for g in timing]
+    itl = [g["mean_itl_ms"] for g in timing]
+    e2e = [g["e2e_ms"] for g in timing]
     return {
         "output_tokens": total,
         "requests": len(records),
         "window_s": round(window_s, 6),
-        "idle_ms": idle_ms,
         "output_tokens_per_s": total / window_s,
-        "ttft_ms": {
-            "p50": percentile(ttft, 50),
-            "p90": percentile(ttft, 90),
-            "p99": percentile(ttft, 99),
+        "goodput_tokens_per_s": good_tokens / window_s,
+        "objective": {
+            "bounds": bounds,
+            "met": good_requests,
+            "good_tokens": good_tokens,
+            "missed": missed,
         },
-        "itl_ms": {
-            "p50": percentile(itl, 50),
-            "p90": percentile(itl, 90),
-            "p99": percentile(itl, 99),
-        },
+        "ttft_ms": {q: percentile(ttft, v) for q, v in (("p50", 50), ("p90", 90), ("p99", 99))},
+        "itl_ms": {q: percentile(itl, v) for q, v in (("p50", 50), ("p90", 90), ("p99", 99))},
+        "e2e_ms": {q: percentile(e2e, v) for q, v in (("p50", 50), ("p90", 90), ("p99", 99))},
         "server_generation_tokens": counter_delta,
         "aiperf_output_token_throughput": (aggregate.get("output_token_throughput") or {}).get(
             "avg"
         ),
         "aiperf_benchmark_duration_s": (aggregate.get("benchmark_duration") or {}).get("avg"),
     }
+
+
+def require_all_checked(window_answers: dict, n: int) -> None:
+    """Goodput counts a request only when its answer was checked correct: Invalid when any
+    replayed request has no trusted reference (its answer would count unchecked)."""
+    if window_answers.get("requests") != n:
+        raise Invalid(
+            "sample_unchecked",
+            f"{window_answers.get('requests')} of {n} replayed answers checked: goodput counts "
+            f"only checked answers",
+        )
+
+
+def objective_note(summary: dict) -> str | None:
+    """One line saying which bounds of the objective requests missed (None when all met): what
+    a verdict shows when goodput fell."""
+    o = summary["objective"]
+    parts = [
+        f"{n} of {summary['requests']} over {k} {o['bounds'][k]:g}"
+        for k, n in sorted(o["missed"].items())
+        if n
+    ]
+    if not parts:
+        return None
+    return (
+        f"objective missed: {'; '.join(parts)} (p99 ttft {summary['ttft_ms']['p99']:.0f} ms, "
+        f"p99 mean itl {summary['itl_ms']['p99']:.1f} ms); goodput "
+        f"{summary['goodput_tokens_per_s']:.1f} of {summary['output_tokens_per_s']:.1f} tokens/s"
+    )
 
 
 def read_counter(text: str, name: str) -> float | None:
@@ -548,13 +632,24 @@ def load_trace(binding: dict) -> bytes:
 
 
 def parse_trace(data: bytes, binding: dict) -> list[dict]:
+    """The trace's requests; Invalid unless they are the binding's load shape exactly (a burst:
+    `requests` requests `spacing_ms` apart from 0, each of `output_length` tokens)."""
     w = binding["workload"]
     trace = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
-    first = min(float(t["timestamp"]) for t in trace)
-    if first != float(w["idle_ms"]):
+    shape = w.get("load_shape")
+    try:
+        n, gap = int(shape["requests"]), float(shape["spacing_ms"])
+        length = int(shape["output_length"])
+    except (TypeError, KeyError, ValueError):
+        raise Invalid(
+            "trace_mismatch", f"the binding's load_shape {shape!r} is incomplete"
+        ) from None
+    want = [(i * gap, length) for i in range(n)]
+    got = [(float(t["timestamp"]), int(t["output_length"])) for t in trace]
+    if got != want:
         raise Invalid(
             "trace_mismatch",
-            f"the trace starts at {first} ms, the binding's idle is {w['idle_ms']}",
+            f"the trace ({len(got)} requests, first {got[:2]}) is not the bound load shape {shape}",
         )
     return trace
 
@@ -783,10 +878,14 @@ def run_aiperf(
     name = "vllm:generation_tokens_total"
     before, after = read_counter(metrics_before, name), read_counter(metrics_after, name)
     delta = None if before is None or after is None else after - before
-    summary = summarise(records, aggregate, trace, float(w["idle_ms"]), delta)
+    summary = summarise(records, aggregate, trace, w.get("objective"), delta)
     summary.update(aiperf_wall_s=wall, aiperf_version=aggregate.get("aiperf_version"))
     raw = [json.loads(x) for x in raw_path.read_text().splitlines() if x.strip()]
     summary["window_answers"] = check_window_answers(raw, binding, trace)
+    require_all_checked(summary["window_answers"], len(trace))
+    note = objective_note(summary)
+    if note:
+        summary["objective"]["note"] = note
     return summary
 
 
@@ -869,7 +968,14 @@ def arm(step: str) -> dict:
             doc["serving"] = run_aiperf(env_dir, server, model, work, binding, trace_data)
             # NB: a second secret sample after the replay: the model is still right on it
             doc["benchmark_sample_after"] = check_benchmark_sample(server, binding, trace)
-            doc["samples"] = [doc["serving"]["output_tokens_per_s"]]
+            goodput = doc["serving"]["goodput_tokens_per_s"]
+            if doc["serving"]["objective"].get("note"):
+                # NB: the harness shows an arm's note beside the verdict: which bound was missed
+                doc["note"] = doc["serving"]["objective"]["note"]
+            if not goodput > 0:
+                # NB: no request met the objective: nothing to count, and the reason says which
+                raise Invalid("objective_missed", doc["serving"]["objective"].get("note", ""))
+            doc["samples"] = [goodput]
         doc["ok"] = True
     except Invalid as exc:
         doc["reason"] = {"code": exc.code, "detail": exc.detail[:2000]}
