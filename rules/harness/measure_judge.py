@@ -18,7 +18,7 @@ import numpy as np
 
 # NB: the harness's one sibling loader (siblings.py), itself run by path: no sys.path here
 load_siblings = runpy.run_path(str(Path(__file__).resolve().parent / "siblings.py"))["load"]
-(C,) = load_siblings("_common")
+C, P = load_siblings("_common", "referee_protocol")
 
 
 IPC_PROBES = 7  # hand-overs with no call per sandbox: the IPC floor
@@ -200,3 +200,13 @@ def deadline_of(spec: dict, started: float) -> float:
     `timeout` of that arm) rather than the whole action (an infrastructure fault)."""
     action_s = float(spec.get("action_timeout_s") or 0) or math.inf
     return started + max(30.0, 0.85 * action_s - float(spec["startup_timeout_s"]))
+
+
+def input_shift(secret: int, role: str, pair: int, call: int, *rank: int) -> int:
+    """Where call `call`'s packed input starts in the buffer (a multiple of ALIGN below
+    SHIFT_MAX, referee_protocol.pack_inputs): drawn per call from the secret seed, the same
+    for both arms of a pair, so an address-dependent effect averages out instead of biasing
+    one sandbox."""
+    return (
+        C.derive_seed(secret, "shift", role, pair, call, *rank) % (P.SHIFT_MAX // P.ALIGN) * P.ALIGN
+    )

@@ -194,8 +194,7 @@ def _run_pairs(
         )
 
         def shifted(role: str, k: int, inputs: dict, i: int = i) -> tuple[dict, bytes]:
-            shift = C.derive_seed(secret, "shift", role, i, k) % (R.SHIFT_MAX // R.ALIGN)
-            return R.pack_inputs(C, inputs, shift * R.ALIGN)
+            return R.pack_inputs(C, inputs, J.input_shift(secret, role, i, k))
 
         timed = [shifted("timed", j, inp) for j, inp in enumerate(timed_inputs)]
         warm = [shifted("warmup", k, inp) for k, inp in enumerate(warm_inputs)]

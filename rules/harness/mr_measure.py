@@ -151,8 +151,7 @@ def _run_pairs(spec, m, workloads, oracle, impls, boxes, expected, secret, world
         def packs(role: str, k: int, inputs: dict, i: int = i) -> tuple[list, list]:
             headers, datas = [], []
             for r, local in enumerate(TASK.shards(workloads, inputs, world)):
-                shift = C.derive_seed(secret, "shift", role, i, k, r) % (R.SHIFT_MAX // R.ALIGN)
-                header, data = R.pack_inputs(C, local, shift * R.ALIGN)
+                header, data = R.pack_inputs(C, local, J.input_shift(secret, role, i, k, r))
                 headers.append(header)
                 datas.append(data)
             return headers, datas
