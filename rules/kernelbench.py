@@ -48,6 +48,8 @@ INIT_SEED = 0
 # NB: the probe's own cap (it sizes on the meta device and runs once at the fitted sizes)
 PROBE_CAP_BYTES = 3 << 30
 DEFAULT_CALL_BYTES = 16 << 20
+# NB: kept equal to the probe's DEFAULT_PARAM_BUDGET (the probe runs as a script, not imported)
+DEFAULT_PARAM_BYTES = 256 << 20
 
 
 class ImportRefused(RsiError):
@@ -71,12 +73,25 @@ def _cap_memory(limit: int):
     return apply
 
 
-def probe(path: Path, timeout_s: float = 300, max_call_bytes: int = DEFAULT_CALL_BYTES) -> dict:
+def probe(
+    path: Path,
+    timeout_s: float = 300,
+    max_call_bytes: int = DEFAULT_CALL_BYTES,
+    max_param_bytes: int = DEFAULT_PARAM_BYTES,
+) -> dict:
     """Probe `path` in its own interpreter, its memory capped at PROBE_CAP_BYTES: a problem
     that cannot be sized or fitted is refused with the reason, and so is one that runs out."""
     try:
         proc = subprocess.run(
-            [sys.executable, "-I", "-B", str(PROBE), str(path), str(max_call_bytes)],
+            [
+                sys.executable,
+                "-I",
+                "-B",
+                str(PROBE),
+                str(path),
+                str(max_call_bytes),
+                str(max_param_bytes),
+            ],
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -340,7 +355,9 @@ def render(path: Path, name: str, doc: dict) -> dict[str, str]:
         changes = ", ".join(f"`{g}` {a} -> {b}" for g, (a, b) in policy["scaled"].items())
         task_md += (
             f"\nSizes fitted to a memory budget of {policy['max_call_bytes'] / 2**20:g} MiB per "
-            f"call (inputs and output; `rsi import kernelbench --max-call-mb`): {changes}. "
+            f"call (inputs and output; `rsi import kernelbench --max-call-mb`) and "
+            f"{policy.get('max_param_bytes', DEFAULT_PARAM_BYTES) / 2**20:g} MiB of model "
+            f"parameters (`--max-param-mb`): {changes}. "
             "The problem's own sizes are made for a large GPU; these are the defaults here.\n"
         )
     return {
@@ -372,6 +389,7 @@ def import_problems(
     force: bool = False,
     name: str = "",
     max_call_bytes: int = DEFAULT_CALL_BYTES,
+    max_param_bytes: int = DEFAULT_PARAM_BYTES,
 ):
     """Import each file; returns (written, refused) lists. A refused file writes nothing."""
     written, refused = [], []
@@ -385,7 +403,7 @@ def import_problems(
                 raise ImportRefused(
                     f"{path}: {dest.relative_to(root)} exists (--force replaces its files)"
                 )
-            doc = probe(path, max_call_bytes=max_call_bytes)
+            doc = probe(path, max_call_bytes=max_call_bytes, max_param_bytes=max_param_bytes)
             files_out = render(path, task, doc)
         except ImportRefused as exc:
             refused.append({"file": str(path), "reason": exc.message})
@@ -431,6 +449,14 @@ def import_group() -> None:
     help="memory budget of one call (its inputs and output): the problem's sizes are halved, "
     "free sizes first, until a call fits; recorded in the task's workloads.py and TASK.md",
 )
+@click.option(
+    "--max-param-mb",
+    type=click.FloatRange(min=0.001, max=65536),
+    default=DEFAULT_PARAM_BYTES / 2**20,
+    show_default=True,
+    help="memory budget of the model's parameters: the sizes the model is built with are halved "
+    "until they fit (each arm holds them; the float64 oracle twice that); recorded likewise",
+)
 @click.option("--json", "as_json", is_flag=True, help="what was written and refused, as JSON")
 @click.pass_context
 def kernelbench_cmd(
@@ -440,6 +466,7 @@ def kernelbench_cmd(
     force: bool,
     name: str,
     max_call_mb: float,
+    max_param_mb: float,
     as_json: bool,
 ) -> None:
     """Import KernelBench-format problem files (Model, get_inputs, get_init_inputs) as tasks
@@ -465,6 +492,7 @@ def kernelbench_cmd(
         force,
         name,
         max_call_bytes=int(max_call_mb * 2**20),
+        max_param_bytes=int(max_param_mb * 2**20),
     )
     if as_json:
         click.echo(json.dumps({"written": written, "refused": refused}, indent=1))
@@ -475,7 +503,10 @@ def kernelbench_cmd(
             scaled = (w.get("size_policy") or {}).get("scaled") or {}
             if scaled:
                 fitted = ", ".join(f"{g} {a} -> {b}" for g, (a, b) in scaled.items())
-                click.echo(f"  sizes fitted to --max-call-mb: {fitted}")
+                click.echo(
+                    "  sizes fitted to the memory budgets (--max-call-mb, --max-param-mb): "
+                    + fitted
+                )
         for r in refused:
             click.echo(f"refused: {r['reason']}", err=True)
         if written:

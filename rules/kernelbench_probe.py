@@ -25,6 +25,9 @@ import tokenize
 # NB: one call's inputs and output at most this big (the A/A calibration keeps a few dozen
 # calls' inputs prepared; KernelBench's own sizes reach gigabytes, made for a big GPU)
 DEFAULT_BUDGET = 16 << 20
+# NB: the model's parameters at most this big: each arm's worker holds them and the oracle
+# twice that (float64); KernelBench's level 2 builds 4 GiB Linear layers
+DEFAULT_PARAM_BUDGET = 256 << 20
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "bool")
 # NB: an integer output (argmax, indices) is compared exactly: the float64 oracle orders the
 # same input values as the float32 model does
@@ -195,24 +198,56 @@ def _call_bytes(mod, sizes: dict) -> int:
     return _nbytes(inputs) + (_nbytes([out]) if out is not None else _nbytes(inputs))
 
 
-def _fit(mod, sizes: dict, scalable: tuple[list, list], budget: int, measure) -> dict:
-    """Halve the largest size until one call's inputs and output fit `budget`: the free sizes
-    first, and the ones the model is built with (`scalable[1]`) only when those are all 1."""
+def _param_bytes(mod, sizes: dict) -> int:
+    """The model's parameters and buffers at `sizes`, built on the meta device (0 when it cannot
+    be built there: the real run under the probe's cap says the rest)."""
+    import torch
+
+    try:
+        with _Sizes(mod, sizes):
+            init = list(mod.get_init_inputs())
+            with torch.device("meta"):
+                model = mod.Model(*init)
+        return _nbytes([*model.parameters(), *model.buffers()])
+    except Exception:  # noqa: BLE001  the user's code
+        return 0
+
+
+def _fit(
+    mod, sizes: dict, scalable: tuple[list, list], budget: int, measure, param_budget: int
+) -> dict:
+    """Halve the largest size until one call's inputs and output fit `budget`, the free sizes
+    first and the ones the model is built with (`scalable[1]`) only when those are all 1; and
+    until the model's parameters fit `param_budget` (only sizes the model is built with move
+    those)."""
     sizes = dict(sizes)
     free, tied = scalable
-    while measure(sizes) > budget:
-        candidates = [g for g in free if sizes[g] >= 2] or [g for g in tied if sizes[g] >= 2]
-        if not candidates:
-            raise Refused(
-                f"a call needs {measure(sizes) / 2**20:.1f} MiB even with every free size at 1; "
-                f"over the memory budget of {budget / 2**20:.1f} MiB (--max-call-mb)"
-            )
+    while True:
+        call, params = measure(sizes), _param_bytes(mod, sizes)
+        if call > budget:
+            candidates = [g for g in free if sizes[g] >= 2] or [g for g in tied if sizes[g] >= 2]
+            if not candidates:
+                raise Refused(
+                    f"a call needs {call / 2**20:.1f} MiB even with every free size at 1; "
+                    f"over the memory budget of {budget / 2**20:.1f} MiB (--max-call-mb)"
+                )
+        elif params > param_budget:
+            candidates = [g for g in tied if sizes[g] >= 2]
+            if not candidates:
+                raise Refused(
+                    f"its parameters need {params / 2**20:.1f} MiB even with every size the "
+                    f"model is built with at 1; over the budget of {param_budget / 2**20:.1f} "
+                    "MiB (--max-param-mb)"
+                )
+        else:
+            return sizes
         g = max(candidates, key=lambda name: sizes[name])
         sizes[g] //= 2
-    return sizes
 
 
-def probe(path: str, budget: int = DEFAULT_BUDGET) -> dict:
+def probe(
+    path: str, budget: int = DEFAULT_BUDGET, param_budget: int = DEFAULT_PARAM_BUDGET
+) -> dict:
     src = open(path, encoding="utf-8").read()
     try:
         tree = ast.parse(src)
@@ -270,8 +305,9 @@ def probe(path: str, budget: int = DEFAULT_BUDGET) -> dict:
         return None if forward_on_meta and out_g is None else (init_g, meta_g)
 
     # NB: a size (a unit: sites halved together, named "a=b") is free when it changes the
-    # inputs' shapes and not the model, tied when it changes both
-    free, tied = [], []
+    # inputs' shapes and not the model, tied when it changes both, inner when it changes the
+    # model only; tied and inner ones shrink only for a budget the free ones cannot meet
+    free, tied, inner = [], [], []
     defaults: dict[str, int] = {}
     taken: set[str] = set()
     roots = _aliases(tree, sites)
@@ -283,12 +319,17 @@ def probe(path: str, budget: int = DEFAULT_BUDGET) -> dict:
         if got is None:
             unit = [h for h in sites if values[h] == values[g] and h not in taken]
             got = halved({h: values[g] // 2 for h in unit}) if len(unit) > 1 else None
-        if got is None or _shapes(got[1]) == shapes0:
+        if got is None or (_shapes(got[1]) == shapes0 and got[0] == init0):
             continue
         taken.update(unit)
         name = "=".join(unit)
         defaults[name] = values[g]
-        (free if got[0] == init0 else tied).append(name)
+        if got[0] == init0:
+            free.append(name)
+        elif _shapes(got[1]) == shapes0:
+            inner.append(name)  # NB: only the model (a layer's width): moves its parameters
+        else:
+            tied.append(name)
 
     def run(sizes: dict) -> tuple[list, list, object]:
         with _Sizes(mod, sizes):
@@ -303,8 +344,8 @@ def probe(path: str, budget: int = DEFAULT_BUDGET) -> dict:
 
     # NB: sized on the meta device first (a problem made for a GPU allocates gigabytes), then
     # run for real once at the fitted sizes, then fitted again on the real output's size
-    scalable = (free, tied)
-    sizes = _fit(mod, defaults, scalable, budget, lambda s: _call_bytes(mod, s))
+    scalable = (free, tied + inner)
+    sizes = _fit(mod, defaults, scalable, budget, lambda s: _call_bytes(mod, s), param_budget)
     for _ in range(4):
         try:
             init, inputs, out = run(sizes)
@@ -334,7 +375,9 @@ def probe(path: str, budget: int = DEFAULT_BUDGET) -> dict:
             break
         # NB: the meta estimate missed the output (no meta kernel): correct it by what was seen
         ratio = real / max(1, _call_bytes(mod, sizes))
-        sizes = _fit(mod, sizes, scalable, budget, lambda s, r=ratio: _call_bytes(mod, s) * r)
+        sizes = _fit(
+            mod, sizes, scalable, budget, lambda s, r=ratio: _call_bytes(mod, s) * r, param_budget
+        )
     else:
         raise Refused(f"no sizes found that fit the memory budget of {budget / 2**20:.1f} MiB")
     try:
@@ -371,7 +414,7 @@ def probe(path: str, budget: int = DEFAULT_BUDGET) -> dict:
         )
     varied = list(free)
     # NB: tied sizes that had to shrink are fixed for the task (the model is built with them)
-    fixed = _with_sites(mod, {g: sizes[g] for g in tied if sizes[g] != defaults[g]})
+    fixed = _with_sites(mod, {g: sizes[g] for g in tied + inner if sizes[g] != defaults[g]})
     fixed = {g: list(v) if isinstance(v, tuple) else v for g, v in fixed.items()}
     small = {g: max(1, sizes[g] // 8) for g in varied}
     if varied:
@@ -379,7 +422,7 @@ def probe(path: str, budget: int = DEFAULT_BUDGET) -> dict:
             run({**sizes, **small})
         except Exception:  # noqa: BLE001  sizes tied together: keep the fitted ones only
             varied, small = [], {}
-    scaled = {g: [defaults[g], sizes[g]] for g in free + tied if sizes[g] != defaults[g]}
+    scaled = {g: [defaults[g], sizes[g]] for g in free + tied + inner if sizes[g] != defaults[g]}
     return {
         "ok": True,
         "init": init,
@@ -392,6 +435,8 @@ def probe(path: str, budget: int = DEFAULT_BUDGET) -> dict:
         "size_policy": {
             "max_call_bytes": budget,
             "call_bytes": _nbytes(inputs) + _nbytes([out]),
+            "max_param_bytes": param_budget,
+            "param_bytes": _param_bytes(mod, sizes),
             "scaled": scaled,
         },
     }
@@ -399,8 +444,9 @@ def probe(path: str, budget: int = DEFAULT_BUDGET) -> dict:
 
 def main() -> int:
     budget = int(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_BUDGET
+    param_budget = int(sys.argv[3]) if len(sys.argv) > 3 else DEFAULT_PARAM_BUDGET
     try:
-        doc = probe(sys.argv[1], budget)
+        doc = probe(sys.argv[1], budget, param_budget)
     except Refused as exc:
         doc = {"ok": False, "reason": str(exc)}
     except MemoryError as exc:

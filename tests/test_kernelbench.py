@@ -220,3 +220,25 @@ def test_a_size_written_twice_is_halved_as_one_and_chained_names_are_sizes(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
     )
     assert shown.stdout.split() == ["[40,", "40]", "[40]"], shown.stderr
+
+
+@pytest.mark.e2e
+def test_a_model_whose_weights_exceed_the_parameter_budget_is_built_smaller(
+    tmp_path, make_workspace, run_rsi, torch
+):
+    """No call budget sees a 1 GiB weight matrix; the parameter budget does: the sizes the model
+    is built with are halved until its parameters fit, recorded in the task."""
+    ws = make_workspace(tmp_path)
+    run = _import(ws, run_rsi, "12_Wide_linear_sum.py")
+    assert run.returncode == 0, str(run)
+    [w] = json.loads(run.stdout)["written"]
+    policy = w["size_policy"]
+    assert policy["max_param_bytes"] == 256 << 20
+    assert 0 < policy["param_bytes"] <= 256 << 20
+    assert set(policy["scaled"]) == {"features_in", "features_out"}
+    pkg = ws / "tasks" / "kb_wide_linear_sum"
+    assert "MiB of model parameters" in (pkg / "TASK.md").read_text()
+    tight = _import_with(ws, run_rsi, "12_Wide_linear_sum.py", "--max-param-mb", "4", "--force")
+    assert tight.returncode == 0, str(tight)
+    [w] = json.loads(tight.stdout)["written"]
+    assert w["size_policy"]["param_bytes"] <= 4 << 20
