@@ -376,9 +376,9 @@ def become_subreaper() -> None:
         raise Invalid("teardown_unchecked", f"PR_SET_CHILD_SUBREAPER refused: {os.strerror(err)}")
 
 
-def descendants(root: int | None = None) -> list[int]:
-    """Live (non-zombie) processes below `root` (this process by default), whatever their
-    session or group."""
+def descendants(root: int | None = None, zombies: bool = False) -> list[int]:
+    """Live (non-zombie, unless `zombies`) processes below `root` (this process by default),
+    whatever their session or group."""
     root = os.getpid() if root is None else root
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
@@ -389,7 +389,7 @@ def descendants(root: int | None = None) -> list[int]:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except OSError:
             continue
-        if fields[0] != b"Z":
+        if zombies or fields[0] != b"Z":
             children.setdefault(int(fields[1]), []).append(int(entry))
     out, todo = [], list(children.get(root, []))
     while todo:
@@ -408,6 +408,20 @@ def reap() -> None:
             return
         if pid == 0:
             return
+
+
+def settle(limit_s: float = 5.0) -> list[int]:
+    """Reap until nothing at all is left below this judge, zombies included (bounded): a
+    process ended with its parent is re-parented here only after that parent's exit, and a
+    zombie left unreaped when this judge exits passes to the harness, which counts whatever
+    it finds below it as an escaped process. Returns what is still there at the limit."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        reap()
+        left = descendants(zombies=True)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
 
 
 def end_descendants(rounds: int = 50) -> tuple[list[int], list[int]]:
@@ -582,6 +596,7 @@ class Server:
         # NB: the group kill misses a helper that left the group (setsid); as subreaper this
         # judge still has it as a descendant: anything still alive here escaped, and is ended
         escaped, beyond = end_descendants()
+        settle()
         left = sorted(set(self.members()) | set(beyond))
         if not left:
             shutil.rmtree(self.srv, ignore_errors=True)
