@@ -27,14 +27,18 @@ def store(tmp_path) -> LocalStore:
     return LocalStore(tmp_path / "store")
 
 
-@pytest.fixture(params=["persistent", "per-action"])
-def executor(bwrap, request) -> LocalExecutor:
-    """Both bwrap paths: a persistent slot per job (root only) and one bwrap per action."""
+@pytest.fixture(params=["persistent", "per-action", "staged"])
+def executor(bwrap, request, monkeypatch) -> LocalExecutor:
+    """Every bwrap path: a persistent slot per job (root only), one bwrap per action, and one
+    bwrap per action over a prepared input tree (root only; here for every action)."""
+    from rsi.executors import staged
     from rsi.executors.pool import pool_supported
 
-    if request.param == "persistent" and not pool_supported():
+    if request.param in ("persistent", "staged") and not pool_supported():
         pytest.skip("persistent sandboxes need root (they run actions as uid 65534)")
-    ex = LocalExecutor(pool=request.param == "persistent")
+    if request.param == "staged":
+        monkeypatch.setattr(staged, "TREE_MIN_INPUTS", 0)
+    ex = LocalExecutor(pool=request.param != "per-action")
     assert ex.sandbox == "bwrap"
     return ex
 

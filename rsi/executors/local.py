@@ -31,6 +31,7 @@ from rsi.executors.base import (
     materialise_inputs,
     readonly_units,
 )
+from rsi.executors import staged
 from rsi.executors.host_python import (  # NB: host_python_identity: named here for callers
     host_python_identity as host_python_identity,
 )
@@ -169,6 +170,15 @@ def _pool_shape(scratch_bytes: int) -> tuple[str, ...]:
     )
 
 
+@lru_cache(maxsize=1)
+def _setpriv() -> str | None:
+    """util-linux setpriv under /usr (bound into every sandbox), or None."""
+    for path in ("/usr/bin/setpriv", "/usr/sbin/setpriv"):
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
 def _tmpfs_bytes(action: Action) -> int:
     """What the inputs take on a tmpfs, in whole pages."""
     return sum(
@@ -218,20 +228,25 @@ class LocalExecutor:
             # NB: a container toolchain runs in its own rootfs; bwrap is the cheap way there
             return executor_for("container", limits=self.limits).run(action, store, cancel)
         limits = self.limits.for_action(dict(action.platform))
-        if self._pooled(action):
+        tree = staged.open_tree(store, action) if self._staged(action) else None
+        if tree is None and self._pooled(action):
             return self._run_pooled(action, store, cancel, limits)
         scratch = store.scratch_dir()
-        exec_dir = scratch / "exec"
-        exec_dir.mkdir()
+        exec_dir = scratch / "exec" if tree is None else tree.exec_dir
         started = time.time()
         guard = None
         try:
-            materialise_inputs(action, store, exec_dir, link=self.sandbox == "bwrap")
+            if tree is None:
+                exec_dir.mkdir()
+                materialise_inputs(action, store, exec_dir, link=self.sandbox == "bwrap")
             argv, extra_binds = self._argv(action)
             for name in ("tmp", "shm"):  # NB: its /tmp and /dev/shm, counted as scratch
                 (scratch / name).mkdir()
                 os.chmod(scratch / name, 0o1777)
-            cmd, cwd = self._wrap(action, argv, extra_binds, exec_dir)
+            if tree is None:
+                cmd, cwd = self._wrap(action, argv, extra_binds, exec_dir)
+            else:
+                cmd, cwd = self._wrap_tree(action, argv, extra_binds, scratch, exec_dir)
             stdout_path, stderr_path = scratch / "stdout", scratch / "stderr"
             env = dict(action.env)
             token = None
@@ -271,6 +286,9 @@ class LocalExecutor:
             if status is not None:
                 status.require_started(stderr_path, timed_out)
             written, full = guard.scratch(scratch, action)
+            if tree is not None:  # NB: its outputs, and whatever else it left in the tree
+                in_tree, full_tree = tree.written(limits.scratch_bytes)
+                written, full = written + in_tree, full + full_tree
             exceeded, cut_short = limits.verdict(
                 oom=oom, written=written, full=full, failed=proc.returncode != 0
             )
@@ -288,6 +306,7 @@ class LocalExecutor:
                 host={
                     **host_facts(),
                     "sandbox": self.sandbox,
+                    **({"sandbox_inputs": "prepared tree"} if tree is not None else {}),
                     "limits": limits.facts("files on disk", guard.memory, exceeded),
                 },
                 started=started,
@@ -296,7 +315,57 @@ class LocalExecutor:
         finally:
             if guard is not None:
                 guard.close()
+            if tree is not None:
+                tree.close()
             TRASH.put(scratch)
+
+    def _staged(self, action: Action) -> bool:
+        """A prepared tree of the store's (rsi.executors.staged) when the action has many
+        inputs and its own bwrap sandbox can run it as the sandbox uid, which owns no blob."""
+        if self.sandbox != "bwrap" or not self.pool or not pool_supported():
+            return False
+        if dict(action.platform).get("accelerator") or not staged.usable(action):
+            return False
+        return _setpriv() is not None
+
+    def _wrap_tree(
+        self,
+        action: Action,
+        argv: list[str],
+        extra_binds: list[str],
+        scratch: Path,
+        exec_dir: Path,
+    ) -> tuple[list[str], str]:
+        """bwrap over a prepared tree: bound whole at the exec root (no bind per input), the
+        command run as the sandbox uid, which cannot change a root-owned read-only input in
+        folders it may not rename in (rsi.executors.staged)."""
+        setpriv = _setpriv()
+        assert setpriv is not None
+        uid = str(staged.SANDBOX_UID)
+        return [
+            "bwrap",
+            *self._sandbox_args(action, extra_binds, scratch=scratch),
+            # NB: only to drop to the sandbox uid: setpriv's setuid clears every capability
+            "--cap-add",
+            "CAP_SETUID",
+            "--cap-add",
+            "CAP_SETGID",
+            "--dir",
+            "/rsi",
+            "--bind",
+            str(exec_dir),
+            EXEC_ROOT,
+            "--chdir",
+            EXEC_ROOT,
+            "--",
+            setpriv,
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--",
+            *argv,
+        ], "/"
 
     def _pooled(self, action: Action) -> bool:
         """A persistent slot when bwrap is the sandbox, this process may hand out uids, and
