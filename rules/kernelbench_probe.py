@@ -28,6 +28,9 @@ DEFAULT_BUDGET = 16 << 20
 # NB: the model's parameters at most this big: each arm's worker holds them and the oracle
 # twice that (float64); KernelBench's level 2 builds 4 GiB Linear layers
 DEFAULT_PARAM_BUDGET = 256 << 20
+# NB: how many times a real run that ran out of the probe's cap is tried again at a quarter of
+# its call's bytes (what a forward allocates inside is seen only by running it)
+MEMORY_REFITS = 4
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "bool")
 # NB: an integer output (argmax, indices) is compared exactly: the float64 oracle orders the
 # same input values as the float32 model does
@@ -346,15 +349,28 @@ def probe(
     # run for real once at the fitted sizes, then fitted again on the real output's size
     scalable = (free, tied + inner)
     sizes = _fit(mod, defaults, scalable, budget, lambda s: _call_bytes(mod, s), param_budget)
-    for _ in range(4):
+    refits = 0
+    for _ in range(4 + MEMORY_REFITS):
         try:
             init, inputs, out = run(sizes)
-        except MemoryError as exc:
-            raise Refused(f"running Model ran out of memory at the fitted sizes: {exc}") from None
         except Exception as exc:  # noqa: BLE001
-            if "can't allocate memory" in str(exc):
+            memory = isinstance(exc, MemoryError) or "can't allocate memory" in str(exc)
+            if memory and refits < MEMORY_REFITS:
+                # NB: what it allocates inside (an attention matrix of seq_len^2) no budget on
+                # inputs, output or parameters sees: a quarter of the call's bytes, and again
+                refits += 1
+                quarter = max(1, _call_bytes(mod, sizes) // 4)
+                try:
+                    sizes = _fit(
+                        mod, sizes, scalable, quarter, lambda s: _call_bytes(mod, s), param_budget
+                    )
+                    continue
+                except Refused:
+                    pass
+            if memory:
                 raise Refused(
-                    f"running Model ran out of memory at the fitted sizes: {exc}"
+                    f"running Model ran out of memory at the fitted sizes (after {refits} "
+                    f"smaller tries): {str(exc)[:300]}"
                 ) from None
             fitted = ", ".join(
                 f"{g} {defaults[g]} -> {v}" for g, v in sizes.items() if v != defaults[g]
@@ -438,6 +454,7 @@ def probe(
             "max_param_bytes": param_budget,
             "param_bytes": _param_bytes(mod, sizes),
             "scaled": scaled,
+            "memory_refits": refits,
         },
     }
 

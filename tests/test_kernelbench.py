@@ -242,3 +242,18 @@ def test_a_model_whose_weights_exceed_the_parameter_budget_is_built_smaller(
     assert tight.returncode == 0, str(tight)
     [w] = json.loads(tight.stdout)["written"]
     assert w["size_policy"]["param_bytes"] <= 4 << 20
+
+
+@pytest.mark.e2e
+def test_a_problem_that_allocates_too_much_inside_is_run_again_smaller(
+    tmp_path, make_workspace, run_rsi, torch
+):
+    """The call fits its budget, but the forward's own seq_len^2 matrix does not fit the probe's
+    cap: the run out of memory is tried again at a quarter of the call, recorded, not refused."""
+    ws = make_workspace(tmp_path)
+    run = _import(ws, run_rsi, "13_Token_similarity.py")
+    assert run.returncode == 0, str(run)
+    [w] = json.loads(run.stdout)["written"]
+    policy = w["size_policy"]
+    assert policy["memory_refits"] >= 1
+    assert policy["scaled"]["seq_len"][1] <= 16384
