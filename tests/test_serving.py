@@ -395,8 +395,6 @@ def test_a_campaign_rewards_a_batching_gain_and_catches_a_latency_trade(
         )
         assert arm["output"]["engine"]["version"] == "0.32.0"
         assert arm["output"]["server_log_tail"]
-    base = min(a["samples"][0] for a in arms["baseline"])
-    assert all(a["samples"][0] > base for a in arms["candidate"]), arms
 
     doc = round_("hold_for_batch")
     assert doc["verdict"] == "FAIL", doc
