@@ -14,11 +14,13 @@ problem's free sizes (`varied`): hidden cases draw them from ranges below their 
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.util
 import inspect
 import io
 import json
 import re
+import signal
 import sys
 import tokenize
 
@@ -176,6 +178,33 @@ def _shapes(values) -> list:
     return [list(v.shape) if isinstance(v, torch.Tensor) else None for v in values]
 
 
+# NB: a forward on the meta device is usually free, but some ops decompose into Python loops
+# there (an LSTM: 47 s, three times its real run): one that takes over META_FORWARD_MAX_S is cut
+# short, and the probe stops running forwards on meta (it sizes by the inputs, corrected by the
+# real run)
+META_FORWARD_MAX_S = 2.0
+_META_FORWARD = {"on": True}
+
+
+class _TooSlow(BaseException):
+    """Raised by the alarm of `_deadline` (a BaseException: the user's `except Exception`
+    must not swallow it)."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float):
+    def expire(signum, frame):
+        raise _TooSlow()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _meta_call(mod, sizes: dict, with_output: bool) -> tuple[list, list, object]:
     """(init, inputs, output or None) at `sizes`, with every tensor on the meta device: shapes
     and dtypes without allocating a byte, so a problem sized for a big GPU can be sized here."""
@@ -187,10 +216,12 @@ def _meta_call(mod, sizes: dict, with_output: bool) -> tuple[list, list, object]
             torch.manual_seed(0)
             inputs = list(mod.get_inputs())
         out = None
-        if with_output:
+        if with_output and _META_FORWARD["on"]:
             try:
-                with torch.device("meta"), torch.no_grad():
+                with torch.device("meta"), torch.no_grad(), _deadline(META_FORWARD_MAX_S):
                     out = mod.Model(*init)(*inputs)
+            except _TooSlow:
+                _META_FORWARD["on"], out = False, None
             except Exception:  # noqa: BLE001  an op without a meta kernel: sized for real later
                 out = None
     return init, inputs, out if isinstance(out, torch.Tensor) else None
@@ -280,6 +311,8 @@ def probe(
     if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params.values()):
         raise Refused("Model.forward takes *args or **kwargs; its inputs need names")
     names = [n for n in params if n != "self"]
+    # NB: forward(x, h0=None, c0=None) called with one input: the defaults are the problem's
+    required = [n for n in names if params[n].default is inspect.Parameter.empty]
     sites = _size_sites(tree, mod)
     values = {g: _get(mod, g) for g in sites}
     try:
@@ -403,8 +436,9 @@ def probe(
             "get_init_inputs() returns values that are not plain numbers or lists "
             "(tensors as init inputs are not supported)"
         ) from None
-    if len(inputs) != len(names):
+    if not len(required) <= len(inputs) <= len(names):
         raise Refused(f"get_inputs() gives {len(inputs)} values, Model.forward takes {names}")
+    names = names[: len(inputs)]
     described = []
     for name, value in zip(names, inputs, strict=True):
         if isinstance(value, torch.Tensor):

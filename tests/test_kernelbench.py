@@ -257,3 +257,18 @@ def test_a_problem_that_allocates_too_much_inside_is_run_again_smaller(
     policy = w["size_policy"]
     assert policy["memory_refits"] >= 1
     assert policy["scaled"]["seq_len"][1] <= 16384
+
+
+@pytest.mark.e2e
+def test_a_forward_with_optional_arguments_takes_the_inputs_the_problem_gives(
+    tmp_path, make_workspace, run_rsi, torch
+):
+    """forward(x, h0=None) with get_inputs() giving x alone: the task's inputs are x, and the
+    default stands, as KernelBench calls it."""
+    ws = make_workspace(tmp_path)
+    run = _import(ws, run_rsi, "14_Recurrent_optional_state.py")
+    assert run.returncode == 0, str(run)
+    [w] = json.loads(run.stdout)["written"]
+    assert [i["name"] for i in w["inputs"]] == ["x"]
+    build = (ws / "tasks" / "kb_recurrent_optional_state" / "BUILD.toml").read_text()
+    assert 'signature = "ModelNew(*get_init_inputs())(x) -> Tensor"' in build
