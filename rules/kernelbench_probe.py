@@ -463,15 +463,27 @@ def probe(
             "(floating ones compared to float64 within tolerance, integer ones exactly)"
         )
     varied = list(free)
-    # NB: tied sizes that had to shrink are fixed for the task (the model is built with them)
-    fixed = _with_sites(mod, {g: sizes[g] for g in tied + inner if sizes[g] != defaults[g]})
-    fixed = {g: list(v) if isinstance(v, tuple) else v for g, v in fixed.items()}
-    small = {g: max(1, sizes[g] // 8) for g in varied}
-    if varied:
+    # NB: the smallest sizes hidden cases draw: an eighth of the fitted ones, or a quarter or a
+    # half where the problem cannot run that small (a pooling window of 11 over 8 pixels)
+    small: dict = {}
+    for divisor in (8, 4, 2):
+        trial = {g: max(1, sizes[g] // divisor) for g in varied}
         try:
-            run({**sizes, **small})
-        except Exception:  # noqa: BLE001  sizes tied together: keep the fitted ones only
-            varied, small = [], {}
+            run({**sizes, **trial})
+        except Exception:  # noqa: BLE001  the user's code, at sizes it was not written for
+            continue
+        small = trial
+        break
+    if not small:
+        varied = []  # NB: no smaller size runs: every case is at the fitted sizes
+    # NB: what had to shrink and is not a case's `shape` is fixed for the task: sizes the model
+    # is built with, and free sizes that no longer vary. Never left at the problem's own sizes:
+    # those are what the fitting found too big
+    fixed = _with_sites(
+        mod,
+        {g: sizes[g] for g in free + tied + inner if g not in varied and sizes[g] != defaults[g]},
+    )
+    fixed = {g: list(v) if isinstance(v, tuple) else v for g, v in fixed.items()}
     scaled = {g: [defaults[g], sizes[g]] for g in free + tied + inner if sizes[g] != defaults[g]}
     return {
         "ok": True,

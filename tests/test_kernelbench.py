@@ -272,3 +272,38 @@ def test_a_forward_with_optional_arguments_takes_the_inputs_the_problem_gives(
     assert [i["name"] for i in w["inputs"]] == ["x"]
     build = (ws / "tasks" / "kb_recurrent_optional_state" / "BUILD.toml").read_text()
     assert 'signature = "ModelNew(*get_init_inputs())(x) -> Tensor"' in build
+
+
+@pytest.mark.e2e
+def test_fitted_sizes_stay_fitted_when_an_eighth_of_them_cannot_run(
+    tmp_path, make_workspace, run_rsi, torch
+):
+    """An eighth of the fitted image (8 px) is smaller than the 11 px window. The hidden cases'
+    smallest sizes are then a quarter or a half, and the task's cases never fall back to the
+    problem's own 16 GiB input (which the first importer did: the baseline check was killed at
+    its memory limit)."""
+    ws = make_workspace(tmp_path)
+    run = _import(ws, run_rsi, "15_Wide_window_pooling.py")
+    assert run.returncode == 0, str(run)
+    [w] = json.loads(run.stdout)["written"]
+    assert "side" in w["free_sizes"]
+    workloads = ws / "tasks" / "kb_wide_window_pooling" / "workloads.py"
+    build_toml = workloads.parent / "BUILD.toml"
+    probe = (
+        "import importlib.util, json\n"
+        f"spec = importlib.util.spec_from_file_location('w', {str(workloads)!r})\n"
+        "w = importlib.util.module_from_spec(spec); spec.loader.exec_module(w)\n"
+        "import tomllib, pathlib\n"
+        f"build = tomllib.loads(pathlib.Path({str(build_toml)!r}).read_text())\n"
+        "task = build['task']\n"
+        "sizes = [w.make_inputs(c, 1)['images'].numel() * 4 for c in task['cases']]\n"
+        "lows = [[lo for lo, hi in r['shape']] for r in task['hidden_cases']['ranges']]\n"
+        "print(json.dumps({'bytes': sizes, 'lows': lows, 'varied': w.VARIED}))\n"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    doc = json.loads(shown.stdout)
+    assert max(doc["bytes"]) <= 16 << 20, doc
+    side = doc["varied"].index("side")
+    assert all(low[side] >= 11 for low in doc["lows"]), doc
