@@ -31,7 +31,7 @@ def quiet_gc() -> Iterator[None]:
     an analysis of 100,000 actions): each collection would walk all of them again. They are
     frozen (out of the collector's walks) before it is turned back on: left young, the first
     collection after would walk them all (~170 ms at 100,000 actions). A build unfreezes
-    what it froze when it ends (`rsi.build._unfrozen_after`)."""
+    what it froze when it ends (`_unfrozen_after` in rsi/build.py)."""
     was = gc.isenabled()
     gc.disable()
     try:

@@ -3,7 +3,10 @@ an output older than the sources it read.
 
 This is the engine's entry point for the CLI and for tests; it holds the store lock for the
 whole build and writes one event log per build under `<store>/events/`, which always ends with
-`build_finished`, even when SIGINT or SIGTERM stops the build.
+`build_finished`, even when SIGINT or SIGTERM stops the build. Its parts: `build_analysis.py`
+(the loader and the request's graph), `build_executor.py` (the executor, routed and warmed),
+`build_output.py` (copies under `out/`), `build_housekeeping.py` (event logs, stale scratch),
+`interrupt.py` (signals during a build).
 """
 
 from __future__ import annotations
@@ -11,23 +14,36 @@ from __future__ import annotations
 import gc
 import math
 import os
-import shutil
-import signal
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from rsi import recheck, wslock
 from rsi.errors import RsiError, UsageError
 from rsi.events import EventLog
-from rsi.fsutil import pid_alive
-from rsi.label import Label, Pattern
 from rsi.record import Value
-from rsi.runtime import make_local_executor, open_store
+from rsi.build_analysis import (
+    analyse,
+    analysis_cache_graph,
+    current_package,
+    load_graph,
+    named_labels,
+)
+from rsi.build_executor import (
+    AfterWarmUp,
+    Routed,
+    clean_stale_sandboxes,
+    executor_capabilities,
+    make_executor,
+    remote_cache,
+    warm_in_background,
+)
+from rsi.build_housekeeping import clean_stale_scratch, prune_event_logs
+from rsi.build_output import export_files, export_output, materialise_target
+from rsi.interrupt import interruptible
+from rsi.runtime import open_store
 from rsi.store import LocalStore
 from rsi.workspace import Workspace
 
@@ -35,8 +51,6 @@ if TYPE_CHECKING:
     # NB: imported where used: a build the incremental state serves never loads the
     # analysis, the scheduler, the executors or networkx
     from rsi.analysis import BuildGraph
-    from rsi.host import Capabilities
-    from rsi.loader import Loader
     from rsi.scheduler import Outcome
 
 
@@ -91,46 +105,6 @@ class BuildReport(Value):
             "events": self.events_path,
             "wall_s": round(self.wall_s, 4),
         }
-
-
-class BuildInterrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM stopped the build; the CLI exits with 128 + the signal number."""
-
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-        self.signal = signal.Signals(signum).name
-        self.exit_code = 128 + signum
-        super().__init__(self.signal)
-
-
-@contextmanager
-def interruptible() -> Iterator[None]:
-    """While a build runs (in the main thread), SIGINT and SIGTERM raise `BuildInterrupted`:
-    the scheduler cancels what runs (killing each action's process tree), keeps what finished
-    and the build reports why it ended. Only the first signal raises; the rest are ignored
-    while that cleanup (bounded by the executors' cancel) runs. A signal the caller ignores
-    (SIG_IGN) stays ignored."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    fired: list[int] = []
-
-    def on_signal(signum: int, frame: object) -> None:
-        if fired:
-            return
-        fired.append(signum)
-        raise BuildInterrupted(signum)
-
-    previous: dict[int, Any] = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        if signal.getsignal(sig) is signal.SIG_IGN:
-            continue
-        previous[sig] = signal.signal(sig, on_signal)
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 # NB: a build whose sources changed while it ran builds again (what did not change is served
@@ -202,20 +176,6 @@ def _outputs_held(
         yield
 
 
-def executor_capabilities(executor: Any) -> Callable[[], Capabilities] | None:
-    """What the executor can provide: its own `capabilities` when it declares them; none to
-    check for a remote engine (its workers may have what this host lacks); otherwise what
-    this host has, since a local executor runs actions here."""
-    declared = getattr(executor, "capabilities", None)
-    if declared is not None:
-        return declared if callable(declared) else (lambda: declared)
-    if getattr(executor, "name", "") == "remote":
-        return None
-    from rsi.host import host_capabilities
-
-    return host_capabilities
-
-
 def _settled_hit() -> Outcome:
     """Stands for every action the incremental state vouched for in a target's summary."""
     from rsi.scheduler import Outcome
@@ -251,317 +211,6 @@ def _register_roots(
         store.gc_roots.register(ws.root, refs)
     except RsiError as exc:
         events.emit("warning", parent, message=f"workspace not registered as a gc root: {exc}")
-
-
-def make_executor(name: str, ws: Workspace):
-    if name == "remote":
-        from rsi.remote import make_remote_executor  # type: ignore[import-not-found]
-
-        return make_remote_executor(ws)
-    return make_local_executor(name, ws)
-
-
-class _Routed:
-    """The build's executor, except for actions whose platform names another one (a binding's
-    `executor = "slurm"`): those go to that executor, made when first needed."""
-
-    def __init__(self, executor: Any, ws: Workspace) -> None:
-        self._executor, self._ws = executor, ws
-        self._others: dict[str, Any] = {}
-        self._lock = threading.Lock()
-
-    def _for(self, action: Any) -> Any:
-        name = dict(action.platform).get("executor")
-        if not name or name == self._ws.executor:
-            return self._executor
-        with self._lock:
-            other = self._others.get(name)
-            if other is None:
-                other = self._others[name] = make_executor(name, self._ws)
-        return other
-
-    def run(self, action: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._for(action).run(action, *args, **kwargs)
-
-    def capabilities(self) -> dict:
-        """What the build's executor provides, and a configured Slurm cluster's nodes (an
-        action routed there asks them, not this host)."""
-        own = executor_capabilities(self._executor)
-        caps = {k: frozenset(v) for k, v in (own() if own else {}).items()}
-        if self._ws.slurm and self._ws.executor != "slurm":
-            from rsi.executors.slurm import SlurmExecutor
-
-            for k, v in SlurmExecutor(dict(self._ws.slurm)).capabilities().items():
-                caps[k] = caps.get(k, frozenset()) | v
-        return caps
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._executor, name)
-
-
-class _AfterWarmUp:
-    """The executor, whose first action waits for the sandbox slot being started for it (then
-    takes it) instead of starting a second one beside it."""
-
-    def __init__(self, executor: Any, warming: threading.Thread) -> None:
-        self._executor = executor
-        self._warming: threading.Thread | None = warming
-
-    def run(self, *args: Any, **kwargs: Any) -> Any:
-        warming = self._warming
-        if warming is not None:
-            warming.join(timeout=60)  # NB: bounded: a slot that never starts is not waited on
-            self._warming = None
-        return self._executor.run(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._executor, name)
-
-
-def _warm_sandbox(executor: Any) -> Any:
-    """In the background: sweep what killed builds left of the sandboxes, then start one
-    persistent sandbox slot of the local executor, where it uses them (bwrap, a root host),
-    for the first action to take instead of starting its own (tens of ms). Where the
-    executor uses none, only the sweep runs (here); on any error, nothing more. The slot is
-    the one every action of the default platform runs in; an unused one is closed at exit."""
-    if not _uses_slots(executor):
-        _clean_stale_sandboxes()
-        return executor
-    warming = threading.Thread(
-        target=_warm_slot, args=(executor,), name="rsi-warm-sandbox", daemon=True
-    )
-    warming.start()
-    return _AfterWarmUp(executor, warming)
-
-
-def _uses_slots(executor: Any) -> bool:
-    return (
-        getattr(executor, "name", "") == "local"
-        and getattr(executor, "sandbox", "") == "bwrap"
-        and bool(getattr(executor, "pool", False))
-    )
-
-
-def _warm_slot(executor: Any) -> None:
-    try:
-        from rsi.executors.local import _pool_shape
-        from rsi.executors.pool import POOL, pool_supported
-
-        if pool_supported():
-            shape = _pool_shape(executor.limits.for_action({}).scratch_bytes)
-            slot = POOL.acquire(shape)
-            POOL.release(shape, slot, True)
-    except Exception:  # noqa: BLE001 - NB: a speed-up only; the executor starts its own
-        pass
-    # NB: after the slot, which the first action waits for; the sweep never takes a slot of
-    # a live rsi (this one's included)
-    try:
-        _clean_stale_sandboxes()
-    except Exception:  # noqa: BLE001 - NB: best effort, as the build's own sweep is
-        pass
-
-
-def _warm_in_background(ws: Workspace) -> threading.Thread:
-    """`_warm_sandbox`, the executor made on the background thread too: what the build does
-    meanwhile (the state's checks, loading the graph) does not wait for its imports. The
-    build makes its own executor later; the slot is the pool's, so it takes it all the same."""
-
-    def work() -> None:
-        try:
-            executor = make_executor(ws.executor, ws)
-        except Exception:  # noqa: BLE001 - NB: the build makes it again, and says what failed
-            executor = None
-        try:
-            if executor is not None and _uses_slots(executor):
-                _warm_slot(executor)
-            else:
-                try:
-                    _clean_stale_sandboxes()
-                except Exception:  # noqa: BLE001 - NB: the build's own sweep is gone
-                    pass
-        finally:
-            sys.setswitchinterval(interval)
-
-    # NB: the slot's start is mostly waiting (bwrap, its runner's interpreter), but each step
-    # of it in Python waits for the interpreter lock, which the build's own thread (importing,
-    # checking) gives up only every switch interval (5 ms): shorter while the slot starts
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(min(interval, WARM_SWITCH_INTERVAL_S))
-    warming = threading.Thread(target=work, name="rsi-warm-sandbox", daemon=True)
-    warming.start()
-    return warming
-
-
-WARM_SWITCH_INTERVAL_S = 0.0005
-
-
-# NB: a build's event log stays for `rsi why` and for people; the newest are kept, bounded
-KEEP_EVENT_LOGS = 200
-KEEP_EVENT_BYTES = 256 << 20
-
-
-def _prune_event_logs(store: LocalStore, current: str) -> None:
-    from rsi.fsutil import prune
-
-    prune(
-        store.events_dir,
-        keep=KEEP_EVENT_LOGS,
-        keep_bytes=KEEP_EVENT_BYTES,
-        match=lambda name: name.endswith(".jsonl"),
-        spare=current,
-    )
-
-
-def _remote_cache(ws: Workspace):
-    if not ws.remote:
-        return None
-    from rsi.remote import make_remote_cache  # type: ignore[import-not-found]
-
-    return make_remote_cache(ws)
-
-
-def make_loader(ws: Workspace) -> Loader:
-    from rsi.loader import Loader
-    from rsi.registry import load_rules
-
-    return Loader(
-        ws.root,
-        load_rules(ws.rules),
-        {"store": str(ws.store_dir.resolve()), "workspace": str(ws.root)},
-    )
-
-
-def load_graph(
-    ws: Workspace, patterns: list[str], store: LocalStore, *, use_cache: bool = True
-) -> tuple[list[Label], BuildGraph]:
-    labels, graph, _ = _analyse(ws, patterns, store, _current_package(ws), use_cache=use_cache)
-    return labels, graph
-
-
-def analyse_request(
-    ws: Workspace, patterns: list[str], store: LocalStore, current: str
-) -> tuple[list[Label], BuildGraph, dict]:
-    """(labels, graph, what the analysis depended on: its key, which covers the engine and
-    rule code, and the tracker of its reads) for `patterns` from package `current`; the
-    analysis cache serves it when nothing it read changed."""
-    return _analyse(ws, patterns, store, current)
-
-
-def _analyse(
-    ws: Workspace, patterns: list[str], store: LocalStore, current: str, *, use_cache: bool = True
-) -> tuple[list[Label], BuildGraph, dict]:
-    """(labels, graph, what the incremental state keeps of the analysis: its key, the code it
-    depended on and the tracker of its reads)."""
-    from rsi import analysis_cache
-    from rsi.analysis import analyze
-
-    loader = make_loader(ws)
-    rule_modules = {rule.impl.__module__ for rule in loader.rules.values()}
-    roots = analysis_cache.code_roots(rule_modules)
-    code = analysis_cache.code_digest(store.meta_memo, roots)
-    key = analysis_cache.cache_key(
-        store.meta_memo,
-        {
-            "patterns": patterns,
-            "current": current,
-            "root": str(ws.root),
-            "salt": ws.salt,
-            "rules": list(ws.rules),
-            "store": str(store.root),
-            "function": store.function,
-        },
-        code=code,
-    )
-    meta: dict = {
-        "analysis_key": key,
-        "code_roots": roots,
-        "code_packages": analysis_cache.code_packages(rule_modules),
-        "code": code,
-    }
-    if use_cache:
-        cached = analysis_cache.load_checked(store, key, loader.packages_under)
-        if cached is not None:
-            meta["tracker"] = cached[2]
-            return cached[0], cached[1], meta
-    tracker = analysis_cache.Tracker(store.meta_memo)
-    tracker.file(ws.root / "rsi.toml")
-    loader.tracker = tracker
-    loader.settings["track_file"] = tracker.file
-    from rsi.incremental import quiet_gc
-
-    with quiet_gc():
-        labels = loader.expand(patterns, current)
-        graph = analyze(
-            loader,
-            labels,
-            store_put=store.put_bytes,
-            settings={"salt": ws.salt, "store": str(store.root)},
-            tracker=tracker,
-            function=store.function,
-        )
-    analysis_cache.save(store, key, labels, graph, tracker)
-    meta["tracker"] = tracker
-    return labels, graph, meta
-
-
-def _current_package(ws: Workspace) -> str:
-    try:
-        rel = Path.cwd().resolve().relative_to(ws.root)
-    except ValueError:
-        return ""
-    return "" if str(rel) == "." else rel.as_posix()
-
-
-def _named_labels(ws: Workspace, patterns: list[str]) -> set[Label]:
-    """The targets named one by one (not through `...` or `:all`): a target a pattern only
-    matched is skipped when the executor cannot run it; a named one fails."""
-    current = _current_package(ws)
-    named: set[Label] = set()
-    for text in patterns:
-        pattern = Pattern.parse(text, current)
-        if pattern.name is not None:
-            named.add(Label(pattern.package, pattern.name))
-    return named
-
-
-def _clean_stale_scratch(store: LocalStore) -> None:
-    """Remove scratch folders left by a killed build: those whose pid (in the name) is gone.
-
-    A live pid's folder is never touched, however old: a long action may still be using it.
-    Folders without a pid in the name are removed once older than a day. (What killed builds
-    left of the sandboxes, `_clean_stale_sandboxes`, waits for a build that runs something.)
-    """
-    now = time.time()
-    for entry in store.tmp.iterdir() if store.tmp.exists() else ():
-        try:
-            pid = int(entry.name.split("-")[1])
-        except (IndexError, ValueError):
-            pid = None
-        if pid is not None:
-            if pid_alive(pid):
-                continue
-        else:
-            try:
-                if now - entry.stat().st_mtime < 86400:
-                    continue
-            except OSError:
-                continue
-        if entry.is_dir():
-            # NB: imported only when there is something to remove: a no-op build never needs
-            # the executors
-            from rsi.fsutil import remove_tree
-
-            remove_tree(entry)
-        else:
-            entry.unlink(missing_ok=True)
-
-
-def _clean_stale_sandboxes() -> None:
-    """The memory cgroups and slot folders of killed builds: only a build that may run an
-    action pays for importing the sandbox pool to look."""
-    from rsi.executors.pool import remove_stale_slots
-
-    remove_stale_slots()
 
 
 @contextmanager
@@ -602,9 +251,9 @@ def build(
     build_id = time.strftime("%Y%m%dT%H%M%S") + "-" + os.urandom(4).hex()
     events_path = store.events_dir / f"{build_id}.jsonl"
     events = EventLog(events_path, also=events_to, progress=progress, list_hits=list_hits)
-    _prune_event_logs(store, events_path.name)
+    prune_event_logs(store, events_path.name)
     with interruptible(), store.lock(exclusive=False), _unfrozen_after():
-        _clean_stale_scratch(store)
+        clean_stale_scratch(store)
         root_event = events.emit(
             "build_started",
             build_id=build_id,
@@ -697,7 +346,7 @@ def _build(
 ) -> BuildReport:
     from rsi import analysis_cache, incremental
 
-    current = _current_package(ws)
+    current = current_package(ws)
     request = incremental.request_key(ws, patterns, current, store)
     warmed: list[threading.Thread] = []
 
@@ -705,7 +354,7 @@ def _build(
         # NB: a source changed, so something will likely run: the executor's sandbox starts
         # (after the sweep of killed builds' sandboxes) while the plan, the graph and the
         # scheduler get to it
-        warmed.append(_warm_in_background(ws))
+        warmed.append(warm_in_background(ws))
 
     # NB: a no-op build holds the workspace's outputs from its check to its export, so no
     # other build's export comes between; one that runs something lets go meanwhile
@@ -717,7 +366,7 @@ def _build(
             )
     found = None
     if not warmed:
-        _clean_stale_sandboxes()
+        clean_stale_sandboxes()
     if plan is not None:
         # NB: the state checked this analysis' reads already; only the graph is needed
         found = analysis_cache.load_unchecked(store, plan.state["analysis_key"])
@@ -726,7 +375,7 @@ def _build(
         analysis = {k: plan.state[k] for k in incremental.ANALYSIS_FIELDS}
     else:
         plan = None
-        labels, graph, analysis = _analyse(ws, patterns, store, current)
+        labels, graph, analysis = analyse(ws, patterns, store, current)
     # NB: the state's actions are those this analysis' labels need (it recorded them from the
     # same analysis): no walk of the whole graph
     wanted = set(plan.state["order"]) if plan is not None else graph.actions_for(labels)
@@ -741,7 +390,7 @@ def _build(
         known = incremental.StateOutcomes(plan, clean)
     else:
         plan = None
-    named = _named_labels(ws, patterns)
+    named = named_labels(ws, patterns)
     required = (
         wanted
         if plan is not None and all(lb in named for lb in labels)
@@ -771,14 +420,14 @@ def _build(
 
     executor = make_executor(ws.executor, ws)
     if warmed:
-        executor = _AfterWarmUp(executor, warmed[0])
+        executor = AfterWarmUp(executor, warmed[0])
     if ws.executor != "remote":  # NB: a remote engine's workers are chosen by their properties
-        executor = _Routed(executor, ws)
-    remote_cache = _remote_cache(ws)
-    if remote_cache is not None or ws.executor == "remote":
+        executor = Routed(executor, ws)
+    remote = remote_cache(ws)
+    if remote is not None or ws.executor == "remote":
         from rsi.remote import bind_events  # type: ignore[import-not-found]
 
-        for adapter in (remote_cache, executor if ws.executor == "remote" else None):
+        for adapter in (remote, executor if ws.executor == "remote" else None):
             if adapter is not None:
                 bind_events(adapter, events, root_event)
     scheduler = Scheduler(
@@ -788,7 +437,7 @@ def _build(
         jobs=ws.jobs,
         keep_going=ws.keep_going,
         salt=ws.salt,
-        remote=remote_cache,
+        remote=remote,
         remote_fallback=ws.remote_fallback,
         host_lock=HostLock(timeout_s=lock_timeout, owner=" ".join(patterns)),
         capabilities=executor_capabilities(executor),
@@ -886,9 +535,9 @@ def _build(
                 ok, unexported = False, failed_moved
             if ok and materialise:
                 if recorded is not None:
-                    outputs = _export_files(ws, store, recorded["files"], outcomes)
+                    outputs = export_files(ws, store, recorded["files"], outcomes)
                 else:
-                    outputs = _materialise(ws, store, graph, label, outcomes)
+                    outputs = materialise_target(ws, store, graph, label, outcomes)
             cache = "hit" if all(o.status in ("hit", "remote_hit") for o in mine) else "miss"
             failed = [
                 {"action": o.id, "status": o.status, "message": o.message}
@@ -998,7 +647,7 @@ def _build_unchanged(
             for path, producer in t["files"]:
                 out = plan.output(producer, path)
                 if out is not None:
-                    outputs.append(_export(ws, store, path, out[0], out[1]))
+                    outputs.append(export_output(ws, store, path, out[0], out[1]))
         show = t["show"]
         shown = next((o for o in outputs if show and o.endswith("/" + show)), None)
         report.targets[t["label"]] = {
@@ -1046,56 +695,3 @@ def _build_unchanged(
     }
     report.wall_s = time.perf_counter() - t0
     return report
-
-
-def analysis_cache_graph(store: LocalStore, key: str) -> BuildGraph | None:
-    from rsi import analysis_cache
-
-    found = analysis_cache.load_unchecked(store, key)
-    return None if found is None else found[1]
-
-
-def _export(ws: Workspace, store: LocalStore, path: str, digest: Any, executable: bool) -> str:
-    """Copy one output under `out/` for people; skipped when already identical."""
-    dest = ws.out_dir / path
-    try:
-        if dest.is_file() and store.meta_memo.digest(dest) == digest:
-            return str(dest)
-    except OSError:
-        pass
-    store.export_file(digest, dest, executable, atomic=True)
-    return str(dest)
-
-
-def _materialise(
-    ws: Workspace,
-    store: LocalStore,
-    graph: BuildGraph,
-    label: Label,
-    outcomes: Mapping[str, Outcome],
-) -> list[str]:
-    """Copy a target's files under `out/` for people; skipped when already identical."""
-    files = [
-        (art.path, graph.producer(art.producer))
-        for art in graph.providers[label].files
-        if art.producer is not None
-    ]
-    return _export_files(ws, store, files, outcomes)
-
-
-def _export_files(
-    ws: Workspace, store: LocalStore, files: list, outcomes: Mapping[str, Outcome]
-) -> list[str]:
-    """Copy (path, the action producing it) files under `out/` from this build's outcomes (a
-    target's files from its provider, or as the build state recorded them)."""
-    written: list[str] = []
-    for path, producer in files:
-        result = outcomes[producer].result
-        out = result.output_map.get(path) if result else None
-        if out is not None:
-            written.append(_export(ws, store, path, out.digest, out.executable))
-    return written
-
-
-def remove_out(ws: Workspace) -> None:
-    shutil.rmtree(ws.out_dir, ignore_errors=True)

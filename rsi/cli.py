@@ -41,11 +41,9 @@ def _workspace(ctx: click.Context, **overrides: Any):
 
 def _current_package(ws) -> str:
     """The package of the current folder; relative labels resolve against it (as in build)."""
-    try:
-        rel = Path.cwd().resolve().relative_to(ws.root)
-    except ValueError:
-        return ""
-    return "" if str(rel) == "." else rel.as_posix()
+    from rsi.build_analysis import current_package
+
+    return current_package(ws)
 
 
 def _error_doc(ctx: click.Context, code: str, message: str, exit_code: int, **where: Any) -> dict:
@@ -291,7 +289,7 @@ def query(ctx: click.Context, expr: str, as_json: bool) -> None:
       rsi query 'deps(//tasks/softmax:verdict)'
       rsi query 'kind(check, rdeps(//tasks/softmax:task))'
     """
-    from rsi.build import make_loader
+    from rsi.build_analysis import make_loader
     from rsi.query import evaluate
 
     ws = _workspace(ctx)
@@ -308,7 +306,8 @@ def query(ctx: click.Context, expr: str, as_json: bool) -> None:
 @click.pass_context
 def graph(ctx: click.Context, targets: tuple[str, ...], fmt: str, actions: bool) -> None:
     """Print the target (or action) graph of TARGETS as Graphviz dot or JSON."""
-    from rsi.build import load_graph, open_store
+    from rsi.build_analysis import load_graph
+    from rsi.runtime import open_store
 
     ws = _workspace(ctx)
     labels, bg = load_graph(ws, list(targets), open_store(ws))
@@ -316,7 +315,7 @@ def graph(ctx: click.Context, targets: tuple[str, ...], fmt: str, actions: bool)
         g = bg.nx_action_graph().subgraph(bg.actions_for(labels))
     else:
         from rsi.analysis import find_targets
-        from rsi.build import make_loader
+        from rsi.build_analysis import make_loader
 
         g = find_targets(make_loader(ws), labels)[1].to_nx()
     nodes = sorted(str(n) for n in g.nodes)
@@ -338,7 +337,7 @@ def graph(ctx: click.Context, targets: tuple[str, ...], fmt: str, actions: bool)
 def why(ctx: click.Context, target: str, as_json: bool) -> None:
     """Explain TARGET's last build: which actions ran and the exact field that changed for
     each, or that it was fully cached."""
-    from rsi.build import open_store
+    from rsi.runtime import open_store
     from rsi.label import Label
     from rsi.why import explain
 
@@ -465,7 +464,7 @@ def toolchain() -> None:
 @click.pass_context
 def toolchain_ls(ctx: click.Context, as_json: bool) -> None:
     """List toolchains declared in the workspace and whether each is built in the store."""
-    from rsi.build import make_loader
+    from rsi.build_analysis import make_loader
     from rsi.toolchain import load_recipe
     from rsi.toolchain.build import toolchains_root
 
@@ -514,7 +513,7 @@ def cache() -> None:
 @click.pass_context
 def cache_ls_cmd(ctx: click.Context, as_json: bool) -> None:
     """List cached action results."""
-    from rsi.build import open_store
+    from rsi.runtime import open_store
     from rsi.cacheops import cache_ls
 
     rows = cache_ls(open_store(_workspace(ctx)))
@@ -531,7 +530,7 @@ def cache_ls_cmd(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def cache_show_cmd(ctx: click.Context, what: str, as_json: bool) -> None:
     """Show one cached action: by key prefix, label or action id."""
-    from rsi.build import open_store
+    from rsi.runtime import open_store
     from rsi.cacheops import cache_show
 
     doc = cache_show(open_store(_workspace(ctx)), what)
@@ -544,7 +543,7 @@ def cache_show_cmd(ctx: click.Context, what: str, as_json: bool) -> None:
 def cache_verify_cmd(ctx: click.Context, as_json: bool) -> None:
     """Re-hash every blob, check every action result; corrupt entries are removed (and will
     be rebuilt). Exit 1 when anything was corrupt."""
-    from rsi.build import open_store
+    from rsi.runtime import open_store
     from rsi.cacheops import cache_verify
 
     store = open_store(_workspace(ctx))
@@ -570,7 +569,8 @@ def cache_gc_cmd(ctx: click.Context, roots: tuple[str, ...], dry_run: bool, as_j
     """Remove everything not reachable from the workspace's targets (or the ROOTS patterns)
     or from any other registered workspace sharing the store (one whose folder is gone is
     dropped)."""
-    from rsi.build import make_loader, open_store
+    from rsi.build_analysis import make_loader
+    from rsi.runtime import open_store
     from rsi.cacheops import cache_gc
 
     ws = _workspace(ctx)
@@ -609,7 +609,7 @@ def cache_gc_cmd(ctx: click.Context, roots: tuple[str, ...], dry_run: bool, as_j
 @click.pass_context
 def cache_stats_cmd(ctx: click.Context, as_json: bool) -> None:
     """Counts and sizes of the store."""
-    from rsi.build import open_store
+    from rsi.runtime import open_store
     from rsi.cacheops import cache_stats
 
     doc = cache_stats(open_store(_workspace(ctx)))

@@ -63,18 +63,21 @@ def request_key(ws: Any, patterns: list[str], current: str, store: Any) -> str |
     if ws.remote or ws.executor == "remote" or os.environ.get("RSI_INCREMENTAL") == "0":
         return None
     return digest_value(
-        {
-            "schema": SCHEMA,
-            "version": __version__,
-            "patterns": list(patterns),
-            "current": current,
-            "root": str(ws.root),
-            "salt": ws.salt,
-            "rules": list(ws.rules),
-            "store": str(store.root),
-            "function": store.function,
-        }
+        {"schema": SCHEMA, "version": __version__, **request_fields(ws, patterns, current, store)}
     ).hash
+
+
+def request_fields(ws: Any, patterns: list[str], current: str, store: Any) -> dict:
+    """What names a build request, for the state's name and the analysis cache's key alike."""
+    return {
+        "patterns": list(patterns),
+        "current": current,
+        "root": str(ws.root),
+        "salt": ws.salt,
+        "rules": list(ws.rules),
+        "store": str(store.root),
+        "function": store.function,
+    }
 
 
 def _actions(state: dict) -> dict[str, list]:

@@ -10,7 +10,7 @@ import os
 import stat
 from typing import Any
 
-from rsi.build import analyse_request
+from rsi.build_analysis import analyse_request
 from rsi.digest import digest_value
 from rsi.runtime import open_store
 from rsi.workspace import Workspace

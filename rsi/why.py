@@ -13,7 +13,7 @@ def _needed_actions(store: LocalStore, label: str, ws) -> set[str] | None:
     """The actions `label` needs (itself and its dependencies), or None when unknown."""
     if ws is None:
         return None
-    from rsi.build import load_graph
+    from rsi.build_analysis import load_graph
     from rsi.errors import RsiError
 
     try:

@@ -75,7 +75,7 @@ class TaskEntry:
 
 
 def _loader(ws):
-    from rsi.build import make_loader
+    from rsi.build_analysis import make_loader
 
     return make_loader(ws)
 
@@ -479,7 +479,8 @@ class Catalog:
         return _check_doc(problems, analysed, baselines, unexpected)
 
     def _analyse(self, t: TaskEntry) -> None:
-        from rsi.build import load_graph, open_store
+        from rsi.build_analysis import load_graph
+        from rsi.runtime import open_store
 
         load_graph(self.ws, [f"//{t.package}:all"], open_store(self.ws))
 

@@ -295,7 +295,7 @@ class CampaignTools:
         return doc["task_md"]
 
     def evidence(self, hash: str, size: str) -> bytes:
-        from rsi.build import open_store
+        from rsi.runtime import open_store
         from rsi.digest import Digest
 
         try:

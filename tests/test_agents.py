@@ -161,7 +161,7 @@ def test_knowledge_is_retrieved_within_its_budget_and_what_was_cut_is_recorded(
     assert "file:tasks/sm/notes/team.md" in sources
     assert "never claims the agent used it" in doc["note"]
     # NB: the record is a blob of the store, named by a log entry
-    from rsi.build import open_store
+    from rsi.runtime import open_store
 
     camp = svc.open(C)
     stored = json.loads(open_store(camp.ws).read_bytes(Digest.parse(doc["record"])))

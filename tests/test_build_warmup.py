@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from rsi import build as build_mod
+from rsi import build_executor as build_mod
 
 pytestmark = pytest.mark.fast
 
@@ -37,7 +37,7 @@ def test_the_first_action_waits_for_the_warm_up_and_the_rest_is_the_executor():
 
     warming = threading.Thread(target=warm, daemon=True)
     warming.start()
-    wrapped = build_mod._AfterWarmUp(executor, warming)
+    wrapped = build_mod.AfterWarmUp(executor, warming)
     assert started.wait(5)
     assert wrapped.name == "local" and wrapped.copies_sources is True
     assert getattr(wrapped, "capabilities", None) is None  # NB: what executor_capabilities asks
@@ -49,8 +49,8 @@ def test_the_first_action_waits_for_the_warm_up_and_the_rest_is_the_executor():
 
 def test_an_executor_that_uses_no_pooled_slot_is_used_as_it_is(monkeypatch):
     swept: list = []
-    monkeypatch.setattr(build_mod, "_clean_stale_sandboxes", lambda: swept.append(1))
+    monkeypatch.setattr(build_mod, "clean_stale_sandboxes", lambda: swept.append(1))
     executor = _Executor()
     executor.sandbox = "none"
-    assert build_mod._warm_sandbox(executor) is executor
+    assert build_mod.warm_sandbox(executor) is executor
     assert swept == [1]

@@ -152,7 +152,7 @@ def test_a_device_model_the_host_lacks_is_named(build, make_workspace, tmp_path)
 
 @pytest.mark.fast
 def test_remote_execution_is_not_limited_by_this_hosts_devices() -> None:
-    from rsi.build import executor_capabilities
+    from rsi.build_executor import executor_capabilities
     from rsi.host import host_capabilities
 
     class Remote:

@@ -232,7 +232,7 @@ def test_one_change_builds_in_a_row_are_served_from_the_state_without_analysis(f
     def no_analysis(*args, **kwargs):
         raise AssertionError("analysed again, though only a source changed")
 
-    monkeypatch.setattr(build_mod, "_analyse", no_analysis)
+    monkeypatch.setattr(build_mod, "analyse", no_analysis)
 
     def executed() -> set[str]:
         report = build_mod.build(ws, ["//:top"], progress=False)

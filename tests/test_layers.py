@@ -63,7 +63,21 @@ ENGINE = [
             "rsi.watch",
         ),
     ),
-    ("build", ("rsi.build", "rsi.wslock", "rsi.recheck", "rsi.inputs", "rsi.why")),
+    (
+        "build",
+        (
+            "rsi.interrupt",
+            "rsi.build_executor",
+            "rsi.build_analysis",
+            "rsi.build_housekeeping",
+            "rsi.build_output",
+            "rsi.build",
+            "rsi.wslock",
+            "rsi.recheck",
+            "rsi.inputs",
+            "rsi.why",
+        ),
+    ),
     ("commands", ("rsi.buildcmd", "rsi.server", "rsi.jobs", "rsi.info", "rsi.cli", "rsi.entry")),
 ]
 CAMPAIGN = [

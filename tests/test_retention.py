@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from rsi import analysis_cache, fsutil
-from rsi.build import _prune_event_logs
+from rsi.build_housekeeping import prune_event_logs
 
 
 def _files(folder, names_sizes, start_ns=1_000_000_000_000_000_000):
@@ -62,9 +62,9 @@ def test_a_store_keeps_a_bounded_number_of_analyses_and_event_logs(tmp_path, mon
     analysis_cache.save(store, "key5", [], {"n": 5}, tracker=None)
     assert sorted(p.name for p in (store.root / "analysis").iterdir()) == ["key3", "key5"]
 
-    monkeypatch.setattr("rsi.build.KEEP_EVENT_LOGS", 3)
+    monkeypatch.setattr("rsi.build_housekeeping.KEEP_EVENT_LOGS", 3)
     _files(store.events_dir, [(f"b{i}.jsonl", 5) for i in range(6)] + [("notes.txt", 5)])
-    _prune_event_logs(SimpleNamespace(events_dir=store.events_dir), "b0.jsonl")
+    prune_event_logs(SimpleNamespace(events_dir=store.events_dir), "b0.jsonl")
     left = sorted(p.name for p in store.events_dir.iterdir())
     # NB: the current log is kept beside the newest three
     assert left == ["b0.jsonl", "b3.jsonl", "b4.jsonl", "b5.jsonl", "notes.txt"], left

@@ -101,7 +101,7 @@ def test_analysis_declares_the_build_step_and_runs_nothing(make_workspace, tmp_p
     import importlib
 
     import rsi.toolchain.step as step
-    from rsi.build import load_graph
+    from rsi.build_analysis import load_graph
     from rsi.runtime import open_store
     from rsi.workspace import Workspace
 

@@ -178,7 +178,7 @@ def prepare(camp: Campaign, work: Path, *, note: str | None = None) -> dict:
     with camp.log.locked():
         state = state_of(camp.log.read())
         if state.start is None and not state.candidates:
-            from rsi.build import open_store
+            from rsi.runtime import open_store
 
             append_start(camp, open_store(camp.ws), camp.clock())
         entry = camp.log.append(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from rsi.build import open_store
+from rsi.runtime import open_store
 from rsi.digest import Digest
 from rsi.errors import UsageError
 from rules.campaign.agents import check_session

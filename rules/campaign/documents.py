@@ -107,7 +107,7 @@ def read_json_output(store, graph, outcomes, art) -> dict | None:
 
 def cached_outcomes(ws, store, labels: list[Label]):
     """What a build of `labels` would serve from the cache, running nothing."""
-    from rsi.build import load_graph
+    from rsi.build_analysis import load_graph
     from rsi.events import EventLog
     from rsi.scheduler import Scheduler
 

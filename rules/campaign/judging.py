@@ -107,7 +107,7 @@ def current_judge(camp: Campaign, store, graph=None) -> dict:
     harness: set[str] = set(JUDGE_CAMPAIGN_SCRIPTS[camp.kind])
     doc: dict[str, Any] = {"schema": JUDGE_SCHEMA, "binding": str(camp.binding.label)}
     if camp.kind == "task":
-        from rsi.build import load_graph
+        from rsi.build_analysis import load_graph
 
         for step in JUDGE_STEPS:
             harness.update(SCRIPTS[step])

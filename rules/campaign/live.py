@@ -41,7 +41,7 @@ class CampaignView:
 
 def campaign_labels(ws) -> list[Label]:
     """Every `campaign` target of the workspace."""
-    from rsi.build import make_loader
+    from rsi.build_analysis import make_loader
 
     loader = make_loader(ws)
     labels = loader.expand(["//..."], "")
@@ -63,7 +63,7 @@ def _cached(ws, store, labels: list[Label]):
     """(graph, outcomes): what a build of `labels` would serve from the cache. Analysed with
     digests only (rule-written blobs are not stored) and never through the analysis cache."""
     from rsi.analysis import analyze
-    from rsi.build import make_loader
+    from rsi.build_analysis import make_loader
     from rsi.digest import digest_bytes
     from rsi.events import EventLog
     from rsi.scheduler import Scheduler

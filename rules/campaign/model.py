@@ -200,7 +200,7 @@ class Campaign:
 
 def open_campaign(ws, text: str, package: str = "") -> Campaign:
     """The campaign `text` names (a label, relative to `package`), with its binding."""
-    from rsi.build import make_loader
+    from rsi.build_analysis import make_loader
 
     loader = make_loader(ws)
     label = Label.parse(text, package)
@@ -425,7 +425,7 @@ def knowledge_policy(attrs: dict, file: str = "", target: str = "") -> dict:
 
 def task_target(camp: Campaign):
     """The catalog task a task campaign's binding names (None for a project campaign)."""
-    from rsi.build import make_loader
+    from rsi.build_analysis import make_loader
 
     if camp.kind != "task":
         return None

@@ -79,7 +79,7 @@ def _candidate_files(camp: Campaign, src: Path) -> dict[str, Path]:
 
 
 def _task_of(camp: Campaign):
-    from rsi.build import make_loader
+    from rsi.build_analysis import make_loader
 
     binding = camp.binding
     return make_loader(camp.ws).target(binding.attrs["task"], wanted_by=binding, field="task")
@@ -141,7 +141,7 @@ def _action(camp: Campaign, store, files: dict[str, Path]) -> tuple[Action, str 
 
 def preflight(camp: Campaign, src: Path, *, now: float | None = None) -> dict:
     """Check the candidate in `src` and return the rsi.candidate.check/1 document."""
-    from rsi.build import open_store
+    from rsi.runtime import open_store
     from rsi.host import HostLock
     from rsi.runtime import make_local_executor
 

@@ -74,7 +74,7 @@ def add_candidate(
     """Append the candidate (idempotent by content) and return {round, entry, added, ...}.
     `session`: the dispatch (rules/campaign/agents.py) whose session made it; the knowledge
     records retrieved since the previous candidate are referenced by the entry."""
-    from rsi.build import open_store
+    from rsi.runtime import open_store
 
     if not src.is_dir():
         # NB: checked here, not by click, so a --json caller gets a JSON refusal too
@@ -247,7 +247,7 @@ def run_round(
     the round ends in the `error` state (the document says so)."""
     if (src is None) == (number is None):
         raise UsageError("give exactly one of --from DIR (a new candidate) or --round N")
-    from rsi.build import open_store
+    from rsi.runtime import open_store
 
     store = open_store(camp.ws)
     added = None
@@ -683,7 +683,7 @@ class Campaigns:
         return camp
 
     def _store(self, camp: Campaign):
-        from rsi.build import open_store
+        from rsi.runtime import open_store
 
         return open_store(camp.ws)
 
