@@ -23,6 +23,16 @@ if sys.argv[1:] == ["escape"]:
     # NB: a new session, then the shell that started it exits: the helper is orphaned
     subprocess.Popen(["setsid", "sh", "-c", "echo $$ > {pids}/$RSI_PAIR-$$; exec sleep 300"],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+if sys.argv[1:] == ["orphan"]:
+    # NB: a grandchild that stays in the run's group and session, outliving its parent: the
+    # group's SIGKILL ends it, and it waits, a zombie re-parented to the harness, to be reaped
+    if os.fork() == 0:
+        if os.fork() == 0:
+            import time
+            time.sleep(30)
+            os._exit(0)
+        os._exit(0)
+    os.wait()
 print(json.dumps({{"samples": [2.0]}}))
 """
 
@@ -83,3 +93,12 @@ def test_a_helper_that_leaves_the_group_is_ended_and_the_run_is_invalid(tmp_path
 def test_a_command_that_leaves_nothing_behind_is_valid(tmp_path):
     doc, pids = _bench(tmp_path, "")
     assert pids == [] and doc["status"] == "ok", doc["invalid"]
+
+
+@pytest.mark.fast
+def test_a_member_of_the_run_left_to_be_reaped_is_not_an_escape(tmp_path):
+    """A zombie of the run's own session never left it: counting it as escaped_process made a
+    correct serving arm invalid (2 of 4 arms under load)."""
+    for _ in range(3):
+        doc, pids = _bench(tmp_path, "orphan")
+        assert pids == [] and doc["status"] == "ok", doc["invalid"]

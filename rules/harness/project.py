@@ -151,9 +151,9 @@ def become_subreaper() -> bool:
 _SUBREAPER = False
 
 
-def _descendants() -> list[int]:
-    """Every live process below this one, by the parent links in /proc."""
-    children: dict[int, list[int]] = {}
+def _descendants() -> list[tuple[int, int]]:
+    """(pid, process group) of every process below this one, by the parent links in /proc."""
+    children: dict[int, list[tuple[int, int]]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -164,41 +164,48 @@ def _descendants() -> list[int]:
             continue
         # NB: the command name may hold spaces and parentheses: the fields follow the last ")"
         fields = stat_line[stat_line.rfind(b")") + 2 :].split()
-        if len(fields) > 1:
-            children.setdefault(int(fields[1]), []).append(int(entry))
+        if len(fields) > 2:
+            children.setdefault(int(fields[1]), []).append((int(entry), int(fields[2])))
     found, todo = [], [os.getpid()]
     while todo:
-        for pid in children.get(todo.pop(), []):
-            found.append(pid)
+        for pid, group in children.get(todo.pop(), []):
+            found.append((pid, group))
             todo.append(pid)
     return found
 
 
-def end_descendants(rounds: int = 20) -> list[int]:
-    """SIGKILL whatever a run left behind below this process (it outlived its process group);
-    returns those pids. Zombies are reaped."""
-    ended: list[int] = []
+def _reap() -> None:
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
+def end_descendants(rounds: int = 20, group: int | None = None) -> list[int]:
+    """SIGKILL whatever a run left below this process and reap it; returns the pids that had
+    left the run's process group `group` (escaped: the group's SIGKILL could not reach them).
+    A member of the group still dying of that SIGKILL, or a zombie re-parented here, is ended
+    the same way but is not an escape."""
+    escaped: list[int] = []
     if not _SUBREAPER:
-        return ended
+        return escaped
+    _reap()
     for _ in range(rounds):
         alive = _descendants()
         if not alive:
             break
-        for pid in alive:
+        for pid, pgrp in alive:
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 continue
-            if pid not in ended:
-                ended.append(pid)
+            if pgrp != group and pid not in escaped:
+                escaped.append(pid)
         time.sleep(0.01)
-        while True:
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
-                break
-    return ended
+        _reap()
+    return escaped
 
 
 def assemble(base: Path, overlay: Path | None, dest: Path) -> None:
@@ -261,7 +268,7 @@ def run_command(cmd: str, cwd: Path, env: dict, timeout_s: float) -> dict:
                 pass
             proc.wait()
             # NB: a helper that called setsid left the group: as subreaper it is still ours
-            escaped = end_descendants()
+            escaped = end_descendants(group=proc.pid)
     wall = time.perf_counter() - t0
     stdout = out_path.read_bytes()
     stderr = err_path.read_bytes()
