@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rsi.digest import Digest, digest_file
 from rsi.errors import StoreError, UsageError
+from rsi.fsutil import remove_tree
 from rsi.store import LocalStore, OutdatedEntry
 
 
@@ -233,7 +234,14 @@ def cache_gc(
             except OSError:
                 pass
     temporaries: list[str] = []
+    # NB: the prepared input trees (rsi/executors/staged.py) hard-link blobs: a blob removed
+    # here would stay on disk through them. They are a cache, rebuilt when next used, and no
+    # build holds one while gc holds the store lock exclusive: gc removes them all
+    stage = store.root / "stage"
+    trees = sum(1 for p in stage.iterdir() if p.is_dir()) if stage.is_dir() else 0
     if not dry_run:
+        if trees:
+            remove_tree(stage)
         temporaries = store.remove_stale_temporaries()
         for k in removed_actions:
             store._quarantine(store._ac_path(Digest(k, 0)))
@@ -256,6 +264,7 @@ def cache_gc(
         "workspaces": sorted(others),
         "dropped_workspaces": dropped,
         "removed_temporaries": temporaries,
+        "removed_input_trees": trees,
     }
 
 

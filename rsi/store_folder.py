@@ -100,6 +100,7 @@ WRITTEN_FOLDERS = (
     "analysis",
     "toolchains",
     "locks",  # NB: the outputs lock of each workspace (rsi/wslock.py)
+    "stage",  # NB: prepared input trees (rsi/executors/staged.py)
 )
 
 

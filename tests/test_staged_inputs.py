@@ -189,3 +189,24 @@ def test_concurrent_actions_of_one_role_each_see_their_own_inputs(store, ex):
 def test_few_inputs_never_take_a_tree():
     few = Action(argv=("true",), inputs=(), outputs=("o",))
     assert not staged.usable(few)
+
+
+@pytest.mark.e2e
+def test_cache_gc_removes_the_trees_so_no_removed_blob_stays_on_disk_through_them(store, ex):
+    """A tree's hard links would keep every blob gc removes on disk: gc (which no build runs
+    beside: it holds the store lock exclusive) removes the trees, and the next action builds
+    its tree again."""
+    from rsi.cacheops import cache_gc
+
+    ins = inputs(store)
+    assert out(store, ex.run(act(LIST, ins), store))
+    blob = store.blob_path(ins[0][1].digest)
+    assert os.stat(blob).st_nlink == 2  # NB: the store's name and the tree's
+    doc = cache_gc(store, None, dry_run=False)
+    assert doc["removed_input_trees"] == 1
+    assert not (store.root / "stage").exists()
+    assert ins[0][1].digest.hash in doc["removed_blobs"]  # NB: nothing references it
+    assert not blob.exists()
+    again = inputs(store)
+    lines = out(store, ex.run(act(LIST, again), store)).splitlines()
+    assert sorted(lines) == sorted(f"input {i}".encode() for i in range(N))
