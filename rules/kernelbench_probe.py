@@ -179,16 +179,16 @@ def _shapes(values) -> list:
 
 
 # NB: a forward on the meta device is usually free, but some ops decompose into Python loops
-# there (an LSTM: 47 s, three times its real run): one that takes over META_FORWARD_MAX_S is cut
-# short, and the probe stops running forwards on meta (it sizes by the inputs, corrected by the
-# real run)
-META_FORWARD_MAX_S = 2.0
+# there (an LSTM: 47 s, three times its real run): one that takes over META_FORWARD_MAX_S of
+# CPU is cut short, and the probe stops running forwards on meta (it sizes by the inputs,
+# corrected by the real run)
+META_FORWARD_MAX_S = 5.0
 _META_FORWARD = {"on": True}
 
 
 class _TooSlow(BaseException):
-    """Raised by the alarm of `_deadline` (a BaseException: the user's `except Exception`
-    must not swallow it)."""
+    """Raised by the CPU-time alarm of `_deadline` (a BaseException: the user's `except
+    Exception` must not swallow it)."""
 
 
 @contextlib.contextmanager
@@ -196,13 +196,15 @@ def _deadline(seconds: float):
     def expire(signum, frame):
         raise _TooSlow()
 
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    # NB: CPU time, not wall time: a loaded host must not cut short a forward that is only
+    # waiting for a CPU (a ConvTranspose3d took over 2 s of wall time at load 3)
+    previous = signal.signal(signal.SIGPROF, expire)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 def _meta_call(mod, sizes: dict, with_output: bool) -> tuple[list, list, object]:
