@@ -207,10 +207,7 @@ def _register_roots(
         for i, o in outcomes.items()
         if o.ok and o.key is not None and i in graph.actions
     }
-    try:
-        store.gc_roots.register(ws.root, refs)
-    except RsiError as exc:
-        events.emit("warning", parent, message=f"workspace not registered as a gc root: {exc}")
+    _register_refs(ws, store, refs, events, parent)
 
 
 @contextmanager
