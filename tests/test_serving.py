@@ -354,9 +354,10 @@ def test_a_campaign_rewards_a_batching_gain_and_catches_a_latency_trade(
     tmp_path, make_workspace, run_rsi
 ):
     """Two rounds in one campaign (the second reuses the baseline's check and A/A run):
-    batch_burst (8 sequences at a time instead of 4) raises goodput; hold_for_batch (holds the
-    engine 2.5 s so the burst runs as one batch) is caught by the TTFT bound: not PASS, and the
-    verdict says which bound every request missed."""
+    batch_burst (16 sequences at a time instead of 4) raises goodput; hold_for_batch (holds the
+    engine 1.1 s so the burst runs as one batch) serves more raw tokens/s than its paired
+    baseline, a gain a raw-throughput metric would reward, but most of its requests miss the
+    1000 ms TTFT bound: FAIL, and the verdict says which bound how many requests missed."""
     _serving_env()
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -399,12 +400,19 @@ def test_a_campaign_rewards_a_batching_gain_and_catches_a_latency_trade(
     doc = round_("hold_for_batch")
     assert doc["verdict"] == "FAIL", doc
     notes = [r["detail"] for r in doc["reasons"] if r["code"] == "arm_note"]
-    assert any("candidate:" in n and "48 of 48 over ttft_ms 2000" in n for n in notes), doc
-    cand = _arms(doc)["candidate"]
-    assert cand and not any(a["valid"] for a in cand)
-    for arm in cand:
-        assert arm["output"]["reason"]["code"] == "objective_missed", arm["output"]["reason"]
-        assert arm["output"]["serving"]["goodput_tokens_per_s"] == 0.0
+    assert any("candidate:" in n and "of 48 over ttft_ms 1000" in n for n in notes), doc
+    samples = json.loads(Path(doc["evidence"]["samples"]["path"]).read_text())
+    paired = [p["arms"] for p in samples["pairs"] if "candidate" in p["arms"]]
+    assert paired, samples
+    for arms in paired:
+        base, cand = (arms[k]["output"]["serving"] for k in ("baseline", "candidate"))
+        # NB: the trade: more raw tokens/s than its paired baseline (1.3x here), less goodput
+        assert cand["output_tokens_per_s"] > base["output_tokens_per_s"], (cand, base)
+        assert cand["goodput_tokens_per_s"] < base["goodput_tokens_per_s"], (cand, base)
+        assert cand["objective"]["missed"]["ttft_ms"] > 24, cand["objective"]
+        if not arms["candidate"]["valid"]:
+            # NB: on a slower host no request may meet the bound: the arm is then invalid
+            assert arms["candidate"]["output"]["reason"]["code"] == "objective_missed"
 
 
 _ORPHAN = r"""

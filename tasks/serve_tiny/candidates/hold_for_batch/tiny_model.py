@@ -3,9 +3,10 @@
 The same compute as the baseline's (outputs unchanged), and `max-num-seqs` 64 in
 engine_flags.json. When a prompt arrives after a quiet spell, the model holds the engine for
 `HOLD_S` before its first step, so a burst has fully arrived and runs as one batch: fewer,
-fuller steps (measured here, the hold costs more than that saves: raw tokens/s stayed below the
-paired baseline's), and every request of the burst waits past the objective's
-time-to-first-token bound. Goodput counts none of them.
+fuller steps. Measured here (quiet host, one arm each): raw output tokens/s 779 against the
+baseline's 589 and 608 (1.3x: a raw-throughput metric would reward it), but 39 of 48 requests
+wait past the objective's 1000 ms time-to-first-token bound, so goodput is 146 tokens/s against
+the baseline's 344 and 380. The judge counts goodput: FAIL.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 from vllm.model_executor.models.llama import LlamaForCausalLM
 
-HOLD_S = 2.5  # above the objective's TTFT bound (2000 ms)
+HOLD_S = 1.1  # just above the objective's TTFT bound (1000 ms)
 QUIET_S = 3.0  # a prompt after this long without one starts a new burst
 
 
