@@ -488,7 +488,8 @@ def test_a_slow_but_correct_candidate_is_measured_not_cut_off(tmp_path):
         text=True,
         timeout=300,
     )
-    assert proc.returncode == 0, proc.stderr
+    # NB: 75: measured while the host was busy (host_busy): the documents are written in full
+    assert proc.returncode in (0, 75), proc.stderr
     assert time.monotonic() - started < 0.9 * 200
     doc = json.loads(out.read_text())
     assert doc["status"] == "ok", doc["invalid"]

@@ -143,9 +143,19 @@ def test_wrong_values_at_a_few_positions_fail(judge):
     assert samples["invalid"]["candidate"][0]["code"] == "wrong_output"
 
 
+def _unless_host_busy(verdict: dict) -> None:
+    """A verdict measured while the host monitor saw other load is INCONCLUSIVE `host_busy`
+    by design (never cached, retryable): it says nothing about the candidate, so a test of a
+    decided verdict skips instead of passing or failing on it."""
+    codes = {r["code"] for r in verdict["reasons"]}
+    if verdict["verdict"] == "INCONCLUSIVE" and "host_busy" in codes:
+        pytest.skip(f"measured on a busy host: {sorted(codes)}")
+
+
 def test_slow_but_correct_fails_as_slower(judge):
     verdict, cand_check, _ = judge(REFEREE / "slow_correct")
     assert cand_check["status"] == "ok"
+    _unless_host_busy(verdict)
     assert verdict["verdict"] == "FAIL"
     assert "slower" in [r["code"] for r in verdict["reasons"]]
 
@@ -160,6 +170,7 @@ def test_a_helper_that_slows_the_next_call_slows_only_its_own_arm(judge):
 
 def test_a_real_gain_still_passes(judge):
     verdict, _, _ = judge(TASKS / "softmax" / "candidates" / "fast")
+    _unless_host_busy(verdict)
     assert verdict["verdict"] == "PASS", verdict["reasons"]
 
 
