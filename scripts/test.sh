@@ -52,7 +52,8 @@ fi
 export RSI_REQUIRE_SANDBOXES="${RSI_REQUIRE_SANDBOXES:-1}"
 export RSI_REQUIRE_BUILDGRID="${RSI_REQUIRE_BUILDGRID:-1}"
 export RSI_REQUIRE_SLURM="${RSI_REQUIRE_SLURM:-1}"
-.venv/bin/python -m pytest "$@"
+# NB: the 30 slowest tests at the end of the report: CI has 90 minutes and the suite ~60
+.venv/bin/python -m pytest --durations=30 "$@"
 rc=$?
 if [ "$rc" = 5 ]; then
   echo "test.sh: pytest collected no tests; that is a failure" >&2
