@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import json
+import math
 import os
 import shutil
 import signal
@@ -542,3 +543,94 @@ def test_inside_a_pooled_action_sandbox_the_server_still_finds_its_own_proc(tmp_
     inside = json.loads(doc["out"].strip().splitlines()[-1])
     assert inside["own_status"] is True, doc
     assert inside["judge_stdout"] != "written", doc
+
+
+# ------------------------------------------------- fresh prompts, timed packets (issue 32 review)
+
+
+@pytest.mark.fast
+def test_text_streamed_ahead_of_its_token_is_not_timed_as_one():
+    """AIPerf times the first packet that carries text as the first token. A server that sends
+    text with no token id ahead of the real tokens (a model's code runs in the API server's
+    process and could patch its stream) would set its own time to first token: `run_invalid`.
+    A packet with token ids and no text (held-back text) only makes AIPerf's time later."""
+    judge = _load(PROJECT / "serve_bench.py", "serve_bench_hardening_ahead")
+    binding = json.loads((PROJECT / "serve.json").read_text())
+    trace = judge.parse_trace((PROJECT / "trace.jsonl").read_bytes(), binding)
+    refs = binding["workload"]["reference_token_ids"]
+    honest = [_raw(t["text_input"], refs[i]) for i, t in enumerate(trace)]
+    assert judge.check_window_answers(honest, binding, trace)["requests"] == len(trace)
+    for ahead in ({"index": 0, "text": " "}, {"index": 0, "text": "a", "token_ids": []}):
+        early = list(honest)
+        early[7] = _raw(trace[7]["text_input"], refs[7])
+        packet = {"name": "data", "value": json.dumps({"choices": [ahead]})}
+        early[7]["responses"].insert(0, {"perf_ns": 0, "packets": [packet]})
+        with pytest.raises(judge.Invalid) as exc:
+            judge.check_window_answers(early, binding, trace)
+        assert exc.value.code == "run_invalid" and "without token ids" in exc.value.detail
+    held = list(honest)
+    held[3] = _raw(trace[3]["text_input"], refs[3])
+    first = json.loads(held[3]["responses"][0]["packets"][0]["value"])
+    first["choices"][0]["text"] = ""
+    held[3]["responses"][0]["packets"][0]["value"] = json.dumps(first)
+    assert judge.check_window_answers(held, binding, trace)["requests"] == len(trace)
+
+
+@pytest.mark.fast
+def test_each_arm_replays_prompts_no_model_has_seen():
+    """The pinned trace and its reference are public, so a model could answer them from a
+    table without computing (the stand-in `wrong_on_benchmark` in its honest mode is such a
+    table: right on every pinned prompt). Each arm draws its own prompts at run time: the
+    pinned load (times, answer lengths), new words, none a pinned prompt, with a reference
+    computed for them; the table then answers none of them right."""
+    judge = _load(PROJECT / "serve_bench.py", "serve_bench_hardening_fresh")
+    binding = json.loads((PROJECT / "serve.json").read_text())
+    trace = judge.parse_trace((PROJECT / "trace.jsonl").read_bytes(), binding)
+    alphabet, k = binding["model"]["alphabet"], binding["workload"]["secret_sample"]
+    pool = judge.draw_prompts(trace, alphabet, k)
+    again = judge.draw_prompts(trace, alphabet, k)
+    texts = [r["text_input"] for r in pool]
+    assert len(texts) == math.ceil((len(trace) + k) * judge.FRESH_POOL) == len(set(texts))
+    assert not set(texts) & {t["text_input"] for t in trace}
+    assert not set(texts) & {r["text_input"] for r in again}  # NB: drawn anew each run
+    assert all(set(t) <= set(alphabet) and t == t.strip() for t in texts)
+    assert [len(t) for t in texts[: len(trace)]] == [len(t["text_input"]) for t in trace]
+
+    ids = [[(j + n) % 75 for n in range(24)] for j in range(len(pool))]
+    trusted = [5 if j % 3 == 0 else 24 for j in range(len(pool))]  # NB: a near-tie: not used
+    before = json.dumps(binding)
+    run_b, rows, data, pre_b, pre = judge.fresh_workload(binding, trace, pool, ids, trusted)
+    assert json.dumps(binding) == before  # NB: the pinned binding is not changed
+    usable = [j for j in range(len(pool)) if j % 3]
+    assert judge.parse_trace(data, run_b) == rows  # NB: still exactly the bound load shape
+    assert [r["text_input"] for r in rows] == [pool[j]["text_input"] for j in usable[:48]]
+    assert run_b["workload"]["reference_token_ids"] == [ids[j] for j in usable[:48]]
+    assert [r["text_input"] for r in pre] == [pool[j]["text_input"] for j in usable[48:51]]
+    assert pre_b["workload"]["reference_token_ids"] == [ids[j] for j in usable[48:51]]
+    with pytest.raises(judge.Invalid) as exc:
+        judge.fresh_workload(binding, trace, pool, ids, [23] * len(pool))
+    assert exc.value.code == "sample_unchecked"
+
+    port = judge.free_port()
+    script = FIXTURES / "wrong_on_benchmark" / "standin.py"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(PROJECT / "serve.json"), str(port), "honest"]
+    )
+    try:
+        server = _StandIn(f"http://127.0.0.1:{port}")
+        for _ in range(100):
+            try:
+                judge.http(f"{server.url}/v1/completions", {"prompt": "x", "max_tokens": 1})
+                break
+            except OSError:
+                time.sleep(0.1)
+        # NB: the table is right on the pinned prompts (what the old judge asked) ...
+        assert judge.check_benchmark_sample(server, binding, trace)["requests"]
+        # ... and on none of the arm's own
+        for b, r in ((pre_b, pre), (run_b, rows)):
+            with pytest.raises(judge.Invalid) as exc:
+                judge.check_benchmark_sample(server, b, r)
+            assert exc.value.code == "wrong_output"
+    finally:
+        proc.kill()
+        proc.wait()

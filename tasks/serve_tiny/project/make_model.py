@@ -8,7 +8,9 @@ writes a Hugging Face model folder (config.json, model.safetensors, a character-
 and prints {"weights_sha256": ...}. With --reference it also prints the greedy continuations
 of the binding's correctness prompts computed by transformers itself (the reference engine) and
 the smallest top-1/top-2 logit gap met on the way, which is how the binding's frozen expected
-tokens and their margin were made.
+tokens and their margin were made. With --prompts FILE (JSON lines with `text_input` and
+`output_length`: the prompts serve_bench.py draws for one arm at run time) it prints each one's
+greedy continuation and trusted length the same way (`prompt_token_ids`, `prompt_trusted`).
 """
 
 from __future__ import annotations
@@ -79,30 +81,44 @@ def reference(binding: dict, fast, model) -> dict:
     return {"expected_token_ids": outs, "min_logit_margin": margin}
 
 
-def trace_reference(binding: dict, fast, model, trace_path: Path) -> dict:
-    """Greedy continuations of every trace request (its `output_length` tokens) and, for each,
-    how many leading tokens are trusted: up to the first position whose top-1/top-2 logit gap
-    is under the binding's `margin_bound` (past a near-tie exact equality is not fair). What
-    the binding's `workload.reference_token_ids` and `reference_trusted` hold."""
+def greedy_rows(binding: dict, fast, model, rows: list[dict]) -> tuple[list, list]:
+    """Greedy continuations of `rows` (`text_input`, `output_length` tokens each) by transformers
+    itself and, for each, how many leading tokens are trusted: up to the first position whose
+    top-1/top-2 logit gap is under the binding's `margin_bound` (past a near-tie exact equality
+    is not fair). Decoded with the key/value cache: it moves a logit by ~1e-6, which can flip
+    an argmax only where the gap is already far under `margin_bound`, i.e. past the trusted
+    length."""
     import torch
 
     bound = float(binding["correctness"]["margin_bound"])
-    rows = [json.loads(x) for x in trace_path.read_text().splitlines() if x.strip()]
     ids_out, trusted = [], []
     with torch.no_grad():
         for row in rows:
             x = torch.tensor([fast(row["text_input"], add_special_tokens=False)["input_ids"]])
-            got, first_tie = [], None
+            got, first_tie, past = [], None, None
             for k in range(int(row["output_length"])):
-                top = torch.topk(model(x).logits[0, -1], 2)
+                out = model(input_ids=x, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                top = torch.topk(out.logits[0, -1], 2)
                 if first_tie is None and float(top.values[0] - top.values[1]) < bound:
                     first_tie = k
                 nxt = int(top.indices[0])
                 got.append(nxt)
-                x = torch.cat([x, torch.tensor([[nxt]])], dim=1)
+                x = torch.tensor([[nxt]])
             ids_out.append(got)
             trusted.append(len(got) if first_tie is None else first_tie)
-    return {"reference_token_ids": ids_out, "reference_trusted": trusted}
+    return ids_out, trusted
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def trace_reference(binding: dict, fast, model, trace_path: Path) -> dict:
+    """Every trace request's greedy continuation and trusted length: what the binding's
+    `workload.reference_token_ids` and `reference_trusted` hold (re-binding a trace)."""
+    ids, trusted = greedy_rows(binding, fast, model, read_rows(trace_path))
+    return {"reference_token_ids": ids, "reference_trusted": trusted}
 
 
 def main() -> int:
@@ -111,6 +127,9 @@ def main() -> int:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--reference", action="store_true")
     p.add_argument("--trace", type=Path, help="with --reference: also every trace request's")
+    p.add_argument(
+        "--prompts", type=Path, help="with --reference: also these prompts' (an arm's fresh ones)"
+    )
     args = p.parse_args()
     binding = json.loads(args.binding.read_text())
     fast, model = build(binding, args.out)
@@ -119,6 +138,9 @@ def main() -> int:
         doc.update(reference(binding, fast, model))
         if args.trace is not None:
             doc.update(trace_reference(binding, fast, model, args.trace))
+        if args.prompts is not None:
+            ids, trusted = greedy_rows(binding, fast, model, read_rows(args.prompts))
+            doc.update(prompt_token_ids=ids, prompt_trusted=trusted)
     print(json.dumps(doc))
     return 0
 

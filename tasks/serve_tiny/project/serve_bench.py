@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import math
 import os
 import secrets
 import shutil
@@ -675,6 +676,78 @@ def secret_sample(n: int, k: int) -> list[int]:
     return sorted(secrets.SystemRandom().sample(range(n), min(k, n)))
 
 
+# NB: fresh prompts drawn per prompt an arm needs: a drawn prompt counts only when its whole
+# reference continuation is trusted (no near-tie): 90 of 102 were in a run here, and 51 of
+# 77 are needed
+FRESH_POOL = 1.5
+
+
+def draw_prompts(
+    trace: list[dict], alphabet: str, extra: int, pool: float = FRESH_POOL
+) -> list[dict]:
+    """Fresh prompts for one arm, drawn from the OS's randomness at run time: (len(trace) +
+    extra) x pool strings of the model's alphabet, their lengths cycling through the pinned
+    trace's prompt lengths, none a pinned prompt, all distinct. The pinned trace fixes the load
+    (when, how many, how long an answer); the words are new each run, so no model can answer a
+    timed request from a table of the public ones: it has to compute it."""
+    rng = secrets.SystemRandom()
+    edge = [c for c in alphabet if not c.isspace()]
+    inner = [c for c in alphabet if c != "\n"]
+    if not edge or not trace:
+        raise Invalid("sample_unchecked", "no alphabet or trace to draw fresh prompts from")
+    public = {t["text_input"] for t in trace}
+    want, out, seen = math.ceil((len(trace) + int(extra)) * pool), [], set()
+    while len(out) < want:
+        row = trace[len(out) % len(trace)]
+        n = max(2, len(row["text_input"]))
+        text = (
+            rng.choice(edge) + "".join(rng.choice(inner) for _ in range(n - 2)) + rng.choice(edge)
+        )
+        if text in seen or text in public:
+            continue
+        seen.add(text)
+        out.append({"text_input": text, "output_length": int(row["output_length"])})
+    return out
+
+
+def fresh_workload(
+    binding: dict, trace: list[dict], pool: list[dict], ids: list, trusted: list
+) -> tuple[dict, list[dict], bytes, dict, list[dict]]:
+    """The arm's own workload from the drawn `pool` and its reference (`ids`, `trusted`, from
+    make_model.py --prompts): the pinned trace's timestamps and lengths with fully trusted fresh
+    prompts (binding, rows and bytes for AIPerf), and `secret_sample` more of them, never
+    replayed, for the sample asked before the replay (binding, rows). Invalid when too few
+    drawn prompts have a fully trusted reference."""
+    k = int(binding["workload"].get("secret_sample", 0))
+    if len(ids) != len(pool) or len(trusted) != len(pool):
+        raise Invalid("sample_unchecked", "the reference does not cover every drawn prompt")
+    usable = [j for j, row in enumerate(pool) if int(trusted[j]) >= int(row["output_length"])]
+    if k < 1 or len(usable) < len(trace) + k:
+        raise Invalid(
+            "sample_unchecked",
+            f"{len(usable)} of {len(pool)} fresh prompts have a fully trusted reference, "
+            f"{len(trace) + k} needed",
+        )
+    rows = [
+        {
+            "timestamp": t["timestamp"],
+            "text_input": pool[j]["text_input"],
+            "output_length": t["output_length"],
+        }
+        for t, j in zip(trace, usable, strict=False)
+    ]
+    pre = [pool[j] for j in usable[len(trace) : len(trace) + k]]
+
+    def bound(picked: list[int]) -> dict:
+        b = json.loads(json.dumps(binding))
+        b["workload"]["reference_token_ids"] = [ids[j] for j in picked]
+        b["workload"]["reference_trusted"] = [int(trusted[j]) for j in picked]
+        return b
+
+    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    return bound(usable[: len(trace)]), rows, data, bound(usable[len(trace) : len(trace) + k]), pre
+
+
 def check_benchmark_sample(server: Server, binding: dict, trace: list[dict]) -> dict:
     """Greedy continuations of a secret sample of the trace's own requests must equal the
     reference's token ids (computed by transformers, make_model.py --reference): a model right
@@ -730,6 +803,13 @@ def streamed_token_ids(raw: dict) -> list[int]:
                 ids = choice.get("token_ids") or []
                 if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
                     raise ValueError(f"token ids {str(ids)[:80]} are not integers")
+                if choice.get("text") and not ids:
+                    # NB: AIPerf times its first packet with text as the first token: text sent
+                    # ahead of any token would make the time to first token whatever it likes
+                    raise ValueError(
+                        f"a streamed packet carries text {str(choice['text'])[:40]!r} without "
+                        f"token ids: its time cannot stand for a token's"
+                    )
                 out.extend(ids)
     return out
 
@@ -915,6 +995,13 @@ def arm(step: str) -> dict:
     server = None
     try:
         trace_data = load_trace(binding)
+        pinned = parse_trace(trace_data, binding)
+        # NB: the arm's own prompts, drawn before any candidate code runs (issue 32 review):
+        # the pinned trace and its reference are public, so a model could answer them from a
+        # table; these it has never seen
+        pool = draw_prompts(
+            pinned, binding["model"]["alphabet"], int(binding["workload"].get("secret_sample", 0))
+        )
         become_subreaper()
         try:
             # NB: before any candidate code runs: no process of the same uid may read this
@@ -927,6 +1014,8 @@ def arm(step: str) -> dict:
         )
         doc["engine_flags"] = flags
         model = work / "model"
+        fresh = work / "fresh.jsonl"
+        fresh.write_text("".join(json.dumps(r) + "\n" for r in pool))
         t0 = time.monotonic()
         built = subprocess.run(
             [
@@ -936,6 +1025,9 @@ def arm(step: str) -> dict:
                 str(HERE / "serve.json"),
                 "--out",
                 str(model),
+                "--reference",
+                "--prompts",
+                str(fresh),
             ],
             capture_output=True,
             text=True,
@@ -951,13 +1043,38 @@ def arm(step: str) -> dict:
         )
         if built.returncode != 0:
             raise SystemExit(f"serve_bench: make_model.py failed: {built.stderr[-2000:]}")
-        weights = json.loads(built.stdout.strip().splitlines()[-1])["weights_sha256"]
+        made = json.loads(built.stdout.strip().splitlines()[-1])
+        fresh.unlink()
+        weights = made["weights_sha256"]
         doc["model"] = {"weights_sha256": weights, "build_s": round(time.monotonic() - t0, 3)}
         if weights != binding["model"]["weights_sha256"]:
             raise Invalid(
                 "weights_mismatch",
                 f"weights {weights} != bound {binding['model']['weights_sha256']}",
             )
+        if made.get("expected_token_ids") != binding["correctness"]["expected_token_ids"]:
+            # NB: the reference engine itself is not the bound one: nothing it says can be trusted
+            raise Invalid(
+                "reference_mismatch",
+                "the reference engine's greedy tokens on the correctness prompts differ from "
+                "the bound expected_token_ids: the serving environment is not the bound one",
+            )
+        run_binding, run_rows, run_data, pre_binding, pre_rows = fresh_workload(
+            binding,
+            pinned,
+            pool,
+            made.get("prompt_token_ids") or [],
+            made.get("prompt_trusted") or [],
+        )
+        doc["fresh_prompts"] = {
+            "drawn": len(pool),
+            "fully_trusted": sum(
+                int(t) >= int(r["output_length"])
+                for t, r in zip(made["prompt_trusted"], pool, strict=True)
+            ),
+            "replayed": [r["text_input"] for r in run_rows],
+            "asked_before": [r["text_input"] for r in pre_rows],
+        }
         server = Server(env_dir, model, work, binding, flags, hidden_folders())
         doc["isolation"] = server.isolation
         doc["server_start_s"] = server.wait_ready()
@@ -977,12 +1094,14 @@ def arm(step: str) -> dict:
         doc["correctness"] = {"prompts": len(got), "tokens": sum(map(len, got)), "mismatch": diff}
         if diff is not None:
             raise Invalid("wrong_output", f"greedy tokens differ from the reference: {diff}")
-        trace = parse_trace(trace_data, binding)
-        doc["benchmark_sample"] = check_benchmark_sample(server, binding, trace)
+        trace = parse_trace(run_data, run_binding)
+        # NB: fresh prompts never replayed: asking the timed ones first would let a server
+        # answer them later from what it kept
+        doc["benchmark_sample"] = check_benchmark_sample(server, pre_binding, pre_rows)
         if step == "bench":
-            doc["serving"] = run_aiperf(env_dir, server, model, work, binding, trace_data)
-            # NB: a second secret sample after the replay: the model is still right on it
-            doc["benchmark_sample_after"] = check_benchmark_sample(server, binding, trace)
+            doc["serving"] = run_aiperf(env_dir, server, model, work, run_binding, run_data)
+            # NB: a second secret sample after the replay, of the replayed prompts themselves
+            doc["benchmark_sample_after"] = check_benchmark_sample(server, run_binding, trace)
             goodput = doc["serving"]["goodput_tokens_per_s"]
             if doc["serving"]["objective"].get("note"):
                 # NB: the harness shows an arm's note beside the verdict: which bound was missed
