@@ -13,7 +13,7 @@ import os
 import pickle
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
@@ -76,13 +76,21 @@ def _stat_sig(
     return [kind, bool(st.st_mode & 0o111), real]
 
 
-def _stats_unchanged(stats: dict[str, list], lstats: dict, unchanged=frozenset()) -> bool:
+def _stats_unchanged(
+    stats: Mapping[str, list],
+    lstats: dict,
+    unchanged=frozenset(),
+    dirs: dict[str, str] | None = None,
+) -> bool:
     """`_stat_sig` of every path still gives what was recorded; `lstats` are `lstat` results
     the caller has already. A path recorded as its own real path (no link on the way: the
     common case) that is still no link is checked here from its `lstat` and its folder's real
     path (one per folder), without `_stat_sig`'s path arithmetic. A path in `unchanged` (a
-    watcher saw no change to it, nor to its folder) only has its folder's real path checked."""
-    dirs: dict[str, str] = {}
+    watcher saw no change to it, nor to its folder) only has its folder's real path checked.
+    `dirs` receives {folder: its real path} of the folders resolved (rsi.incremental's
+    re-check resolves them again instead of every path's)."""
+    if dirs is None:
+        dirs = {}
     got = lstats.get
     is_link, is_dir = stat.S_ISLNK, stat.S_ISDIR
     realpath = os.path.realpath
@@ -175,10 +183,18 @@ class Tracker:
     def blob(self, digest: Digest) -> None:
         self.blobs.add(str(digest))
 
-    def still_valid(self, store, walker, lstats: dict | None = None, unchanged=frozenset()) -> bool:
+    def still_valid(
+        self,
+        store,
+        walker,
+        lstats: dict | None = None,
+        unchanged=frozenset(),
+        dirs: dict[str, str] | None = None,
+    ) -> bool:
         """Every recorded read gives the same answer; `lstats` are `lstat` results the caller
         took just now (the incremental state's pass over the sources), used instead of new
-        calls; `unchanged` are paths a watcher saw no change to (rsi.incremental)."""
+        calls; `unchanged` are paths a watcher saw no change to (rsi.incremental); `dirs`
+        receives the folders' real paths as resolved (`_stats_unchanged`)."""
         for p, want in self.files.items():
             try:
                 got = self.memo.digest(p).hash
@@ -186,7 +202,7 @@ class Tracker:
                 got = "absent"
             if got != want:
                 return False
-        if not _stats_unchanged(self.stats, lstats or {}, unchanged):
+        if not _stats_unchanged(self.stats, lstats or {}, unchanged, dirs):
             return False
         if any(_tree_sig(p, tuple(ex)) != sig for p, (ex, sig) in self.trees.items()):
             return False
@@ -209,6 +225,30 @@ class Tracker:
         if not moved and not _stats_unchanged(self.stats, lstats or {}, unchanged):
             moved.append("(a source's existence, mode or real path)")
         return sorted(moved)
+
+    def moved_reads_since(
+        self, settled: Mapping, unsettled: set[str], dirs: dict[str, str], lstats: dict
+    ) -> list[str]:
+        """As `moved_reads`, for a caller that checked every read with `still_valid` (which
+        gave it `dirs`) and has since found the paths in `settled` but not in `unsettled`
+        unchanged in signature (inode, size, mtime, ctime: a chmod or a swap moves ctime), so
+        in kind and mode: for those only their folders' real paths are resolved again, once
+        per folder; every other path is checked as `moved_reads` does (`lstats` as there)."""
+        moved = []
+        for p, want in self.files.items():
+            try:
+                got = self.memo.digest(p).hash
+            except OSError:
+                got = "absent"
+            if got != want:
+                moved.append(p)
+        realpath = os.path.realpath
+        if moved or any(realpath(folder) != real for folder, real in dirs.items()):
+            return sorted(moved) or ["(a source's real path)"]
+        rest = {p: want for p, want in self.stats.items() if p not in settled or p in unsettled}
+        if not _stats_unchanged(rest, lstats):
+            moved.append("(a source's existence, mode or real path)")
+        return moved
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "memo"}

@@ -124,16 +124,26 @@ class SourcesMoved(Exception):
 
 def _moved(seen: Mapping[str, tuple], plan: Any, analysis: dict, store: LocalStore) -> list[str]:
     """What this build read that the workspace no longer holds (rsi.recheck)."""
-    from rsi.incremental import unchanged_since_check
+    from rsi.incremental import swept_since_check, unchanged_since_check
 
-    # NB: with a watcher (the build server), what no event named since the check is as read
-    unchanged = unchanged_since_check(plan)
-    lstats: dict = {}
-    expected = recheck.expected_sources(seen, plan)
     # NB: files under the store (a built toolchain's tree and info.json) are written by this
     # very build; they are outputs it made, never sources another writer moved
     # (a prefix test on the path as read: no realpath per source on the one-change path)
     inside = os.path.join(str(store.root), "")
+    swept = swept_since_check(plan, seen, inside) if plan is not None else None
+    lstats: dict = {}
+    if swept is not None:
+        # NB: one sweep as the state's check makes, no more per source than a no-op pays;
+        # what it cannot vouch for is checked as below
+        moved, slow, looked_at = swept
+        moved += recheck.moved_sources(slow, store.function, frozenset(), lstats)
+        tracker = analysis.get("tracker")
+        if tracker is not None:
+            moved += tracker.moved_reads_since(plan.state["sources"], looked_at, plan.dirs, lstats)
+        return sorted(p for p in moved if not p.startswith(inside))
+    # NB: with a watcher (the build server), what no event named since the check is as read
+    unchanged = unchanged_since_check(plan)
+    expected = recheck.expected_sources(seen, plan)
     expected = {p: v for p, v in expected.items() if not p.startswith(inside)}
     moved = recheck.moved_sources(expected, store.function, unchanged, lstats)
     moved += recheck.moved_declarations(analysis.get("tracker"), lstats, unchanged)

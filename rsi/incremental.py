@@ -299,6 +299,8 @@ class Plan(Value):
         "compact",
         "watch",
         "hits",
+        "unsettled",
+        "dirs",
     )
 
     def __init__(
@@ -333,6 +335,11 @@ class Plan(Value):
         # NB: kept in memory only: the hit lines of every action, rendered
         # (rsi.events.HitTemplate)
         self.hits: Any = None
+        # NB: for the re-check before export (`swept_since_check`): the sources whose check
+        # did not find them at their recorded trusted signature (hashed, missing, links), and
+        # the folders' real paths as the check of the analysis' reads resolved them
+        self.unsettled: set[str] = set()
+        self.dirs: dict[str, str] = {}
 
     @property
     def worth_saving(self) -> bool:
@@ -544,7 +551,7 @@ def _plan(
     tracker = state["tracker"]
     tracker.memo = memo
     walker = lambda package: packages_under(ws.root, package)  # noqa: E731
-    if not tracker.still_valid(store, walker, lstats, unchanged):
+    if not tracker.still_valid(store, walker, lstats, unchanged, p.dirs):
         return None
     _check_index(store, state, p)
     _check_entries(store, state, state["blobs"], p)
@@ -616,6 +623,48 @@ def unchanged_since_check(p: Plan | None) -> set[str]:
     return unchanged
 
 
+def swept_since_check(
+    p: Plan, seen: Mapping[str, tuple], inside: str
+) -> tuple[list[str], dict[str, tuple], set[str]] | None:
+    """The re-check before export (rsi/build.py) as one sweep like the check's: one `lstat` per
+    source. A source at the trusted signature the check found it at is unchanged since then in
+    content, kind and mode (a write, a chmod or a swap moves its ctime), and in real path while
+    its folder's is (`Tracker.moved_reads_since`). Returns (the sources gone, {path: (signature
+    or None, hash, size)} of every other source to check as `rsi.recheck` does: re-keyed by the
+    run, hashed or missing at the check, links, racy or moved now; the paths looked at). Paths
+    under `inside` (the store: this build wrote them) are not sources. None where this does
+    not apply (a watcher's build: its events say more)."""
+    if p.watch is not None:
+        return None
+    sources = p.state["sources"]
+    unsettled = p.unsettled
+    lstat = os.lstat
+    slow: dict[str, tuple] = {}
+    gone: list[str] = []
+    for path, entry in sources.items():
+        if path in unsettled or path in seen:
+            continue
+        try:
+            st = lstat(path)
+        except OSError:
+            gone.append(path)
+            continue
+        sig = entry[0]
+        if sig is None or sig != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+            slow[path] = (sig, entry[1], entry[2])
+    # NB: what the run keyed, else what the check hashed, else what the state recorded
+    for path in unsettled:
+        entry = sources.get(path)
+        if entry is not None:
+            slow[path] = (entry[0], entry[1], entry[2])
+    for path, (_, trusted, digest) in p.fresh.items():
+        slow[path] = (trusted, digest.hash, digest.size)
+    slow.update(seen)
+    looked_at = set(slow).union(gone)
+    slow = {path: v for path, v in slow.items() if not path.startswith(inside)}
+    return [path for path in gone if not path.startswith(inside)], slow, looked_at
+
+
 def _check_sources(
     store: Any,
     sources: dict,
@@ -626,12 +675,25 @@ def _check_sources(
 ) -> None:
     """Sources whose signature moved are hashed again; a different digest makes the actions
     reading them dirty. Those in `unchanged` (the watcher's) are as recorded."""
-    dirty = p.dirty
+    dirty, unsettled = p.dirty, p.unsettled
     for path, entry in sources.items():
         if path in unchanged:
             continue
         sig, hash_hex, size, consumers = entry
         st = lstats.get(path)
+        if (
+            st is not None
+            and sig is not None
+            and sig
+            == (
+                st.st_ino,
+                st.st_size,
+                st.st_mtime_ns,
+                st.st_ctime_ns,
+            )
+        ):
+            continue
+        unsettled.add(path)
         if st is None:
             dirty.update(consumers)  # NB: the scheduler says what is wrong with it
             continue
