@@ -17,6 +17,7 @@ from rsi.digest import DEFAULT_FUNCTION, Digest, digest_value
 from rsi.errors import DeclarationError
 from rsi.label import Label
 from rsi.record import Value
+from rsi.sharded import Sharded
 
 if TYPE_CHECKING:
     # NB: imported where used: a graph loaded from the analysis cache needs neither the
@@ -35,7 +36,7 @@ class PickledValues(Mapping):
 
     __slots__ = ("_raw", "_shared", "_made")
 
-    def __init__(self, raw: dict, shared: tuple | bytes = ()) -> None:
+    def __init__(self, raw: Mapping, shared: tuple | bytes = ()) -> None:
         self._raw = raw
         # NB: pickled (bytes) until a value needs them: reading the rules imports their code
         self._shared = shared
@@ -47,7 +48,7 @@ class PickledValues(Mapping):
             return values
         if not share:
             dumps, protocol = pickle.dumps, pickle.HIGHEST_PROTOCOL
-            return cls({k: dumps(v, protocol) for k, v in values.items()})
+            return cls(Sharded.pack({k: dumps(v, protocol) for k, v in values.items()}))
         shared: list = []
         index: dict[int, int] = {}
 
@@ -70,7 +71,8 @@ class PickledValues(Mapping):
             pickler.clear_memo()
             pickler.dump(v)
             raw[k] = buffer.getvalue()
-        return cls(raw, tuple(shared))
+        # NB: the raw values in shards too: 100,000 of them are not unpickled to read three
+        return cls(Sharded.pack(raw), tuple(shared))
 
     def __getitem__(self, key: Any) -> Any:
         try:
@@ -203,6 +205,10 @@ class BuildGraph(Value):
         for name in ("targets", "providers", "actions"):
             if name in state:
                 state[name] = PickledValues.pack(state[name], share=(Rule,))
+        # NB: the edges in shards: a one-change build reads those of its dirty actions
+        for name in ("preds", "succs"):
+            if name in state:
+                state[name] = Sharded.pack(state[name])
         # NB: and each big field pickled apart, unpickled on first use: a build the state
         # serves reads the actions, the edges and one provider, not the targets nor the
         # targets' action lists (at 100,000 targets those two cost ~215 ms to unpickle)

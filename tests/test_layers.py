@@ -28,6 +28,7 @@ ENGINE = [
             "rsi.label",
             "rsi.fsutil",
             "rsi.digest",
+            "rsi.sharded",
             "rsi.attrs",
             "rsi.events",
             "rsi.host",

@@ -1,0 +1,68 @@
+"""Mappings pickled in shards (rsi/sharded.py): equal to what was packed, in the same order,
+and a read of one key unpickles the one shard that holds it; a pickled graph's edges are kept
+so (a one-change build reads its dirty actions' edges, not all 100,000)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from rsi.label import Label
+from rsi.sharded import SHARDS, Sharded, shard_of
+
+pytestmark = pytest.mark.fast
+
+
+def _loaded(sharded: Sharded) -> int:
+    return sum(1 for part in sharded._shards if not isinstance(part, bytes))
+
+
+def test_a_sharded_mapping_equals_what_was_packed_in_the_same_order():
+    values = {f"//pkg:t{i}#Command": [f"//pkg:d{i}#Command"] for i in range(2000, 0, -1)}
+    again = pickle.loads(pickle.dumps(Sharded.pack(values), pickle.HIGHEST_PROTOCOL))
+    assert len(again) == len(values) and _loaded(again) == 0
+    key = "//pkg:t7#Command"
+    assert again[key] == values[key] and again.get(key) == values[key]
+    assert _loaded(again) == 1  # NB: the one shard holding the key, not all
+    assert again.get("missing", ()) == () and "missing" not in again
+    with pytest.raises(KeyError):
+        again["missing"]
+    assert list(again) == list(values)  # NB: the packed order, whatever the shards
+    assert dict(again.items()) == values
+    twice = pickle.loads(pickle.dumps(again, pickle.HIGHEST_PROTOCOL))
+    assert list(twice.items()) == list(values.items())
+
+
+def test_the_shard_of_a_label_is_the_shard_of_its_text():
+    assert shard_of(Label("a/b", "c")) == shard_of("//a/b:c")
+    assert all(0 <= shard_of(f"k{i}") < SHARDS for i in range(100))
+
+
+def test_a_pickled_graph_reads_only_the_shards_of_the_edges_asked_for(
+    tmp_path, make_workspace, command
+):
+    from rsi.analysis import analyze
+    from rsi.loader import Loader
+    from rsi.registry import load_rules
+    from rsi.store import LocalStore
+
+    ws = make_workspace(
+        tmp_path,
+        {
+            "in/a.txt": "a\n",
+            "BUILD.toml": command("leaf", cmd="cat $(SRCS) > $(OUT)", srcs=["in/a.txt"], outs=["l"])
+            + command("top", cmd="cat $(location :leaf) > $(OUT)", deps=[":leaf"], outs=["t"]),
+        },
+    )
+    store = LocalStore(tmp_path / "store")
+    labels = [Label("", "top")]
+    graph = analyze(Loader(ws, load_rules()), labels, store_put=store.put_bytes, settings={})
+    again = pickle.loads(pickle.dumps(graph, pickle.HIGHEST_PROTOCOL))
+    top = next(a for a in graph.actions if a.startswith("//:top"))
+    assert isinstance(again.preds, Sharded) and isinstance(again.succs, Sharded)
+    assert again.preds[top] == graph.preds[top]
+    assert _loaded(again.preds) == 1 and _loaded(again.succs) == 0
+    assert again.descendants(graph.preds[top][0], set(graph.actions)) == {top}
+    assert dict(again.preds.items()) == graph.preds and dict(again.succs.items()) == graph.succs
+    assert again.actions_for(labels) == graph.actions_for(labels)
