@@ -226,13 +226,35 @@ def as_float64(raw: np.ndarray, dtype: str) -> np.ndarray:
 # Comparison
 
 
+def within_tolerance(
+    actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float
+) -> np.ndarray:
+    """The elementwise pass mask: a == e, or |a-e| <= atol + rtol*|e|. NaN never passes: every
+    comparison with a NaN is false, so it needs no pass of its own."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.subtract(actual, expected)
+        np.abs(err, out=err)
+        bound = np.abs(expected)
+        bound *= rtol
+        bound += atol
+        ok = err <= bound
+        ok |= actual == expected
+    return ok
+
+
+def mismatched(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> int:
+    """How many elements fail `within_tolerance`: compare()'s count without its error figures
+    (the referee checks every timed output of a measurement; a third of compare's time)."""
+    ok = within_tolerance(actual, expected, atol, rtol)
+    return int(ok.size - np.count_nonzero(ok))
+
+
 def compare(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> dict:
     """Elementwise |a-e| <= atol + rtol*|e|; NaN never matches; inf must match exactly."""
+    ok = within_tolerance(actual, expected, atol, rtol)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(actual - expected)
         exact = actual == expected
-        ok = exact | (err <= atol + rtol * np.abs(expected))
-        ok &= ~np.isnan(actual) & ~np.isnan(expected)
         finite_err = err[np.isfinite(err)]
         nz = np.abs(expected) > 0
         rel = err[nz] / np.abs(expected[nz])

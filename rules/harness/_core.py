@@ -144,9 +144,10 @@ def load_spec(path: Path) -> dict:
     measure.setdefault("units_per_call", None)
     measure.setdefault("arm_timeout_s", None)
     # NB: the sequential design (rules/harness/sequential.py): looks after first_look pairs and
-    # every look_every more, a fifth of alpha spent over the interim looks and the rest at the
-    # last (Haybittle-Peto-type); it stops when the interval clears
-    # 1 + stop_improvement (or lies below its inverse) at stop_confidence. "fixed": all pairs
+    # every look_every more, 16 % of alpha open from the first look, a tenth more over the
+    # interim looks and the rest at the last (Haybittle-Peto-type); it stops when the interval
+    # clears 1 + stop_improvement (or lies below its inverse) at stop_confidence. "fixed": all
+    # pairs
     measure.setdefault("sequential", "peto")
     measure.setdefault("first_look", 8)
     measure.setdefault("look_every", 2)

@@ -127,14 +127,15 @@ def judge_output(
     raw = np.frombuffer(
         output, dtype=np.uint16 if expected["dtype"] == "bfloat16" else np.dtype(expected["dtype"])
     ).reshape(expected["shape"])
-    cmp = C.compare(C.as_float64(raw, expected["dtype"]), ref, atol, rtol)
-    if not cmp["passed"]:
+    # NB: the count alone (the same pass rule as check's compare, without its error figures,
+    # which a measurement does not record): a fifth of the time, for every timed output
+    bad = C.mismatched(C.as_float64(raw, expected["dtype"]), ref, atol, rtol)
+    if bad:
         doc["reasons"].append(
             {
                 "code": "wrong_output",
                 "sample": j,
-                "detail": f"timed call {j}: {cmp['mismatched']} of {ref.size} values "
-                "disagree with the oracle",
+                "detail": f"timed call {j}: {bad} of {ref.size} values disagree with the oracle",
             }
         )
         return True
