@@ -198,14 +198,24 @@ def bench_task(
     }
     for name, cand in (("clear_gain", fast), ("clear_loss", slow)):
         if clear_reps and cand.is_dir():
+            t0 = time.monotonic()
             cand_check = check(cand, f"check-{name}.json")
-            docs, verdicts = [], []
+            check_s = time.monotonic() - t0
+            docs, verdicts, rounds = [], [], []
             for k in range(clear_reps):
+                t0 = time.monotonic()
                 path = measure(cand, 3000 + 100 * (name == "clear_loss") + k, f"{name}-{k}.json")
                 docs.append(_design_of(json.loads(path.read_text())))
                 v = assess(path, cand_check, aa_runs[k % len(aa_runs)], f"v-{name}-{k}.json")
                 verdicts.append(v["verdict"])
-            clear[name] = _clear(docs) | {"verdicts": verdicts}
+                # NB: a round on a calibrated binding: the candidate's check, its measurement
+                # and the assessment, as processes (start-up and imports included)
+                rounds.append(round(check_s + time.monotonic() - t0, 3))
+            clear[name] = _clear(docs) | {
+                "verdicts": verdicts,
+                "round_wall_s": rounds,
+                "round_wall_s_median": _median(rounds),
+            }
     floors = [v["noise_floor"]["delta"] for v in aa_verdicts if v["noise_floor"]]
     spec = json.loads(spec0.read_text())
     return {
@@ -291,6 +301,11 @@ def main() -> int:
             + "  ".join(
                 f"{kind} {c['pairs_median']} pairs {c['measure_wall_s_median']:.1f} s "
                 f"{'/'.join(f'{s}:{n}' for s, n in sorted(c['stops'].items()))}"
+                + (
+                    f" (round {c['round_wall_s_median']:.1f} s)"
+                    if c.get("round_wall_s_median") is not None
+                    else ""
+                )
                 for kind, c in r["by_kind"].items()
             ),
             flush=True,
