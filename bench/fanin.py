@@ -222,12 +222,13 @@ for p in paths:
 """
 
 
-def _timed(cmd: list[str], cwd: Path, env: dict | None = None) -> tuple[float, int, str]:
-    """(wall seconds, peak RSS KiB from GNU time, stdout) of one command."""
+def _timed(cmd: list[str], cwd: Path, env: dict | None = None) -> tuple[float, int, str, float]:
+    """(wall seconds, peak RSS KiB from GNU time, stdout, CPU seconds: user + sys of it and its
+    children, which a loaded host inflates far less than wall time) of one command."""
     rss = cwd.parent / f".rss-{os.getpid()}"
     t0 = time.perf_counter()
     p = subprocess.run(
-        ["/usr/bin/time", "-f", "%M", "-o", str(rss), *cmd],
+        ["/usr/bin/time", "-f", "%U %S %M", "-o", str(rss), *cmd],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -236,9 +237,9 @@ def _timed(cmd: list[str], cwd: Path, env: dict | None = None) -> tuple[float, i
     dt = time.perf_counter() - t0
     if p.returncode != 0:
         raise SystemExit(f"{cmd} failed:\n{p.stdout}\n{p.stderr}")
-    kib = int(rss.read_text().split()[-1])
+    user, system, kib = rss.read_text().split()[-3:]
     rss.unlink()
-    return dt, kib, p.stdout
+    return dt, int(kib), p.stdout, float(user) + float(system)
 
 
 # NB: the command people run (the console script): `rsi build TARGET` with no option takes the
@@ -268,7 +269,7 @@ def bench_noop(ws: Path, repeat: int, served: bool = False) -> dict:
         for _ in range(3 if served else 1):  # NB: untimed: settles the state (and the server)
             _timed([*PLAIN, "build", "//:root"], ws, env)
         for _ in range(repeat):
-            dt, kib, out = _timed([*PLAIN, "build", "//:root"], ws, env)
+            dt, kib, out, _ = _timed([*PLAIN, "build", "//:root"], ws, env)
             m = re.search(r"(\d+) actions: (\d+) cached, (\d+) executed", out)
             assert m is not None and m.group(3) == "0", out
             noop.append(dt)
@@ -367,15 +368,17 @@ def bench_change(ws: Path, repeat: int) -> dict:
     for tree, flags in ((ROOT / "rsi", ["-q"]), (ROOT / "rules", ["-q", "-l"])):
         subprocess.run([sys.executable, "-m", "compileall", *flags, str(tree)], capture_output=True)
     _timed([*PLAIN, "build", "//:root"], ws, env)  # NB: untimed: settles the state
-    rows: dict[str, list[float]] = {k: [] for k in ("noop", "change", "own", "copy", "copy_own")}
+    names = ("noop", "change", "own", "copy", "copy_own", "noop_cpu", "change_cpu", "copy_cpu")
+    rows: dict[str, list[float]] = {k: [] for k in names}
 
     def change(name: str, tag: str, trees: bool) -> None:
         leaf.write_text(f"input changed {tag} {time.time()}\n")
         time.sleep(1.1)  # NB: past the racy window, as an edit between two builds would be
         e = {**env, "RSI_STAGE_TREES": "1" if trees else "0"}
-        dt, _, out = _timed([*PLAIN, "build", "//:root"], ws, e)
+        dt, _, out, cpu = _timed([*PLAIN, "build", "//:root"], ws, e)
         assert " 3 executed" in out, out
         rows[name].append(dt)
+        rows[f"{name}_cpu"].append(cpu)
         logs = ws / "cache" / "events"
         log = max(logs.iterdir(), key=lambda q: q.stat().st_mtime)
         done = [json.loads(x) for x in log.read_text().splitlines() if '"action_finished"' in x]
@@ -383,9 +386,10 @@ def bench_change(ws: Path, repeat: int) -> dict:
 
     for r in range(repeat):
         time.sleep(1.1)
-        dt, _, out = _timed([*PLAIN, "build", "//:root"], ws, env)
+        dt, _, out, cpu = _timed([*PLAIN, "build", "//:root"], ws, env)
         assert " 0 executed" in out, out
         rows["noop"].append(dt)
+        rows["noop_cpu"].append(cpu)
         change("change", f"{r}", True)
         change("copy", f"{r} copied", False)
     med = {k: statistics.median(v) for k, v in rows.items()}
@@ -398,6 +402,10 @@ def bench_change(ws: Path, repeat: int) -> dict:
         "change_over_goal": med["change"] / goal,
         "change_one_copied_s": med["copy"],
         "rerun_own_copied_s": med["copy_own"],
+        # NB: CPU seconds (rsi and the actions it ran): the same comparison, robust to load
+        "noop_cpu_s": med["noop_cpu"],
+        "change_one_cpu_s": med["change_cpu"],
+        "change_minus_noop_cpu_s": med["change_cpu"] - med["noop_cpu"],
         **{f"{k}_samples_s": [round(x, 4) for x in v] for k, v in rows.items()},
     }
 
@@ -423,7 +431,8 @@ def main() -> None:
             f"one changed leaf {r['change_one_s']:.3f}s | no-op {r['noop_s']:.3f}s | re-run "
             f"actions' own time {r['rerun_own_s']:.3f}s | goal (no-op + 1.2 x own) "
             f"{r['goal_s']:.3f}s: {r['change_over_goal']:.2f}x the goal | without prepared "
-            f"trees {r['change_one_copied_s']:.3f}s (own {r['rerun_own_copied_s']:.3f}s)",
+            f"trees {r['change_one_copied_s']:.3f}s (own {r['rerun_own_copied_s']:.3f}s) | CPU: "
+            f"no-op {r['noop_cpu_s']:.3f}s, one change {r['change_one_cpu_s']:.3f}s",
             flush=True,
         )
         print(json.dumps(r))

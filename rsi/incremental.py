@@ -18,7 +18,6 @@ scheduler, which re-keys it and verifies what it serves.
 from __future__ import annotations
 
 import os
-import pickle
 import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -29,10 +28,11 @@ from rsi.analysis_cache import quiet_gc  # noqa: F401 - NB: build.py uses it fro
 from rsi.analysis_cache import read_sealed_head, write_sealed
 from rsi.digest import HITS_MOD, Digest, FileDigestMemo, digest_file, digest_value, hit_term
 from rsi.record import Value
+from rsi.sharded import ShardedDict
 
-# NB: /6: the actions packed, `exports`, `hits_sum`. In the request key too, so an older rsi
-# sharing the store never reads a state it cannot (it would apply a delta to packed bytes)
-SCHEMA = "rsi.incremental/6"
+# NB: /7: the actions in shards (rsi.sharded), `ac_index`. In the request key too, so an older
+# rsi sharing the store never reads a state it cannot (it would apply a delta to packed bytes)
+SCHEMA = "rsi.incremental/7"
 RACY_NS = FileDigestMemo.RACY_NS
 # NB: a build that only found a few small sources touched leaves the state as it is (each is
 # hashed again next time, as now): at 100,000 actions, writing the state costs seconds
@@ -80,18 +80,22 @@ def request_fields(ws: Any, patterns: list[str], current: str, store: Any) -> di
     }
 
 
-def _actions(state: dict) -> dict[str, list]:
-    """The state's actions. On disk they are one pickle inside the state's (bytes, copied
-    whole when the state is read): a no-op, which needs no action's entry, never unpickles
-    them (at 100,000 actions, a third of reading the state). A delta's entries for them wait
-    in `actions_delta` until then."""
-    actions = state["actions"]
-    if isinstance(actions, bytes):
-        with quiet_gc():
-            actions = pickle.loads(actions)
-        actions.update(state.pop("actions_delta", None) or {})
-        state["actions"] = actions
-    return actions
+def _actions(state: dict) -> Any:
+    """The state's actions. On disk they are kept in 256 shards by a CRC of the action id
+    (`ShardedDict`), each unpickled on first use: a no-op, which needs no action's entry,
+    unpickles none (at 100,000 actions, a third of reading the state), and a one-change build
+    the shards of the entries it reads."""
+    return state["actions"]
+
+
+def _ac_index(actions: Any) -> dict[str, tuple]:
+    """{action-cache shard (the key's first two hex digits): the actions whose entry is in it}:
+    a shard folder whose signature moved has its entries checked without a walk of every
+    action (`_check_entries`)."""
+    index: dict[str, list] = {}
+    for action_id, a in actions.items():
+        index.setdefault(a[KEY_HASH][:2], []).append(action_id)
+    return {shard: tuple(ids) for shard, ids in index.items()}
 
 
 def _exports_of(state: dict, actions: dict[str, list]) -> dict[str, tuple]:
@@ -114,7 +118,7 @@ def _delta_path(store: Any, request: str):
 
 
 # NB: the parts of a state a delta replaces entry by entry; the rest of its fields are whole
-DELTA_PARTS = ("actions", "sources", "blobs", "logs", "ac_dirs", "exports")
+DELTA_PARTS = ("actions", "sources", "blobs", "logs", "ac_dirs", "exports", "ac_index")
 # NB: `hits_sum`: the sum of every action's `hit_term` (its hit line in the event summary),
 # kept up to date entry by entry so a no-op's summary costs nothing per action
 DELTA_FIELDS = ("index_sig", "roots_sig", "hits_sum")
@@ -191,8 +195,9 @@ def _load(store: Any, request: str) -> tuple[dict, str, dict, Any] | None:
     if isinstance(delta, dict) and delta.get("extends") == seal:
         for part in DELTA_PARTS:
             entries = delta.get(part) or {}
-            if part == "actions" and isinstance(state["actions"], bytes):
-                state.setdefault("actions_delta", {}).update(entries)
+            if part == "actions" and isinstance(state["actions"], ShardedDict):
+                # NB: applied as each shard loads: a no-op loads none of them
+                state["actions"].defer(entries)
             else:
                 state.setdefault(part, {}).update(entries)
             changed[part].update(entries)
@@ -216,12 +221,14 @@ def save(store: Any, state: dict) -> str | None:
         state["blobs"] = {h: sig for h, sig in blobs.items() if h in live}
     state["logs"] = _logs_of(actions.values())
     state["exports"] = _exports_of(state, actions)
+    state["ac_index"] = _ac_index(actions)
     path = _state_path(store, state["request"])
     try:
-        packed = pickle.dumps(actions, protocol=pickle.HIGHEST_PROTOCOL)
+        packed = ShardedDict.pack(actions)
     except Exception:  # NB: as write_sealed: the state is a speed-up only
         return None
-    seal = write_sealed(store, path, {**state, "actions": packed})
+    state["actions"] = packed
+    seal = write_sealed(store, path, state)
     try:
         os.unlink(_delta_path(store, state["request"]))
     except OSError:
@@ -252,19 +259,22 @@ def save_changes(store: Any, p: Plan) -> None:
         p.seal = save(store, state)
         p.updated = {part: set() for part in DELTA_PARTS}
         return
-    if not isinstance(state["actions"], bytes):
-        # NB: entries this build may have replaced: what a no-op exports follows them
-        exports = state.setdefault("exports", {})
-        for producer, outputs in _exports_of(state, state["actions"]).items():
-            if exports.get(producer) != outputs:
-                exports[producer] = outputs
-                p.updated["exports"].add(producer)
+    # NB: entries this build may have replaced: what a no-op exports follows them (the
+    # exported producers' entries only: their shards, not all)
+    exports = state.setdefault("exports", {})
+    for producer, outputs in _exports_of(state, state["actions"]).items():
+        if exports.get(producer) != outputs:
+            exports[producer] = outputs
+            p.updated["exports"].add(producer)
     delta: dict[str, Any] = {"schema": SCHEMA, "extends": p.seal}
     for part in DELTA_PARTS:
         whole = state.get(part) or {}
-        if part == "actions" and isinstance(whole, bytes):
-            whole = state.get("actions_delta") or {}  # NB: unread: nothing new since loaded
-        delta[part] = {k: whole[k] for k in p.updated[part] if k in whole}
+        if isinstance(whole, ShardedDict):
+            # NB: what the loaded delta held is written again without loading its shards
+            found = ((k, whole.peek(k)) for k in p.updated[part])
+            delta[part] = {k: v for k, v in found if v is not None}
+        else:
+            delta[part] = {k: whole[k] for k in p.updated[part] if k in whole}
     for name in DELTA_FIELDS:
         delta[name] = state.get(name)
     if write_sealed(store, _delta_path(store, p.request), delta) is not None:
@@ -791,7 +801,11 @@ def _check_entries(store: Any, state: dict, blobs: dict, p: Plan) -> None:
                 bad.add(h)
         except OSError:
             bad.add(h)
-    if bad or recheck:
+    walk = bool(bad or recheck)
+    if recheck and not bad:
+        # NB: the entries of the shards whose folder moved, by the index: no walk of the rest
+        walk = not _check_listed(store, state, recheck, p, shard_new)
+    if walk:
         owned: set[str] = set()
         for action_id, a in _actions(state).items():
             if bad:
@@ -815,6 +829,25 @@ def _check_entries(store: Any, state: dict, blobs: dict, p: Plan) -> None:
             ac_dirs[shard] = sig
             p.updated["ac_dirs"].add(shard)
             p.changed = True
+
+
+def _check_listed(store: Any, state: dict, shards: set[str], p: Plan, shard_new: dict) -> bool:
+    """The entries of these action-cache shards, found through `ac_index`, held (those that
+    did not make their actions dirty); False when the index cannot say (missing, or naming an
+    action whose entry is elsewhere): the caller walks every action."""
+    index = state.get("ac_index")
+    if index is None:
+        return False
+    actions = _actions(state)
+    for shard in sorted(shards):
+        for action_id in index.get(shard, ()):
+            a = actions.get(action_id)
+            if a is None or a[KEY_HASH][:2] != shard:
+                return False
+            if action_id not in p.dirty and not _entry_held(store, action_id, a, p):
+                p.dirty.add(action_id)
+                shard_new[shard] = None
+    return True
 
 
 def _entry_held(store: Any, action_id: str, a: list, p: Plan) -> bool:
@@ -1061,6 +1094,13 @@ def _record_changes(
                 if d and d[0] not in state["logs"]:
                     state["logs"][d[0]] = d[1]
                     updated["logs"].add(d[0])
+        index = state.get("ac_index")
+        if index is not None and old[KEY_HASH][:2] != entry[KEY_HASH][:2]:
+            # NB: its entry moved to another shard folder: the index follows
+            was, now_at = old[KEY_HASH][:2], entry[KEY_HASH][:2]
+            index[was] = tuple(i for i in index.get(was, ()) if i != action_id)
+            index[now_at] = (*index.get(now_at, ()), action_id)
+            updated["ac_index"].update((was, now_at))
         # NB: written into by this build: its entries are stat'ed next time, which settles it
         shard = entry[KEY_HASH][:2]
         if state["ac_dirs"].get(shard, 0) is not None:

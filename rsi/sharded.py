@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pickle
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 SHARDS = 256
@@ -71,4 +71,62 @@ class Sharded(Mapping):
         if not isinstance(order, bytes):
             order = pickle.dumps(order, _PROTOCOL)
         shards = [p if isinstance(p, bytes) else pickle.dumps(p, _PROTOCOL) for p in self._shards]
-        return (Sharded, (order, shards, self._len))
+        return (type(self), (order, shards, self._len))
+
+
+class ShardedDict(Sharded, MutableMapping):
+    """As `Sharded`, and writable: a write loads its key's shard (kept loaded, and pickled
+    again only when the mapping is); a new key goes last in the order. `defer` replaces
+    entries without loading their shards: each shard takes its deferred entries when loaded."""
+
+    __slots__ = ("_pending",)
+
+    def __init__(self, order: bytes | list, shards: list, length: int) -> None:
+        super().__init__(order, shards, length)
+        self._pending: dict[int, dict] = {}
+
+    def defer(self, values: Mapping) -> None:
+        """Replace these entries (keys already held, as a delta's) when their shard loads."""
+        for key, value in values.items():
+            at = shard_of(key)
+            if isinstance(self._shards[at], bytes):
+                self._pending.setdefault(at, {})[key] = value
+            else:
+                self[key] = value
+
+    def peek(self, key: Any, default: Any = None) -> Any:
+        """As `get`, a deferred entry without loading its shard."""
+        pending = self._pending.get(shard_of(key))
+        if pending is not None and key in pending:
+            return pending[key]
+        return self.get(key, default)
+
+    def _shard(self, at: int) -> dict:
+        part = self._shards[at]
+        if isinstance(part, bytes):
+            part = self._shards[at] = pickle.loads(part)
+            for key, value in self._pending.pop(at, {}).items():
+                if key not in part:
+                    self._new_key(key)
+                part[key] = value
+        return part
+
+    def _new_key(self, key: Any) -> None:
+        if isinstance(self._order, bytes):
+            self._order = pickle.loads(self._order)
+        self._order.append(key)
+        self._len += 1
+
+    def __reduce__(self) -> tuple:
+        for at in list(self._pending):
+            self._shard(at)
+        return super().__reduce__()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        part = self._shard(shard_of(key))
+        if key not in part:
+            self._new_key(key)
+        part[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        raise TypeError("entries are replaced, never removed")

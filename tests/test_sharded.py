@@ -66,3 +66,17 @@ def test_a_pickled_graph_reads_only_the_shards_of_the_edges_asked_for(
     assert again.descendants(graph.preds[top][0], set(graph.actions)) == {top}
     assert dict(again.preds.items()) == graph.preds and dict(again.succs.items()) == graph.succs
     assert again.actions_for(labels) == graph.actions_for(labels)
+
+
+def test_deferred_entries_replace_theirs_when_their_shard_loads_and_survive_a_pickle():
+    from rsi.sharded import ShardedDict
+
+    values = {f"a{i}": [i] for i in range(500)}
+    again = pickle.loads(pickle.dumps(ShardedDict.pack(values), pickle.HIGHEST_PROTOCOL))
+    again.defer({"a7": [70], "a9": [90]})
+    assert _loaded(again) == 0 and again.peek("a7") == [70] and _loaded(again) == 0
+    assert again["a7"] == [70] and _loaded(again) == 1
+    again["a8"] = [80]
+    twice = pickle.loads(pickle.dumps(again, pickle.HIGHEST_PROTOCOL))
+    assert twice["a9"] == [90] and twice["a8"] == [80] and twice["a1"] == [1]
+    assert list(twice) == list(values) and len(twice) == len(values)
