@@ -8,8 +8,10 @@ that analysis' recorded reads), and for every source the stat signature and dige
 consumers were keyed with, for every action its key, its outputs and the stat signatures of its
 action-cache entry and blobs. A signature stands for content only when it was taken more than
 `RACY_NS` after the file's last change (Git's racy-timestamp rule, as the stat memo); a racy or
-differing one means the content is read again. The actions' entries are one pickle inside the
-state's, unpickled only by a build that needs one (a no-op needs none: the outputs it exports
+differing one means the content is read again. The actions' entries are kept in 256 shards
+(rsi.sharded), each unpickled only by a build that needs an entry of it (a no-op needs none,
+a one-change build those it re-keys and reads, found by id; an action-cache shard folder whose
+signature moved has its entries found through `ac_index`: the outputs a no-op exports
 are kept apart, `exports`, and follow every entry that changes). This module never decides a
 result by itself: an action whose sources, entry or blobs are in any doubt goes to the
 scheduler, which re-keys it and verifies what it serves.
