@@ -590,25 +590,31 @@ def test_each_arm_replays_prompts_no_model_has_seen():
     pool = judge.draw_prompts(trace, alphabet, k)
     again = judge.draw_prompts(trace, alphabet, k)
     texts = [r["text_input"] for r in pool]
-    assert len(texts) == math.ceil((len(trace) + k) * judge.FRESH_POOL) == len(set(texts))
+    assert len(texts) == len(set(texts)) >= math.ceil((len(trace) + k) * judge.FRESH_POOL)
     assert not set(texts) & {t["text_input"] for t in trace}
     assert not set(texts) & {r["text_input"] for r in again}  # NB: drawn anew each run
     assert all(set(t) <= set(alphabet) and t == t.strip() for t in texts)
-    assert [len(t) for t in texts[: len(trace)]] == [len(t["text_input"]) for t in trace]
+    assert {len(t) for t in texts} == {len(t["text_input"]) for t in trace}
 
     ids = [[(j + n) % 75 for n in range(24)] for j in range(len(pool))]
-    trusted = [5 if j % 3 == 0 else 24 for j in range(len(pool))]  # NB: a near-tie: not used
+    trusted = [5 if j % 4 == 0 else 24 for j in range(len(pool))]  # NB: a near-tie: not used
     before = json.dumps(binding)
     run_b, rows, data, pre_b, pre = judge.fresh_workload(binding, trace, pool, ids, trusted)
     assert json.dumps(binding) == before  # NB: the pinned binding is not changed
-    usable = [j for j in range(len(pool)) if j % 3]
     assert judge.parse_trace(data, run_b) == rows  # NB: still exactly the bound load shape
-    assert [r["text_input"] for r in rows] == [pool[j]["text_input"] for j in usable[:48]]
-    assert run_b["workload"]["reference_token_ids"] == [ids[j] for j in usable[:48]]
-    assert [r["text_input"] for r in pre] == [pool[j]["text_input"] for j in usable[48:51]]
-    assert pre_b["workload"]["reference_token_ids"] == [ids[j] for j in usable[48:51]]
+    at = {t: j for j, t in enumerate(texts)}
+    used = [at[r["text_input"]] for r in rows] + [at[r["text_input"]] for r in pre]
+    assert len(set(used)) == len(trace) + k and all(trusted[j] == 24 for j in used)
+    # NB: each replayed prompt has the pinned one's length at the pinned one's time
+    assert [len(r["text_input"]) for r in rows] == [len(t["text_input"]) for t in trace]
+    assert run_b["workload"]["reference_token_ids"] == [ids[j] for j in used[: len(trace)]]
+    assert pre_b["workload"]["reference_token_ids"] == [ids[j] for j in used[len(trace) :]]
     with pytest.raises(judge.Invalid) as exc:
         judge.fresh_workload(binding, trace, pool, ids, [23] * len(pool))
+    assert exc.value.code == "sample_unchecked"
+    # NB: a server that refuses a check's request leaves it unmade: not ok, never a crash
+    with pytest.raises(judge.Invalid) as exc:
+        judge.check_benchmark_sample(_StandIn("http://127.0.0.1:9"), pre_b, pre)
     assert exc.value.code == "sample_unchecked"
 
     port = judge.free_port()

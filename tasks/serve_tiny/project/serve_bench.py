@@ -676,37 +676,53 @@ def secret_sample(n: int, k: int) -> list[int]:
     return sorted(secrets.SystemRandom().sample(range(n), min(k, n)))
 
 
-# NB: fresh prompts drawn per prompt an arm needs: a drawn prompt counts only when its whole
-# reference continuation is trusted (no near-tie): 90 of 102 were in a run here, and 51 of
-# 77 are needed
+# NB: fresh prompts drawn per prompt an arm needs, per shape (prompt length, answer length), plus
+# two: a drawn prompt counts only when its whole reference continuation is trusted (no
+# near-tie): 90 of 102 were in a run here
 FRESH_POOL = 1.5
+FRESH_SPARE = 2
+
+
+def _slots(trace: list[dict], extra: int) -> list[tuple[int, int]]:
+    """The shape (prompt characters, answer tokens) of every prompt an arm asks: each replayed
+    request's, then `extra` for the sample before the replay, at the trace's median shape."""
+    shapes = [(max(2, len(t["text_input"])), int(t["output_length"])) for t in trace]
+    # NB: the lower median: with two shapes, the shorter (a test's overlong prompt is refused)
+    return shapes + [sorted(shapes)[(len(shapes) - 1) // 2]] * int(extra)
 
 
 def draw_prompts(
     trace: list[dict], alphabet: str, extra: int, pool: float = FRESH_POOL
 ) -> list[dict]:
-    """Fresh prompts for one arm, drawn from the OS's randomness at run time: (len(trace) +
-    extra) x pool strings of the model's alphabet, their lengths cycling through the pinned
-    trace's prompt lengths, none a pinned prompt, all distinct. The pinned trace fixes the load
-    (when, how many, how long an answer); the words are new each run, so no model can answer a
-    timed request from a table of the public ones: it has to compute it."""
+    """Fresh prompts for one arm, drawn from the OS's randomness at run time: for every shape
+    the arm needs m of (`_slots`), ceil(m x pool) + FRESH_SPARE strings of the model's alphabet
+    of that length, none a pinned prompt, all distinct. The pinned trace fixes the load (when,
+    how many, how long a prompt and an answer); the words are new each run, so no model can
+    answer a timed request from a table of the public ones: it has to compute it."""
     rng = secrets.SystemRandom()
     edge = [c for c in alphabet if not c.isspace()]
     inner = [c for c in alphabet if c != "\n"]
     if not edge or not trace:
         raise Invalid("sample_unchecked", "no alphabet or trace to draw fresh prompts from")
     public = {t["text_input"] for t in trace}
-    want, out, seen = math.ceil((len(trace) + int(extra)) * pool), [], set()
-    while len(out) < want:
-        row = trace[len(out) % len(trace)]
-        n = max(2, len(row["text_input"]))
-        text = (
-            rng.choice(edge) + "".join(rng.choice(inner) for _ in range(n - 2)) + rng.choice(edge)
-        )
-        if text in seen or text in public:
-            continue
-        seen.add(text)
-        out.append({"text_input": text, "output_length": int(row["output_length"])})
+    need: dict[tuple[int, int], int] = {}
+    for shape in _slots(trace, extra):
+        need[shape] = need.get(shape, 0) + 1
+    out: list[dict] = []
+    seen: set[str] = set()
+    for (chars, answer), m in sorted(need.items()):
+        drawn, want = 0, math.ceil(m * pool) + FRESH_SPARE
+        while drawn < want:
+            text = (
+                rng.choice(edge)
+                + "".join(rng.choice(inner) for _ in range(chars - 2))
+                + rng.choice(edge)
+            )
+            if text in seen or text in public:
+                continue
+            seen.add(text)
+            out.append({"text_input": text, "output_length": answer})
+            drawn += 1
     return out
 
 
@@ -714,38 +730,49 @@ def fresh_workload(
     binding: dict, trace: list[dict], pool: list[dict], ids: list, trusted: list
 ) -> tuple[dict, list[dict], bytes, dict, list[dict]]:
     """The arm's own workload from the drawn `pool` and its reference (`ids`, `trusted`, from
-    make_model.py --prompts): the pinned trace's timestamps and lengths with fully trusted fresh
-    prompts (binding, rows and bytes for AIPerf), and `secret_sample` more of them, never
-    replayed, for the sample asked before the replay (binding, rows). Invalid when too few
-    drawn prompts have a fully trusted reference."""
+    make_model.py --prompts): the pinned trace's times and shapes with fully trusted fresh
+    prompts of the same shape (binding, rows and bytes for AIPerf), and `secret_sample` more,
+    never replayed, for the sample asked before the replay (binding, rows). Invalid when a
+    shape has too few drawn prompts with a fully trusted reference."""
     k = int(binding["workload"].get("secret_sample", 0))
     if len(ids) != len(pool) or len(trusted) != len(pool):
         raise Invalid("sample_unchecked", "the reference does not cover every drawn prompt")
-    usable = [j for j, row in enumerate(pool) if int(trusted[j]) >= int(row["output_length"])]
-    if k < 1 or len(usable) < len(trace) + k:
-        raise Invalid(
-            "sample_unchecked",
-            f"{len(usable)} of {len(pool)} fresh prompts have a fully trusted reference, "
-            f"{len(trace) + k} needed",
-        )
+    if k < 1:
+        raise Invalid("sample_unchecked", "the binding asks no secret sample")
+    usable: dict[tuple[int, int], list[int]] = {}
+    for j, row in enumerate(pool):
+        if int(trusted[j]) >= int(row["output_length"]):
+            shape = (max(2, len(row["text_input"])), int(row["output_length"]))
+            usable.setdefault(shape, []).append(j)
+    picked: list[int] = []
+    for shape in _slots(trace, k):
+        if not usable.get(shape):
+            drawn = sum(1 for r in pool if (len(r["text_input"]), r["output_length"]) == shape)
+            raise Invalid(
+                "sample_unchecked",
+                f"too few fresh prompts of {shape[0]} characters with a fully trusted "
+                f"reference of {shape[1]} tokens ({drawn} drawn)",
+            )
+        picked.append(usable[shape].pop(0))
+    n = len(trace)
     rows = [
         {
             "timestamp": t["timestamp"],
             "text_input": pool[j]["text_input"],
             "output_length": t["output_length"],
         }
-        for t, j in zip(trace, usable, strict=False)
+        for t, j in zip(trace, picked[:n], strict=True)
     ]
-    pre = [pool[j] for j in usable[len(trace) : len(trace) + k]]
+    pre = [pool[j] for j in picked[n:]]
 
-    def bound(picked: list[int]) -> dict:
+    def bound(which: list[int]) -> dict:
         b = json.loads(json.dumps(binding))
-        b["workload"]["reference_token_ids"] = [ids[j] for j in picked]
-        b["workload"]["reference_trusted"] = [int(trusted[j]) for j in picked]
+        b["workload"]["reference_token_ids"] = [ids[j] for j in which]
+        b["workload"]["reference_trusted"] = [int(trusted[j]) for j in which]
         return b
 
     data = "".join(json.dumps(r) + "\n" for r in rows).encode()
-    return bound(usable[: len(trace)]), rows, data, bound(usable[len(trace) : len(trace) + k]), pre
+    return bound(picked[:n]), rows, data, bound(picked[n:]), pre
 
 
 def check_benchmark_sample(server: Server, binding: dict, trace: list[dict]) -> dict:
@@ -775,8 +802,14 @@ def check_benchmark_sample(server: Server, binding: dict, trace: list[dict]) -> 
             "ignore_eos": True,
             "return_token_ids": True,
         }
-        doc = json.loads(http(f"{server.url}/v1/completions", body, timeout=120))
-        got.append([int(t) for t in doc["choices"][0]["token_ids"]])
+        try:
+            doc = json.loads(http(f"{server.url}/v1/completions", body, timeout=120))
+            got.append([int(t) for t in doc["choices"][0]["token_ids"]])
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+            # NB: a refused or unreadable answer is a check that could not be made: not ok
+            raise Invalid(
+                "sample_unchecked", f"the secret sample's request {i} got no answer: {exc}"
+            ) from None
     # NB: each reference is compared up to its first near-tie (top-1/top-2 logit gap under the
     # frozen margin_bound, `reference_trusted`): past it exact equality would not be fair
     diff = compare_tokens(
