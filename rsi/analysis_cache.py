@@ -210,10 +210,8 @@ class Tracker:
             return False
         return all(store.has(Digest.parse(d)) for d in self.blobs)
 
-    def moved_reads(self, lstats: dict | None = None, unchanged=frozenset()) -> list[str]:
-        """The declarations (and `rsi.toml`) whose content differs now, or a note when a path's
-        existence, kind, mode or real path does: for a build about to export (rsi.recheck);
-        `lstats` and `unchanged` as for `still_valid`."""
+    def _moved_files(self) -> list[str]:
+        """The declarations (and `rsi.toml`) whose content digest differs from the one read."""
         moved = []
         for p, want in self.files.items():
             try:
@@ -222,6 +220,13 @@ class Tracker:
                 got = "absent"
             if got != want:
                 moved.append(p)
+        return moved
+
+    def moved_reads(self, lstats: dict | None = None, unchanged=frozenset()) -> list[str]:
+        """The declarations (and `rsi.toml`) whose content differs now, or a note when a path's
+        existence, kind, mode or real path does: for a build about to export (rsi.recheck);
+        `lstats` and `unchanged` as for `still_valid`."""
+        moved = self._moved_files()
         if not moved and not _stats_unchanged(self.stats, lstats or {}, unchanged):
             moved.append("(a source's existence, mode or real path)")
         return sorted(moved)
@@ -234,14 +239,7 @@ class Tracker:
         unchanged in signature (inode, size, mtime, ctime: a chmod or a swap moves ctime), so
         in kind and mode: for those only their folders' real paths are resolved again, once
         per folder; every other path is checked as `moved_reads` does (`lstats` as there)."""
-        moved = []
-        for p, want in self.files.items():
-            try:
-                got = self.memo.digest(p).hash
-            except OSError:
-                got = "absent"
-            if got != want:
-                moved.append(p)
+        moved = self._moved_files()
         realpath = os.path.realpath
         if moved or any(realpath(folder) != real for folder, real in dirs.items()):
             return sorted(moved) or ["(a source's real path)"]

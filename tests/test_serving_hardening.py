@@ -203,6 +203,18 @@ class _StandIn:
         self.url = url
 
 
+def _started(judge, port: int) -> _StandIn:
+    """The stand-in server on `port`, once it answers (up to ~10 s)."""
+    server = _StandIn(f"http://127.0.0.1:{port}")
+    for _ in range(100):
+        try:
+            judge.http(f"{server.url}/v1/completions", {"prompt": "x", "max_tokens": 1})
+            break
+        except OSError:
+            time.sleep(0.1)
+    return server
+
+
 @pytest.mark.fast
 def test_a_model_wrong_only_on_benchmark_requests_fails_the_secret_sample(tmp_path):
     """A stand-in server right on the three public prompts and wrong on every trace request:
@@ -217,13 +229,7 @@ def test_a_model_wrong_only_on_benchmark_requests_fails_the_secret_sample(tmp_pa
             [sys.executable, str(script), str(PROJECT / "serve.json"), str(port), mode]
         )
         try:
-            server = _StandIn(f"http://127.0.0.1:{port}")
-            for _ in range(100):
-                try:
-                    judge.http(f"{server.url}/v1/completions", {"prompt": "x", "max_tokens": 1})
-                    break
-                except OSError:
-                    time.sleep(0.1)
+            server = _started(judge, port)
             c = binding["correctness"]
             got = []
             for prompt in c["prompts"]:
@@ -623,13 +629,7 @@ def test_each_arm_replays_prompts_no_model_has_seen():
         [sys.executable, str(script), str(PROJECT / "serve.json"), str(port), "honest"]
     )
     try:
-        server = _StandIn(f"http://127.0.0.1:{port}")
-        for _ in range(100):
-            try:
-                judge.http(f"{server.url}/v1/completions", {"prompt": "x", "max_tokens": 1})
-                break
-            except OSError:
-                time.sleep(0.1)
+        server = _started(judge, port)
         # NB: the table is right on the pinned prompts (what the old judge asked) ...
         assert judge.check_benchmark_sample(server, binding, trace)["requests"]
         # ... and on none of the arm's own
