@@ -11,30 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
+import test_event_hits
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bwrap")]
 
-
-@pytest.fixture
-def fanin(command, make_workspace, tmp_path):
-    """leaf_a, leaf_b -> top, each leaf copying its source."""
-    return make_workspace(
-        tmp_path,
-        {
-            "in/a.txt": "alpha\n",
-            "in/b.txt": "bravo\n",
-            "BUILD.toml": command(
-                "leaf_a", cmd="cat $(SRCS) > $(OUT)", srcs=["in/a.txt"], outs=["a.out"]
-            )
-            + command("leaf_b", cmd="cat $(SRCS) > $(OUT)", srcs=["in/b.txt"], outs=["b.out"])
-            + command(
-                "top",
-                cmd="cat $(location :leaf_a) $(location :leaf_b) > $(OUT)",
-                deps=[":leaf_a", ":leaf_b"],
-                outs=["top.out"],
-            ),
-        },
-    )
+# NB: the same workspace as the event tests': leaf_a, leaf_b -> top, each leaf copying its source
+fanin = test_event_hits.fanin
 
 
 def _one_change_with(ws_root: Path, monkeypatch, meanwhile) -> tuple[object, list[dict]]:

@@ -42,22 +42,9 @@ def test_the_shard_of_a_label_is_the_shard_of_its_text():
 def test_a_pickled_graph_reads_only_the_shards_of_the_edges_asked_for(
     tmp_path, make_workspace, command
 ):
-    from rsi.analysis import analyze
-    from rsi.loader import Loader
-    from rsi.registry import load_rules
-    from rsi.store import LocalStore
+    from test_analysis_cache import _graph
 
-    ws = make_workspace(
-        tmp_path,
-        {
-            "in/a.txt": "a\n",
-            "BUILD.toml": command("leaf", cmd="cat $(SRCS) > $(OUT)", srcs=["in/a.txt"], outs=["l"])
-            + command("top", cmd="cat $(location :leaf) > $(OUT)", deps=[":leaf"], outs=["t"]),
-        },
-    )
-    store = LocalStore(tmp_path / "store")
-    labels = [Label("", "top")]
-    graph = analyze(Loader(ws, load_rules()), labels, store_put=store.put_bytes, settings={})
+    labels, graph = _graph(tmp_path, make_workspace, command)
     again = pickle.loads(pickle.dumps(graph, pickle.HIGHEST_PROTOCOL))
     top = next(a for a in graph.actions if a.startswith("//:top"))
     assert isinstance(again.preds, Sharded) and isinstance(again.succs, Sharded)
