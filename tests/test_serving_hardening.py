@@ -622,6 +622,9 @@ def test_each_arm_replays_prompts_no_model_has_seen():
     with pytest.raises(judge.Invalid) as exc:
         judge.check_benchmark_sample(_StandIn("http://127.0.0.1:9"), pre_b, pre)
     assert exc.value.code == "sample_unchecked"
+    with pytest.raises(judge.Invalid) as exc:
+        judge.greedy(_StandIn("http://127.0.0.1:9"), binding)
+    assert exc.value.code == "correctness_unchecked"
 
     port = judge.free_port()
     script = FIXTURES / "wrong_on_benchmark" / "standin.py"

@@ -628,8 +628,14 @@ def greedy(server: Server, binding: dict) -> list[list[int]]:
             "ignore_eos": True,
             "return_token_ids": True,
         }
-        doc = json.loads(http(f"{server.url}/v1/completions", body, timeout=120))
-        out.append([int(t) for t in doc["choices"][0]["token_ids"]])
+        try:
+            doc = json.loads(http(f"{server.url}/v1/completions", body, timeout=120))
+            out.append([int(t) for t in doc["choices"][0]["token_ids"]])
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+            # NB: a refused or unreadable answer is a check that could not be made: not ok
+            raise Invalid(
+                "correctness_unchecked", f"the correctness prompt {prompt!r} got no answer: {exc}"
+            ) from None
     return out
 
 
