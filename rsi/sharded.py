@@ -66,6 +66,10 @@ class Sharded(Mapping):
     def __len__(self) -> int:
         return self._len
 
+    def loaded(self) -> int:
+        """How many shards have been unpickled (0: no entry has been read)."""
+        return sum(1 for part in self._shards if not isinstance(part, bytes))
+
     def __reduce__(self) -> tuple:
         order = self._order
         if not isinstance(order, bytes):

@@ -43,6 +43,20 @@ def test_the_count_only_check_passes_and_fails_exactly_what_compare_does(atol, r
     ).all()
 
 
+@pytest.mark.parametrize("shape", [(), (1,), (3, 0)])
+def test_a_scalar_or_empty_output_is_compared_as_an_array(shape):
+    """A loss is a 0-d array; numpy's ufuncs return scalars for it, which the shared mask must
+    not write into (a kernelbench baseline failed its own check on exactly that)."""
+    rng = np.random.default_rng(1)
+    for actual, expected in [
+        (rng.choice(EDGES, shape), rng.choice(EDGES, shape)) for _ in range(40)
+    ]:
+        actual, expected = np.asarray(actual), np.asarray(expected)
+        want = int(np.count_nonzero(~_old_mask(actual, expected, 1e-6, 1e-5)))
+        assert common.mismatched(actual, expected, 1e-6, 1e-5) == want
+        assert common.compare(actual, expected, 1e-6, 1e-5)["mismatched"] == want
+
+
 class _Oracle:
     def reference(self, x):
         return np.asarray(x, dtype=np.float64) * 2.0

@@ -1,6 +1,7 @@
-"""The build state keeps its actions packed (one pickle inside the state's) so a no-op never
-reads an action's entry; what a no-op exports comes from the state's `exports`, which must
-follow every change of a producer's outputs (rsi/incremental.py). No timing is asserted."""
+"""The build state keeps its actions packed (256 pickled shards inside the state's, each
+unpickled on first use) so a no-op never reads an action's entry; what a no-op exports comes
+from the state's `exports`, which must follow every change of a producer's outputs
+(rsi/incremental.py). No timing is asserted."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def _build(workspace, monkeypatch, tmp_path):
 
 def test_a_no_op_leaves_the_actions_packed_and_exports_what_changed_last(ws, monkeypatch, tmp_path):
     from rsi import incremental
+    from rsi.sharded import ShardedDict
     from rsi.workspace import Workspace
 
     monkeypatch.chdir(ws)
@@ -68,19 +70,21 @@ def test_a_no_op_leaves_the_actions_packed_and_exports_what_changed_last(ws, mon
         report = _build(workspace, monkeypatch, tmp_path)
         assert report.counts["executed"] == 0 and report.counts["cached"] == 2
         assert out.read_text() == text.upper(), n
-        # NB: served without reading any action's entry: still the packed bytes
-        assert seen and isinstance(seen[-1]["actions"], bytes)
+        # NB: served without reading any action's entry: every shard still packed
+        assert seen and isinstance(seen[-1]["actions"], ShardedDict)
+        assert seen[-1]["actions"].loaded() == 0
     # NB: the change went to a delta; the packed actions plus the delta's entries are the
     # actions as they are now
     (state,) = [p for p in (ws / "cache" / "analysis").iterdir() if p.name.startswith("state-")]
     assert any(p.name.startswith("delta-") for p in state.parent.iterdir())
     raw = state.read_bytes()
     on_disk = pickle.loads(memoryview(raw)[raw.find(b"\n") + 1 :])
-    assert isinstance(on_disk["actions"], bytes)
+    assert isinstance(on_disk["actions"], ShardedDict) and on_disk["actions"].loaded() == 0
     plan = incremental.Plan(seen[-1]["request"], seen[-1])
     top = plan.output("//:top#Command", "top.out")
-    actions = plan.actions  # NB: unpacked now, the delta's entries applied
-    assert isinstance(seen[-1]["actions"], dict)
+    actions = plan.actions
     outputs = actions["//:top#Command"][incremental.OUTPUTS]
+    # NB: reading one entry unpacked its shard alone, the delta's entries applied to it
+    assert actions.loaded() == 1
     assert top is not None and (top[0].hash, top[0].size) == (outputs[0][1], outputs[0][2])
     assert outputs[0][2] == len("CHARLIE\n")

@@ -232,12 +232,14 @@ def within_tolerance(
     """The elementwise pass mask: a == e, or |a-e| <= atol + rtol*|e|. NaN never passes: every
     comparison with a NaN is false, so it needs no pass of its own."""
     with np.errstate(invalid="ignore", over="ignore"):
-        err = np.subtract(actual, expected)
+        # NB: a ufunc on 0-d arrays (a loss, a scalar output) returns a numpy scalar, which
+        # `out=` and in-place operators cannot write into: hold every step as an array
+        err = np.asarray(np.subtract(actual, expected), dtype=np.float64)
         np.abs(err, out=err)
-        bound = np.abs(expected)
+        bound = np.array(np.abs(expected), dtype=np.float64)
         bound *= rtol
         bound += atol
-        ok = err <= bound
+        ok = np.asarray(err <= bound)
         ok |= actual == expected
     return ok
 
