@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from rsi import __version__
-from rsi.digest import Digest, FileDigestMemo, digest_bytes, digest_value
+from rsi.digest import Digest, FileDigestMemo, digest_bytes, digest_value, hasher
 from rsi.fsutil import atomic_write_bytes, prune, touch
 
 SCHEMA = "rsi.analysis/1"
@@ -42,17 +42,15 @@ def quiet_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _stat_sig(
-    path: str, dirs: dict[str, str] | None = None, st: os.stat_result | None = None
-) -> list:
+def _stat_sig(path: str, dirs: dict[str, str] | None = None, mode: int | None = None) -> list:
     """Existence, kind, executable bit and real path of `path`. `dirs` memoises the real path
     of parent folders within one check, so a folder of many sources costs one lstat each;
-    `st` is the path's `lstat` when the caller has it already."""
+    `mode` is the `st_mode` of the path's `lstat` when the caller has it already."""
     try:
-        if st is None:
-            st = os.lstat(path)
-        if stat.S_ISLNK(st.st_mode):
-            st = os.stat(path)
+        if mode is None:
+            mode = os.lstat(path).st_mode
+        if stat.S_ISLNK(mode):
+            mode = os.stat(path).st_mode
             real = os.path.realpath(path)
         else:
             parent, name = os.path.split(path)
@@ -72,8 +70,8 @@ def _stat_sig(
         return ["absent"]
     # NB: the real path too: a folder on the way swapped for a symlink out of the workspace
     # must re-run analysis, which refuses it (rule.py), not reuse the old verdict
-    kind = "dir" if stat.S_ISDIR(st.st_mode) else "file"
-    return [kind, bool(st.st_mode & 0o111), real]
+    kind = "dir" if stat.S_ISDIR(mode) else "file"
+    return [kind, bool(mode & 0o111), real]
 
 
 def _stats_unchanged(
@@ -82,8 +80,9 @@ def _stats_unchanged(
     unchanged=frozenset(),
     dirs: dict[str, str] | None = None,
 ) -> bool:
-    """`_stat_sig` of every path still gives what was recorded; `lstats` are `lstat` results
-    the caller has already. A path recorded as its own real path (no link on the way: the
+    """`_stat_sig` of every path still gives what was recorded; `lstats` are {path: st_mode}
+    of `lstat`s the caller made already (the modes alone: a stat result per source held at
+    once costs ~600 bytes each). A path recorded as its own real path (no link on the way: the
     common case) that is still no link is checked here from its `lstat` and its folder's real
     path (one per folder), without `_stat_sig`'s path arithmetic. A path in `unchanged` (a
     watcher saw no change to it, nor to its folder) only has its folder's real path checked.
@@ -115,8 +114,8 @@ def _stats_unchanged(
                 return False
         items = ((p, stats[p]) for p in stats.keys() - unchanged)
     for p, want in items:
-        st = got(p)
-        if st is not None and len(want) == 3 and want[2] == p and not is_link(st.st_mode):
+        mode = got(p)
+        if mode is not None and len(want) == 3 and want[2] == p and not is_link(mode):
             # NB: a recorded real path is absolute and normalised, so its folder is all
             # before its last "/"; it is still its own real path iff the folder still is
             cut = p.rfind("/")
@@ -125,7 +124,6 @@ def _stats_unchanged(
                 real_parent = dirs.get(parent)
                 if real_parent is None:
                     real_parent = dirs[parent] = realpath(parent)
-                mode = st.st_mode
                 if (
                     real_parent != parent
                     or want[0] != ("dir" if is_dir(mode) else "file")
@@ -133,7 +131,7 @@ def _stats_unchanged(
                 ):
                     return False
                 continue
-        if _stat_sig(p, dirs, st) != want:
+        if _stat_sig(p, dirs, mode) != want:
             return False
     return True
 
@@ -191,9 +189,9 @@ class Tracker:
         unchanged=frozenset(),
         dirs: dict[str, str] | None = None,
     ) -> bool:
-        """Every recorded read gives the same answer; `lstats` are `lstat` results the caller
-        took just now (the incremental state's pass over the sources), used instead of new
-        calls; `unchanged` are paths a watcher saw no change to (rsi.incremental); `dirs`
+        """Every recorded read gives the same answer; `lstats` are {path: st_mode} of `lstat`s
+        the caller took just now (the incremental state's pass over the sources), used instead
+        of new calls; `unchanged` are paths a watcher saw no change to (rsi.incremental); `dirs`
         receives the folders' real paths as resolved (`_stats_unchanged`)."""
         for p, want in self.files.items():
             try:
@@ -338,24 +336,60 @@ def read_sealed(store, path: Path) -> Any | None:
     return read_sealed_head(store, path)[1]
 
 
+# NB: the size of each read while a sealed file is hashed: the file is never held whole
+_CHUNK = 1 << 20
+
+
+class _Hashing:
+    """A file, read through `pickle.load`, that hashes every byte it hands over."""
+
+    def __init__(self, f: Any, h: Any) -> None:
+        self._f, self._h = f, h
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self._h.update(data)
+        return data
+
+    def readinto(self, buf: Any) -> int:
+        n = self._f.readinto(buf)
+        self._h.update(memoryview(buf)[:n])
+        return n
+
+    def readline(self, limit: int = -1) -> bytes:
+        data = self._f.readline(limit)
+        self._h.update(data)
+        return data
+
+
 def read_sealed_head(store, path: Path) -> tuple[str | None, Any | None]:
-    """(the payload's digest, the object) as `read_sealed`; (None, None) when unusable."""
+    """(the payload's digest, the object) as `read_sealed`; (None, None) when unusable. The
+    payload is hashed as it is read, never held whole (a state of 100,000 actions is ~60 MB,
+    an analysis ~160 MB: held while unpickled, it was the build's peak memory): once before
+    it is unpickled (nothing is unpickled from bytes the seal does not vouch for), and again
+    as it is unpickled (what was unpickled is what was checked, whatever wrote meanwhile)."""
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as f:
+            seal = f.readline(256).rstrip(b"\n").decode(errors="replace")
+            start = f.tell()
+            h = hasher(store.function)
+            for chunk in iter(lambda: f.read(_CHUNK), b""):
+                h.update(chunk)
+            if not seal or seal != h.hexdigest():
+                return None, None
+            f.seek(start)
+            again = _Hashing(f, hasher(store.function))
+            try:
+                with quiet_gc():
+                    found = pickle.load(again)
+            except Exception:  # NB: any unpickling failure just means "no memo"
+                return None, None
+            while again.read(_CHUNK):  # NB: anything after the pickle is in the seal too
+                pass
+            if again._h.hexdigest() != seal:
+                return None, None
+            return seal, found
     except OSError:
-        return None, None
-    cut = raw.find(b"\n")
-    if cut < 0:
-        return None, None
-    # NB: a view, not a copy (an analysis of 100,000 targets is ~130 MB)
-    head, payload = raw[:cut], memoryview(raw)[cut + 1 :]
-    seal = head.decode(errors="replace")
-    if seal != digest_bytes(payload, store.function).hash:
-        return None, None
-    try:
-        with quiet_gc():
-            return seal, pickle.loads(payload)
-    except Exception:  # NB: any unpickling failure just means "no memo"
         return None, None
 
 

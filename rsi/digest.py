@@ -12,7 +12,7 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import blake3
 
@@ -80,6 +80,11 @@ def _hasher(function: str):
     raise StoreError(
         f"unknown digest function {function!r}", hint=f"use one of {', '.join(DIGEST_FUNCTIONS)}"
     )
+
+
+def hasher(function: str = DEFAULT_FUNCTION) -> Any:
+    """A new incremental hasher of `function` (`update`, `hexdigest`): for data read in parts."""
+    return _hasher(function)
 
 
 def digest_bytes(data: bytes, function: str = DEFAULT_FUNCTION) -> Digest:

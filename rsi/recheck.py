@@ -36,7 +36,7 @@ def moved_sources(
 ) -> list[str]:
     """The sources whose content is no longer what the build read (sorted). Those in
     `unchanged` (a watcher saw no change to them since the build's check) are not looked at;
-    the `lstat` of each other one goes into `lstats` (for `moved_declarations`)."""
+    the mode of each other one's `lstat` goes into `lstats` (for `moved_declarations`)."""
     moved = []
     for path, (sig, hash_hex, size) in expected.items():
         if hash_hex is not None and path in unchanged:
@@ -44,7 +44,7 @@ def moved_sources(
         try:
             st = os.lstat(path)
             if lstats is not None:
-                lstats[path] = st
+                lstats[path] = st.st_mode
             if stat.S_ISLNK(st.st_mode):
                 st = os.stat(path)
         except OSError:
