@@ -48,6 +48,7 @@ def main() -> int:
     C.become_subreaper()
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     outside: dict = {}
+    swept = False
     work_dir = Path(tempfile.mkdtemp(prefix="rsi-measure-"))
     try:
         spec = C.load_spec(args.spec)
@@ -71,6 +72,7 @@ def main() -> int:
         doc["host"]["loadavg_start"] = load_start
         doc["imports_outside_identity"] = outside
         C.kill_descendants()
+        swept = True
         try:
             C.write_json(out_path, doc)
         except (ValueError, TypeError, RecursionError) as exc:
@@ -81,7 +83,10 @@ def main() -> int:
         print(f"rsi harness fault (measure): {exc}", file=sys.stderr)
         return C.INFRA_EXIT
     finally:
-        C.kill_descendants()
+        # NB: once swept after the run nothing of ours is left to kill; another /proc scan
+        # (every process's stat file) would only cost start-up time
+        if not swept:
+            C.kill_descendants()
         shutil.rmtree(work_dir, ignore_errors=True)
     if busy:
         print(f"rsi measure: the host was busy, not to be cached: {busy}", file=sys.stderr)
