@@ -201,20 +201,30 @@ def bench_task(
             t0 = time.monotonic()
             cand_check = check(cand, f"check-{name}.json")
             check_s = time.monotonic() - t0
-            docs, verdicts, rounds = [], [], []
+            docs, verdicts, rounds, steps = [], [], [], []
             for k in range(clear_reps):
                 t0 = time.monotonic()
                 path = measure(cand, 3000 + 100 * (name == "clear_loss") + k, f"{name}-{k}.json")
+                t1 = time.monotonic()
                 docs.append(_design_of(json.loads(path.read_text())))
                 v = assess(path, cand_check, aa_runs[k % len(aa_runs)], f"v-{name}-{k}.json")
                 verdicts.append(v["verdict"])
                 # NB: a round on a calibrated binding: the candidate's check, its measurement
                 # and the assessment, as processes (start-up and imports included)
                 rounds.append(round(check_s + time.monotonic() - t0, 3))
+                # NB: where the round went: the measure process beyond its own measuring wall
+                # (`wall_s`) is its start-up, imports and writing
+                steps.append((t1 - t0, docs[-1]["wall_s"], time.monotonic() - t1))
             clear[name] = _clear(docs) | {
                 "verdicts": verdicts,
                 "round_wall_s": rounds,
                 "round_wall_s_median": _median(rounds),
+                "round_steps_s_median": {
+                    "check": round(check_s, 3),
+                    "measure_process": _median([round(s[0], 3) for s in steps]),
+                    "measure_wall_s": _median([s[1] for s in steps]),
+                    "assess": _median([round(s[2], 3) for s in steps]),
+                },
             }
     floors = [v["noise_floor"]["delta"] for v in aa_verdicts if v["noise_floor"]]
     spec = json.loads(spec0.read_text())
@@ -302,7 +312,9 @@ def main() -> int:
                 f"{kind} {c['pairs_median']} pairs {c['measure_wall_s_median']:.1f} s "
                 f"{'/'.join(f'{s}:{n}' for s, n in sorted(c['stops'].items()))}"
                 + (
-                    f" (round {c['round_wall_s_median']:.1f} s)"
+                    f" (round {c['round_wall_s_median']:.1f} s: "
+                    + ", ".join(f"{k} {v:.2f}" for k, v in c["round_steps_s_median"].items())
+                    + ")"
                     if c.get("round_wall_s_median") is not None
                     else ""
                 )
