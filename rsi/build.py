@@ -581,7 +581,13 @@ def _build(
         # NB: an action's result must not be served again (its action said so), and the state
         # would vouch for it: the next build goes the whole way (its entry is not cached)
         incremental.forget(store, request)
-    elif request is not None and all(o.status in ("hit", "executed") for o in ran.values()):
+    elif (
+        request is not None
+        and not moved
+        and all(o.status in ("hit", "executed") for o in ran.values())
+    ):
+        # NB: never after the last attempt saw sources move: the state would vouch for what
+        # this build read, which the workspace no longer holds
         with incremental.quiet_gc():
             incremental.record(
                 store,
