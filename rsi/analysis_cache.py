@@ -361,6 +361,10 @@ class _Hashing:
         self._h.update(data)
         return data
 
+    def hexdigest(self) -> str:
+        """The digest of every byte handed over so far."""
+        return self._h.hexdigest()
+
 
 def read_sealed_head(store, path: Path) -> tuple[str | None, Any | None]:
     """(the payload's digest, the object) as `read_sealed`; (None, None) when unusable. The
@@ -386,7 +390,7 @@ def read_sealed_head(store, path: Path) -> tuple[str | None, Any | None]:
                 return None, None
             while again.read(_CHUNK):  # NB: anything after the pickle is in the seal too
                 pass
-            if again._h.hexdigest() != seal:
+            if again.hexdigest() != seal:
                 return None, None
             return seal, found
     except OSError:

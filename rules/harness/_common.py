@@ -233,10 +233,11 @@ def within_tolerance(
     comparison with a NaN is false, so it needs no pass of its own."""
     with np.errstate(invalid="ignore", over="ignore"):
         # NB: a ufunc on 0-d arrays (a loss, a scalar output) returns a numpy scalar, which
-        # `out=` and in-place operators cannot write into: hold every step as an array
+        # `out=` and in-place operators cannot write into: hold every step as an array (no
+        # copy of one that already is: this mask runs on every timed output)
         err = np.asarray(np.subtract(actual, expected), dtype=np.float64)
         np.abs(err, out=err)
-        bound = np.array(np.abs(expected), dtype=np.float64)
+        bound = np.asarray(np.abs(expected), dtype=np.float64)
         bound *= rtol
         bound += atol
         ok = np.asarray(err <= bound)
