@@ -583,6 +583,60 @@ def test_text_streamed_ahead_of_its_token_is_not_timed_as_one():
 
 
 @pytest.mark.fast
+def test_the_fresh_pool_falls_short_only_by_a_vanishing_chance_and_costs_only_what_it_needs():
+    """CI once judged an honest arm sample_unchecked: 1.5 prompts per need plus 2 left a shape
+    with fewer fully trusted references than it needed (about 1 arm in 14 at the 78% measured
+    here). The pool is now large enough that a shortage needs a run of bad luck, and the
+    reference stops computing a shape once it has enough, so the pool does not cost time."""
+    import torch
+
+    judge = _load(PROJECT / "serve_bench.py", "serve_bench_hardening_pool")
+    maker = _load(PROJECT / "make_model.py", "make_model_hardening_pool")
+    binding = json.loads((PROJECT / "serve.json").read_text())
+    trace = judge.parse_trace((PROJECT / "trace.jsonl").read_bytes(), binding)
+    k = binding["workload"]["secret_sample"]
+    pool = judge.draw_prompts(trace, binding["model"]["alphabet"], k)
+    need: dict = {}
+    for shape in judge._slots(trace, k):
+        need[shape] = need.get(shape, 0) + 1
+    short = 0.0
+    for (chars, answer), m in need.items():
+        rows = [r for r in pool if (len(r["text_input"]), r["output_length"]) == (chars, answer)]
+        assert {r["enough"] for r in rows} == {m}
+        n = len(rows)
+        short += sum(math.comb(n, i) * 0.78**i * 0.22 ** (n - i) for i in range(m))
+    assert short < 1e-5, short  # NB: per arm, at the 78% fully trusted measured here
+
+    # NB: the reference engine's loop, on a stand-in model whose every third row has a near-tie
+    # on its first token: rows past a shape's `enough` are not computed and are never usable
+    calls = []
+
+    class Model:
+        def __call__(self, input_ids, past_key_values, use_cache):
+            calls.append(1)
+            tie = past_key_values is None and int(input_ids[0, 0]) % 3 == 0
+            logits = torch.zeros(1, 1, 8)
+            logits[0, -1, 1] = 5.0
+            logits[0, -1, 2] = 5.0 if tie else 0.0
+            return type("Out", (), {"logits": logits, "past_key_values": ()})()
+
+    def fast(text, add_special_tokens):
+        return {"input_ids": [ord(text[0])]}
+
+    rows = [{"text_input": chr(48 + j) + "x", "output_length": 4, "enough": 3} for j in range(12)]
+    ids, trusted = maker.greedy_rows(binding, fast, Model(), rows)
+    full = [j for j, t in enumerate(trusted) if t >= 4]
+    assert len(full) == 3 and full == [1, 2, 4]  # NB: '0' and '3' tie (48, 51 divisible by 3)
+    assert all(ids[j] == [] and trusted[j] == 0 for j in range(5, 12))
+    assert len(calls) == 5 * 4  # NB: five rows computed, four tokens each
+    # NB: without `enough` (the trace's own reference) every row is computed
+    calls.clear()
+    plain = [{"text_input": r["text_input"], "output_length": 4} for r in rows]
+    maker.greedy_rows(binding, fast, Model(), plain)
+    assert len(calls) == 12 * 4
+
+
+@pytest.mark.fast
 def test_each_arm_replays_prompts_no_model_has_seen():
     """The pinned trace and its reference are public, so a model could answer them from a
     table without computing (the stand-in `wrong_on_benchmark` in its honest mode is such a

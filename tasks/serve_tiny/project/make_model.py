@@ -87,13 +87,24 @@ def greedy_rows(binding: dict, fast, model, rows: list[dict]) -> tuple[list, lis
     top-1/top-2 logit gap is under the binding's `margin_bound` (past a near-tie exact equality
     is not fair). Decoded with the key/value cache: it moves a logit by ~1e-6, which can flip
     an argmax only where the gap is already far under `margin_bound`, i.e. past the trusted
-    length."""
+    length.
+
+    A row with `enough` (an arm's fresh prompts) is skipped, as ids [] and trusted 0, once that
+    many rows of its shape (prompt characters, answer tokens) before it were fully trusted: the
+    arm draws a pool large enough that a shortage is vanishingly rare, and pays only for the
+    rows it needs."""
     import torch
 
     bound = float(binding["correctness"]["margin_bound"])
     ids_out, trusted = [], []
+    full: dict[tuple[int, int], int] = {}
     with torch.no_grad():
         for row in rows:
+            shape = (len(row["text_input"]), int(row["output_length"]))
+            if "enough" in row and full.get(shape, 0) >= int(row["enough"]):
+                ids_out.append([])
+                trusted.append(0)
+                continue
             x = torch.tensor([fast(row["text_input"], add_special_tokens=False)["input_ids"]])
             got, first_tie, past = [], None, None
             for k in range(int(row["output_length"])):
@@ -107,6 +118,8 @@ def greedy_rows(binding: dict, fast, model, rows: list[dict]) -> tuple[list, lis
                 x = torch.tensor([[nxt]])
             ids_out.append(got)
             trusted.append(len(got) if first_tie is None else first_tie)
+            if first_tie is None:
+                full[shape] = full.get(shape, 0) + 1
     return ids_out, trusted
 
 

@@ -683,10 +683,13 @@ def secret_sample(n: int, k: int) -> list[int]:
 
 
 # NB: fresh prompts drawn per prompt an arm needs, per shape (prompt length, answer length), plus
-# two: a drawn prompt counts only when its whole reference continuation is trusted (no
-# near-tie): 90 of 102 were in a run here
-FRESH_POOL = 1.5
-FRESH_SPARE = 2
+# six: a drawn prompt counts only when its whole reference continuation is trusted (no
+# near-tie). 351 of 450 (78%) were here; at 1.5 per need plus 2 an arm fell short about once in
+# 14 (sample_unchecked in CI). At 3 per need plus 6 it falls short about once in 400,000 arms
+# at 78%, and once in 1,600 even at 60%. make_model.py stops computing a shape's references
+# once it has the `enough` it needs, so the larger pool costs nothing but drawing strings.
+FRESH_POOL = 3.0
+FRESH_SPARE = 6
 
 
 def _slots(trace: list[dict], extra: int) -> list[tuple[int, int]]:
@@ -702,9 +705,10 @@ def draw_prompts(
 ) -> list[dict]:
     """Fresh prompts for one arm, drawn from the OS's randomness at run time: for every shape
     the arm needs m of (`_slots`), ceil(m x pool) + FRESH_SPARE strings of the model's alphabet
-    of that length, none a pinned prompt, all distinct. The pinned trace fixes the load (when,
-    how many, how long a prompt and an answer); the words are new each run, so no model can
-    answer a timed request from a table of the public ones: it has to compute it."""
+    of that length, none a pinned prompt, all distinct, each row carrying `enough` = m (the
+    reference stops computing that shape once m are fully trusted). The pinned trace fixes the
+    load (when, how many, how long a prompt and an answer); the words are new each run, so no
+    model can answer a timed request from a table of the public ones: it has to compute it."""
     rng = secrets.SystemRandom()
     edge = [c for c in alphabet if not c.isspace()]
     inner = [c for c in alphabet if c != "\n"]
@@ -727,7 +731,7 @@ def draw_prompts(
             if text in seen or text in public:
                 continue
             seen.add(text)
-            out.append({"text_input": text, "output_length": answer})
+            out.append({"text_input": text, "output_length": answer, "enough": m})
             drawn += 1
     return out
 
@@ -769,7 +773,10 @@ def fresh_workload(
         }
         for t, j in zip(trace, picked[:n], strict=True)
     ]
-    pre = [pool[j] for j in picked[n:]]
+    pre = [
+        {"text_input": pool[j]["text_input"], "output_length": pool[j]["output_length"]}
+        for j in picked[n:]
+    ]
 
     def bound(which: list[int]) -> dict:
         b = json.loads(json.dumps(binding))
