@@ -208,6 +208,85 @@ def test_background_processes_are_killed_when_the_check_ends(tmp_path):
     assert processes_mentioning("rsi-hostile-background-marker") == []
 
 
+@pytest.mark.fast
+def test_scratch_sweep_removes_only_folders_whose_run_is_dead(tmp_path):
+    """A run killed with SIGKILL never reaches its `finally`: its scratch folder stayed in /tmp
+    (CI left 28 of them). The next run removes a folder whose lock no process holds, and
+    never one whose run is alive (a real process holds its lock) or one still being made."""
+    common = load_harness_module("_common")
+    dead, alive_fd = common.scratch_dir("rsi-check-", tmp_path)
+    os.close(alive_fd)  # NB: what the kernel does for a killed run
+    (dead / "worker.log").write_text("left behind")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.path.insert(0, sys.argv[1]); import _common as c; from pathlib "
+            "import Path; w, fd = c.scratch_dir('rsi-check-', Path(sys.argv[2])); print(w, "
+            "flush=True); sys.stdin.read()",
+            str(HARNESS),
+            str(tmp_path),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        live = Path(holder.stdout.readline().strip())
+        assert live.is_dir() and not dead.exists()  # NB: the holder's own start swept it
+        dead.mkdir()  # NB: a folder still being made: no lock yet
+        other = tmp_path / "rsi-measure-kept"
+        other.mkdir()
+        (other / common.SCRATCH_LOCK).write_text("")  # NB: another prefix: not this sweep's
+        mine, fd = common.scratch_dir("rsi-check-", tmp_path)
+        assert live.is_dir() and dead.is_dir() and other.is_dir()
+        assert sorted(common.sweep_scratch("rsi-check-", tmp_path)) == []
+    finally:
+        holder.communicate("", timeout=30)
+    # NB: the holder has ended: its lock is free; mine is still held
+    assert common.sweep_scratch("rsi-check-", tmp_path) == [live.name]
+    assert mine.is_dir() and dead.is_dir()
+    os.close(fd)
+    assert common.sweep_scratch("rsi-check-", tmp_path) == [mine.name]
+
+
+@pytest.mark.e2e
+def test_a_check_killed_with_sigkill_leaves_scratch_the_next_run_removes(tmp_path):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    spec = softmax_spec(["normal_f32"], call_timeout_s=60)
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    args = ["--task", str(TASKS / "softmax"), "--spec", str(spec_path)]
+    env = dict(os.environ, TMPDIR=str(scratch))
+    cmd = [sys.executable, "-I", "-B", str(HARNESS / "check.py"), *args]
+    proc = subprocess.Popen(
+        [*cmd, "--impl", str(HOSTILE / "sleeps"), "--out", str(tmp_path / "a.json")],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while not list(scratch.glob("rsi-check-*/.rsi-alive")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    os.killpg(proc.pid, 9)  # NB: the run and its worker, as an OOM kill or a lost node would
+    proc.wait(timeout=30)
+    left = list(scratch.glob("rsi-check-*"))
+    assert len(left) == 1
+    done = subprocess.run(
+        [*cmd, "--impl", str(TASKS / "softmax" / "baseline"), "--out", str(tmp_path / "b.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "b.json").read_text())["status"] == "ok"
+    assert list(scratch.iterdir()) == []
+
+
 @pytest.mark.e2e
 def test_planted_modules_in_cwd_change_nothing(tmp_path):
     for name in ("numpy.py", "oracle.py", "workloads.py", "kernel.py", "_common.py", "stats.py"):

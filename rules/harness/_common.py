@@ -10,6 +10,7 @@ Standalone on purpose: stdlib + numpy, torch only when a task uses it. Never imp
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -19,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import types
 import uuid
@@ -343,6 +345,51 @@ def reap_zombies() -> None:
             return
         if pid == 0:
             return
+
+
+# NB: the lock file a live scratch folder holds; named last (renamed into place after it is
+# locked), so a sweeper never finds it unlocked while its run lives
+SCRATCH_LOCK = ".rsi-alive"
+
+
+def sweep_scratch(prefix: str, root: Path) -> list[str]:
+    """Remove the `prefix` folders under `root` that an earlier run left: those whose lock no
+    process holds (a run killed with SIGKILL never reaches its `finally`). A folder without
+    the lock (still being made, or an older layout), or whose lock is held, is left alone."""
+    gone: list[str] = []
+    try:
+        names = [n for n in os.listdir(root) if n.startswith(prefix)]
+    except OSError:
+        return gone
+    for name in names:
+        try:
+            fd = os.open(root / name / SCRATCH_LOCK, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # NB: held: its run is alive
+        finally:
+            os.close(fd)
+        shutil.rmtree(root / name, ignore_errors=True)
+        gone.append(name)
+    return gone
+
+
+def scratch_dir(prefix: str, root: Path | None = None) -> tuple[Path, int]:
+    """A fresh scratch folder under `root` (TMPDIR) that holds a lock for this process's life,
+    after sweeping the orphans of earlier runs (`sweep_scratch`). Returns the folder and the
+    lock's descriptor: close it after removing the folder. The descriptor is not inherited, so
+    a candidate's process that outlives the run does not keep its folder alive."""
+    root = Path(tempfile.gettempdir()) if root is None else root
+    sweep_scratch(prefix, root)
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+    making = work / (SCRATCH_LOCK + ".new")
+    fd = os.open(making, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(making, work / SCRATCH_LOCK)
+    return work, fd
 
 
 # ---------------------------------------------------------------------------------------------

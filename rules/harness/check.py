@@ -13,10 +13,10 @@ the candidate's failure `referee_error`, with the evidence written.
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -400,7 +400,7 @@ def main() -> int:
     C.become_subreaper()
     outside: dict = {}
     swept = False
-    work_dir = Path(tempfile.mkdtemp(prefix="rsi-check-"))
+    work_dir, alive = C.scratch_dir("rsi-check-")
     try:
         spec = C.load_spec(args.spec)
         C.require_device(spec)
@@ -427,6 +427,7 @@ def main() -> int:
         if not swept:
             C.kill_descendants()
         shutil.rmtree(work_dir, ignore_errors=True)
+        os.close(alive)
     if outside:
         print(
             f"rsi check: imports outside the judge's identity, not to be cached: {outside}",

@@ -23,7 +23,6 @@ import runpy
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 
@@ -49,7 +48,7 @@ def main() -> int:
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     outside: dict = {}
     swept = False
-    work_dir = Path(tempfile.mkdtemp(prefix="rsi-measure-"))
+    work_dir, alive = C.scratch_dir("rsi-measure-")
     try:
         spec = C.load_spec(args.spec)
         C.require_device(spec)
@@ -88,6 +87,7 @@ def main() -> int:
         if not swept:
             C.kill_descendants()
         shutil.rmtree(work_dir, ignore_errors=True)
+        os.close(alive)
     if busy:
         print(f"rsi measure: the host was busy, not to be cached: {busy}", file=sys.stderr)
         return C.BUSY_EXIT

@@ -36,7 +36,6 @@ import runpy
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 
@@ -66,7 +65,7 @@ def main() -> int:
     C.become_subreaper()
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     outside: dict = {}
-    work_dir = Path(tempfile.mkdtemp(prefix=f"rsi-mr-{args.step}-"))
+    work_dir, alive = C.scratch_dir(f"rsi-mr-{args.step}-")
     try:
         spec = C.load_spec(args.spec)
         C.require_device(spec)
@@ -109,6 +108,7 @@ def main() -> int:
     finally:
         C.kill_descendants()
         shutil.rmtree(work_dir, ignore_errors=True)
+        os.close(alive)
     if busy:
         # NB: judged (assess: INCONCLUSIVE host_busy) but never cached, as measure.py
         print(
