@@ -63,7 +63,7 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
         "render.py",
     ),
     "round": ("round.py",),
-    "select": ("select.py",),
+    "select": ("selection.py",),
     "snapshot": ("snapshot.py",),
     "report": ("report.py",),
     "final": ("final.py",),

@@ -108,7 +108,7 @@ def campaign(n_rounds: int, seed: int = 0, final_state: str = "done") -> dict:
         }
         docs.append(round_doc(n, verdict, point, usage, f"idea {n}: fuse the loops"))
         verdicts[n] = {"verdict": verdict, "fingerprint": dict(FINGERPRINT)}
-    select, report = harness("select"), harness("report")
+    select, report = harness("selection"), harness("report")
     best = select.select(docs)
     sel = best["selected"]
     if final_state == "done" and sel:
@@ -176,7 +176,7 @@ def review_campaign(noise: float = 0.0) -> dict:
     verdicts = {
         d["round"]: {"verdict": d["verdict"], "fingerprint": dict(FINGERPRINT)} for d in docs
     }
-    select, report = harness("select"), harness("report")
+    select, report = harness("selection"), harness("report")
     best = select.select(docs)
     final = {"state": "pending", "message": "the campaign is still open", "verdict": None}
     meta = {

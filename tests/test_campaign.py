@@ -340,7 +340,9 @@ def test_the_judge_is_fixed_at_the_start_and_a_change_refuses_rounds_and_the_fin
     assert set(judge["spec"]) == {"spec.json", "check_spec.json"}
     assert set(judge["runtime"]) == {"tasks/sm/oracle.py", "tasks/sm/workloads.py"}
     assert set(judge["baseline"]) == {"tasks/sm/baseline/kernel.py"}
-    assert {"check.py", "measure.py", "assess.py", "select.py", "final.py"} <= set(judge["harness"])
+    assert {"check.py", "measure.py", "assess.py", "selection.py", "final.py"} <= set(
+        judge["harness"]
+    )
 
     declared = build.read_text()  # the binding's measurement policy changes after the start
     build.write_text(declared.replace("measure.pairs = 16", "measure.pairs = 17"))
@@ -592,7 +594,7 @@ def _round_doc(n: int, verdict: str, point: float | None, lo: float | None = Non
 
 @pytest.mark.fast
 def test_best_is_the_highest_paired_improvement_among_pass_rounds_only():
-    sel = _harness("select")
+    sel = _harness("selection")
     doc = sel.select(
         [
             _round_doc(1, "PASS", 1.3),

@@ -146,7 +146,7 @@ def test_a_round_that_did_not_pass_never_shows_its_speedup_as_counting():
     )
     report = S.harness("report")
     c["report"] = report.report(
-        "//p:c", c["docs"], S.harness("select").select(c["docs"]), {"state": "pending"}
+        "//p:c", c["docs"], S.harness("selection").select(c["docs"]), {"state": "pending"}
     )
     v, html = rendered(c)
     row = row_html(html, 2)

@@ -44,7 +44,7 @@ def _pages(tmp_path: Path) -> dict[str, Path]:
     w = S.review_campaign()
     w["docs"][3] = S.reviewed(S.round_doc(4, "PASS", 12.0, {}, "vectorise"), "pass")
     w["report"] = S.harness("report").report(
-        "//p:c", w["docs"], S.harness("select").select(w["docs"]), {"state": "pending"}
+        "//p:c", w["docs"], S.harness("selection").select(w["docs"]), {"state": "pending"}
     )
     vw = dash.view(w["report"], w["docs"], w["verdicts"], w["meta"])
     out["wide"] = tmp_path / "wide.html"

@@ -92,7 +92,7 @@ def test_an_external_round_without_review_counts_and_says_none():
     c = S.review_campaign()
     S.reviewed(c["docs"][3], None)
     c["report"] = S.harness("report").report(
-        "//p:c", c["docs"], S.harness("select").select(c["docs"]), {"state": "pending"}
+        "//p:c", c["docs"], S.harness("selection").select(c["docs"]), {"state": "pending"}
     )
     v, html = built(c)
     assert v["rounds"][3]["counts"] is True and v["rounds"][3]["review"] is None
@@ -166,7 +166,7 @@ def test_a_wide_speedup_range_offers_a_log_scale_view():
     c = S.review_campaign()
     c["docs"][3] = S.reviewed(S.round_doc(4, "PASS", 12.0, {}, "vectorise"), "pass")
     c["report"] = S.harness("report").report(
-        "//p:c", c["docs"], S.harness("select").select(c["docs"]), {"state": "pending"}
+        "//p:c", c["docs"], S.harness("selection").select(c["docs"]), {"state": "pending"}
     )
     v, html = built(c)
     assert dash().wide(v)

@@ -284,3 +284,22 @@ def test_the_harness_loads_its_siblings_downwards_only():
     ]
     assert not upward, "upward loads in rules/harness:\n" + "\n".join(upward)
     assert graph.has_edge("mr_check", "check") and graph.has_edge("referee", "siblings")
+
+
+@pytest.mark.fast
+def test_no_module_shadows_the_standard_library():
+    """A script's folder comes first on sys.path unless Python runs with -I: the harness's
+    `select.py` made every harness script run as `python rules/harness/x.py` import it in place
+    of the stdlib's `select` (through subprocess and selectors) and die before judging. The
+    folders whose files run as scripts (the harness, the tasks' files) are held to it; a
+    package's module (rsi.jobs.profile) is imported by its dotted name and shadows nothing."""
+    import sys
+
+    folders = [ROOT / "rules" / "harness", ROOT / "tasks"]
+    shadows = sorted(
+        str(p.relative_to(ROOT))
+        for top in folders
+        for p in top.rglob("*.py")
+        if p.stem in sys.stdlib_module_names and ".venv" not in p.parts
+    )
+    assert shadows == []

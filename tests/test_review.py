@@ -271,7 +271,7 @@ def test_an_external_reviewer_adds_evidence_and_can_only_add_findings(tmp_path):
 @pytest.mark.fast
 def test_a_failed_or_inconclusive_review_blocks_selection_but_never_changes_a_verdict():
     rnd = _harness("round")
-    sel = _harness("select")
+    sel = _harness("selection")
     verdict = {
         "verdict": "PASS",
         "reasons": [],

@@ -139,7 +139,7 @@ def select_from_rounds(store, graph, outcomes, label: Label) -> dict | None:
         if doc is None:
             return None
         docs.append(doc)
-    return harness_module("select").select(docs)
+    return harness_module("selection").select(docs)
 
 
 def best_summary(store, graph, outcomes, label: Label) -> dict:

@@ -20,7 +20,7 @@ from rules.steps import HARNESS_DIR, SCRIPTS
 # are presentation and may change freely)
 JUDGE_STEPS = ("check", "measure", "assess")
 JUDGE_CAMPAIGN_SCRIPTS = {
-    "task": ("select.py", "final.py", "review.py", "review_ast.py", "review_rules.py"),
+    "task": ("selection.py", "final.py", "review.py", "review_ast.py", "review_rules.py"),
     # NB: assess.py loads sequential.py (the design's interval): a change to it is a new judge
     "project": (
         "project.py",
@@ -28,7 +28,7 @@ JUDGE_CAMPAIGN_SCRIPTS = {
         "stats.py",
         "sequential.py",
         "_core.py",
-        "select.py",
+        "selection.py",
         "final.py",
     ),
 }

@@ -111,7 +111,7 @@ def _blob(blobs: dict, store, graph, outcomes, art) -> str | None:
 
 
 def _view(ws, store, camp, blobs: dict) -> dict:
-    dash, report_mod, select = (harness_module(s) for s in ("dashboard", "report", "select"))
+    dash, report_mod, select = (harness_module(s) for s in ("dashboard", "report", "selection"))
     state = state_of(camp.log.read())
     policy = effective_policy(camp, state)
     meta: dict[str, Any] = {

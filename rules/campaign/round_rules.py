@@ -198,7 +198,7 @@ CAMPAIGN_ROUND = Rule(
 def _best(ctx: RuleContext) -> Provider:
     docs = [r.doc for r in dep_infos(ctx, "rounds", RoundInfo)]
     platform = tool_platform(dep_info(ctx, "binding", BindingInfo, ProjectBaseline).platform)
-    argv = [*PY, NO_SITE, f"{HARNESS_EXEC}/select.py"]
+    argv = [*PY, NO_SITE, f"{HARNESS_EXEC}/selection.py"]
     for d in docs:
         argv += ["--round", d.path]
     best = ctx.action(
