@@ -221,6 +221,10 @@ def test_a_contended_measurement_is_host_busy_never_a_pass(tmp_path, torch):
     assess = load_harness_module("assess")
     busy = assess.C.busy_reason(doc)
     assert busy and "contended" in busy
-    arm = doc["pairs"][0]["arms"]["candidate"]
-    assert arm["contention"] > 0.5 and len(arm["rank_run_delay_ns"]) == 2
-    assert arm["run_delay_ns"] >= sum(arm["rank_run_delay_ns"]) > 0
+    # NB: any one arm may have just half its calls contended (it read 0.5 once on a loaded
+    # host: 2 of 4): the verdict is over most pairs; every arm reads both ranks' waits
+    arms = [a for p in doc["pairs"] for a in p["arms"].values()]
+    assert max(a["contention"] for a in arms) > 0.5
+    assert all(len(a["rank_run_delay_ns"]) == 2 for a in arms)
+    assert all(a["run_delay_ns"] >= sum(a["rank_run_delay_ns"]) for a in arms)
+    assert sum(sum(a["rank_run_delay_ns"]) for a in arms) > 0
