@@ -252,10 +252,13 @@ PLAIN = (
 )
 
 
-def bench_noop(ws: Path, repeat: int, served: bool = False) -> dict:
+def bench_noop(ws: Path, repeat: int, served: bool = False, watch: bool = False) -> dict:
     """No-ops of a built workspace, each followed by the stat floor, in one run. `served`:
-    through the build server (RSI_SERVER=1; its peak RSS is not the client's, so not shown)."""
+    through the build server (RSI_SERVER=1; its peak RSS is not the client's, so not shown);
+    `watch`: a server that watches the sources' folders (RSI_SERVER_WATCH=1)."""
     env = {**os.environ, "RSI_SERVER": "1" if served else "0"}
+    if watch:
+        env["RSI_SERVER_WATCH"] = "1"
     sources = sorted(str(p) for p in (ws / "in").iterdir())
     cas = ws / "cache" / "cas"
     blobs = [str(p) for d in cas.iterdir() if d.is_dir() for p in d.iterdir()]
@@ -422,6 +425,7 @@ def main() -> None:
     ap.add_argument("--write", nargs=2, metavar=("N", "DIR"), help="write a workspace, exit")
     ap.add_argument("--noop-at", type=Path, metavar="DIR", help="no-ops of a built workspace")
     ap.add_argument("--served", action="store_true", help="--noop-at through the build server")
+    ap.add_argument("--watch", action="store_true", help="--served, the server watching sources")
     ap.add_argument("--change-at", type=Path, metavar="DIR", help="one changed leaf vs a no-op")
     ap.add_argument("--cold", type=int, nargs="+", metavar="N", help="cold builds vs xargs -P2")
     args = ap.parse_args()
@@ -459,9 +463,11 @@ def main() -> None:
         write_workspace(Path(args.write[1]), int(args.write[0]))
         return
     if args.noop_at:
-        r = bench_noop(args.noop_at.resolve(), args.repeat, args.served)
+        served = args.served or args.watch
+        r = bench_noop(args.noop_at.resolve(), args.repeat, served, args.watch)
+        how = "watched " if args.watch else "served " if served else ""
         print(
-            f"{r['actions']} actions: {'served ' if args.served else ''}no-op {r['noop_s']:.3f}s "
+            f"{r['actions']} actions: {how}no-op {r['noop_s']:.3f}s "
             f"({r['noop_us_per_action']:.2f} us/action), stat floor {r['floor_s']:.3f}s "
             f"({r['stat_paths']} paths): {r['ratio_to_floor']:.2f}x | peak RSS "
             f"{r['peak_rss_mib']:.0f} MiB | event log {r['event_log_bytes']} bytes",

@@ -532,7 +532,9 @@ def _plan(
     # NB: with a watcher, the sources it saw unchanged since the last check are not stat'ed
     p = Plan(request, state, seal, updated)
     p.hits = hits
-    unchanged = _watched_unchanged(p, sources, watched) if watcher is not None else set()
+    unchanged = (
+        _watched_unchanged(p, sources, watched, store._cas_s) if watcher is not None else set()
+    )
     # NB: one lstat per source serves both the check of its content's signature and the
     # analysis' check of its existence, kind, mode and real path, which needs only its mode:
     # {path: st_mode} is kept, not the stat results (at 100,000 sources, ~60 MiB of them)
@@ -561,7 +563,7 @@ def _plan(
 watcher: Any = None
 
 
-def _watched_unchanged(p: Plan, sources: dict, watched: Any) -> set[str]:
+def _watched_unchanged(p: Plan, sources: dict, watched: Any, cas_root: str) -> set[str]:
     """The sources the watcher saw no change to since this state was last checked (in this
     process): each in a folder watched since before that check, not named by any event since,
     with its digest known and, when last stat'ed, a single link and no symlink. The folders
@@ -570,16 +572,28 @@ def _watched_unchanged(p: Plan, sources: dict, watched: Any) -> set[str]:
         folders: dict[str, list[str]] = {}
         for path in sources:
             folders.setdefault(path[: path.rfind("/")] or "/", []).append(path)
-        watched = {"mark": None, "linked": set(sources), "folders": folders}
+        # NB: "cas_linked": the blobs to stat whatever the watcher says (two links when last
+        # stat'ed); None until one build has stat'ed every blob under a watch
+        watched = {"mark": None, "linked": set(sources), "folders": folders, "cas_linked": None}
     folders = watched["folders"]
     watcher.watch(folders)
+    # NB: the store's blob folders too (`_check_entries`): a blob is only ever added, replaced
+    # or removed by a rename or an unlink in its folder, or changed by a write through a path,
+    # each an event naming it there (through a second link: always stat'ed, as a source is)
+    watcher.watch(_cas_folders(cas_root))
     mark = watcher.mark()
     # NB: after the mark: a mount made since the last check changes what a path shows with no
     # event, so then every source is stat'ed; a source that is a mount point always is (a
     # write through the mount's other path is reported to that path's folder only)
     moved = watcher.mounts_moved()
     before, linked = watched["mark"], watched["linked"]
-    p.watch = {"mark": mark, "linked": linked, "folders": folders}
+    p.watch = {
+        "mark": mark,
+        "linked": linked,
+        "folders": folders,
+        "before": None if moved else before,
+        "cas_linked": watched.get("cas_linked"),
+    }
     unchanged: set[str] = set()
     if before is None or moved:
         return unchanged
@@ -598,6 +612,48 @@ def _watched_unchanged(p: Plan, sources: dict, watched: Any) -> set[str]:
             ):
                 unchanged.add(path)
     return unchanged
+
+
+def _cas_folders(cas_root: str | None) -> list[str]:
+    """The store's blob folders (one per first two hex digits of a blob's hash)."""
+    if not cas_root:
+        return []
+    try:
+        names = os.listdir(cas_root)
+    except OSError:
+        return []
+    return [f"{cas_root}/{n}" for n in names if len(n) == 2]
+
+
+def _blobs_to_stat(p: Plan, cas_root: str, hashes: Any) -> Any:
+    """With a watcher (the build server's): the blobs of `hashes` (a mapping of hash to
+    anything) no event can vouch for since the last check: named by an event in their folder
+    since it, or with two links when last stat'ed. None (stat them all) when the watcher
+    cannot tell for every folder: the first watched check, a mount added or removed, events
+    lost, a folder not watched since before the last check, or a mount inside the store."""
+    w = p.watch
+    if w is None or watcher is None or w["before"] is None or w["cas_linked"] is None:
+        return None
+    before = w["before"]
+    if any(m == cas_root or m.startswith(cas_root + "/") for m in watcher.mount_points):
+        return None
+    todo: set[str] = set()
+    # NB: every folder a hash can be in (two hex digits), there or not: one not watched since
+    # before the last check (made since, or not there) vouches for none of its blobs
+    blind: set[str] = set()
+    for shard in _SHARDS:
+        changed = watcher.changed_since(f"{cas_root}/{shard}", before)
+        if changed is None:
+            blind.add(shard)
+        else:
+            todo.update(h for h in changed if h in hashes)
+    if blind and any(h[:2] in blind for h in hashes):
+        return None
+    todo.update(h for h in w["cas_linked"] if h in hashes)
+    return todo
+
+
+_SHARDS = tuple(f"{i:02x}" for i in range(256))
 
 
 def unchanged_since_check(p: Plan | None) -> set[str]:
@@ -786,23 +842,48 @@ def _check_entries(store: Any, state: dict, blobs: dict, p: Plan) -> None:
             recheck.add(shard)
             shard_new[shard] = _trusted(st, now)
     # NB: every output blob once (a blob many actions output is stat'ed once); a racy or
-    # differing one is verified by content (its hash names it, size included)
+    # differing one is verified by content (its hash names it, size included). With a
+    # watcher, only those no event vouches for (`_blobs_to_stat`), and the links of each
+    # blob stat'ed are noted
     bad: set[str] = set()
-    for h, want in blobs.items():
+    logs = p.state["logs"]
+    linked: set[str] | None = None
+    only_b = only_l = None
+    if p.watch is not None and watcher is not None:
+        only_b = _blobs_to_stat(p, cas_root, blobs)
+        only_l = _blobs_to_stat(p, cas_root, logs)
+        if only_b is None or only_l is None:
+            only_b = only_l = None
+            p.watch["cas_linked"] = set()
+        linked = p.watch["cas_linked"]
+    for h in blobs if only_b is None else only_b:
+        want = blobs[h]
         try:
             st = stat_of(f"{cas_root}/{h[:2]}/{h}")
         except OSError:
             bad.add(h)
             continue
+        if linked is not None:
+            if st.st_nlink > 1:
+                linked.add(h)
+            else:
+                linked.discard(h)
         if want is None or want != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
             if not _blob_verified(store, st, h, st.st_size, blobs, p):
                 bad.add(h)
     # NB: logs are checked by size, as a cache hit does
-    for h, n in p.state["logs"].items():
+    for h in logs if only_l is None else only_l:
         try:
-            if stat_of(f"{cas_root}/{h[:2]}/{h}").st_size != n:
-                bad.add(h)
+            st = stat_of(f"{cas_root}/{h[:2]}/{h}")
         except OSError:
+            bad.add(h)
+            continue
+        if linked is not None:
+            if st.st_nlink > 1:
+                linked.add(h)
+            else:
+                linked.discard(h)
+        if st.st_size != logs[h]:
             bad.add(h)
     walk = bool(bad or recheck)
     if recheck and not bad:
@@ -1079,12 +1160,18 @@ def _record_changes(
         shared.setdefault(a[MNEMONIC], a[MNEMONIC])
         break
     blobs = state["blobs"]
+    force = p.watch.get("cas_linked") if p.watch is not None else None
     for action_id in rerun:
         old = actions.get(action_id)
         if old is None or action_id not in outcomes:
             continue
         o = outcomes[action_id]
         entry = _entry(store, old[LABEL], old[MNEMONIC], o, blobs, shared, now, updated["blobs"])
+        if force is not None:
+            # NB: blobs this state did not have may have been in the store (and linked
+            # elsewhere) before the watch's mark, with no event since: stat'ed next time
+            force.update(o[1] for o in entry[OUTPUTS])
+            force.update(d[0] for d in entry[LOGS] if d)
         if entry != old:
             actions[action_id] = entry
             p.hits = None  # NB: its hit line changed (its key)

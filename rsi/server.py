@@ -25,12 +25,13 @@ without a server, sees an ordinary build.
 - **Signals.** Ctrl-C or SIGTERM at the client is passed to the server's build, which stops as
   an in-process build stops (exit 130 or 143); a client that goes away stops its build too.
 - **Watching** (`RSI_SERVER_WATCH=1`, off by default). The server watches the sources'
-  folders with inotify (rsi/watch.py) and does not `lstat` a source no event named since its
-  last check. inotify does not see a change made through a hard link created after that check
-  (in a folder nobody watches), through a memory mapping, or by another machine on a network
-  file system; sources with two links when last looked at, symlinks, and folders on other
-  than local file systems are always stat'ed, but the first case stays a hole, so this is a
-  choice, as Bazel's `--watchfs` is.
+  folders and the store's blob folders with inotify (rsi/watch.py) and does not `lstat` a
+  source, nor `stat` an output blob, that no event named since its last check. inotify does
+  not see a change made through a hard link created after that check (in a folder nobody
+  watches), through a memory mapping, or by another machine on a network file system; files
+  with two links when last looked at, symlinks, and folders on other than local file systems
+  are always stat'ed, but the first case stays a hole, so this is a choice, as Bazel's
+  `--watchfs` is.
 - **Bounded.** The server exits after `RSI_SERVER_IDLE_S` seconds without a build (600) and
   after a build that leaves it holding more than `RSI_SERVER_MAX_RSS_MB` (2048). Its own
   messages go to `<tmp>/rsi-server-<uid>/<key>.log`, cut back at each start.

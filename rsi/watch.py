@@ -1,7 +1,7 @@
 """Folders watched with inotify, for the build server (rsi/server.py, RSI_SERVER_WATCH=1): which
-entries of a folder changed since a given moment, so a served build need not `lstat` the sources no
-event named. An event it missed must never hide a change: where it cannot watch, sources are
-stat'ed.
+entries of a folder changed since a given moment, so a served build need not `lstat` the sources
+(nor `stat` the store's output blobs) no event named. An event it missed must never hide a change:
+where it cannot watch, they are stat'ed.
 
 Moments are marks of a counter that every event drained from the kernel advances (and every
 `watch` call ticks). For a folder and a mark M, `changed_since` gives the names of its entries
