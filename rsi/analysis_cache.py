@@ -13,6 +13,7 @@ import os
 import pickle
 import stat
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any, Iterable
 
 from rsi import __version__
 from rsi.digest import Digest, FileDigestMemo, digest_bytes, digest_value, hasher
-from rsi.fsutil import atomic_write_bytes, prune, touch
+from rsi.fsutil import atomic_write_bytes, prune
 
 SCHEMA = "rsi.analysis/1"
 
@@ -437,12 +438,43 @@ KEEP_IN_MEMORY = 2
 def _entry_identity(path: Path) -> tuple | None:
     """(stat signature, seal) of an analysis entry: what a kept copy must still match."""
     try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            head = f.read(160).split(b"\n", 1)[0]
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        return _identity_of(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _identity_of(fd: int) -> tuple:
+    st = os.fstat(fd)
+    head = os.pread(fd, 160, 0).split(b"\n", 1)[0]
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns), head
+
+
+def touch_entry(path: Path) -> None:
+    """Mark an analysis entry used now (`fsutil.touch`: its access time). The touch moves its
+    ctime, which is part of the identity a kept copy must match (`_KEPT`), so a copy kept
+    for the file as it was just before the touch is kept for it as it is after (same open
+    file, so no other file that took the path meanwhile): without this, a long-lived rsi read
+    the whole analysis (~160 MB at 100,000 actions) again at every build that needed it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        before = _identity_of(fd)
+        os.utime(fd, ns=(time.time_ns(), before[0][3]))
+        kept = _KEPT.get(str(path))
+        if kept is not None and kept[0] == before:
+            _KEPT[str(path)] = (_identity_of(fd), kept[1])
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _read(store, key: str) -> tuple | None:
@@ -452,7 +484,7 @@ def _read(store, key: str) -> tuple | None:
         ident = _entry_identity(path)
         kept = _KEPT.get(str(path))
         if ident is not None and kept is not None and kept[0] == ident:
-            touch(path)
+            touch_entry(path)
             kept[1][2].memo = store.meta_memo
             return kept[1]
     found = _read_file(store, key)
@@ -462,13 +494,13 @@ def _read(store, key: str) -> tuple | None:
         _KEPT[str(path)] = (ident, found)
         while len(_KEPT) > KEEP_IN_MEMORY:
             _KEPT.pop(next(iter(_KEPT)))
+    if found is not None:
+        touch_entry(path)
     return found
 
 
 def _read_file(store, key: str) -> tuple | None:
     found = read_sealed(store, store.root / "analysis" / key)
-    if found is not None:
-        touch(store.root / "analysis" / key)
     try:
         labels, graph, tracker = found
     except (TypeError, ValueError):

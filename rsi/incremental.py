@@ -186,7 +186,7 @@ def _load(store: Any, request: str) -> tuple[dict, str, dict, Any] | None:
     if kept is not None:
         state = kept[0]
         touch(path)
-        touch(path.parent / str(state.get("analysis_key")))
+        analysis_cache.touch_entry(path.parent / str(state.get("analysis_key")))
         return kept
     seal, state = read_sealed_head(store, path)
     if seal is None or not isinstance(state, dict) or state.get("schema") != SCHEMA:
@@ -207,7 +207,7 @@ def _load(store: Any, request: str) -> tuple[dict, str, dict, Any] | None:
             state[name] = delta.get(name)
     # NB: in use: neither this state nor the analysis it names is the oldest to prune
     touch(path)
-    touch(path.parent / str(state.get("analysis_key")))
+    analysis_cache.touch_entry(path.parent / str(state.get("analysis_key")))
     return state, seal, changed, (None, None)
 
 
