@@ -143,7 +143,8 @@ def _moved(seen: Mapping[str, tuple], plan: Any, analysis: dict, store: LocalSto
         return sorted(p for p in moved if not p.startswith(inside))
     # NB: with a watcher (the build server), what no event named since the check is as read
     unchanged = unchanged_since_check(plan)
-    expected = recheck.expected_sources(seen, plan)
+    only = getattr(unchanged, "noisy", None)  # NB: a watcher's: the sources not vouched for
+    expected = recheck.expected_sources(seen, plan, only)
     expected = {p: v for p, v in expected.items() if not p.startswith(inside)}
     moved = recheck.moved_sources(expected, store.function, unchanged, lstats)
     moved += recheck.moved_declarations(analysis.get("tracker"), lstats, unchanged)

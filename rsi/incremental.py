@@ -27,7 +27,7 @@ from typing import Any
 
 from rsi import __version__, analysis_cache
 from rsi.analysis_cache import quiet_gc  # noqa: F401 - NB: build.py uses it from here
-from rsi.analysis_cache import read_sealed_head, write_sealed
+from rsi.analysis_cache import Vouched, read_sealed_head, write_sealed
 from rsi.digest import HITS_MOD, Digest, FileDigestMemo, digest_file, digest_value, hit_term
 from rsi.record import Value
 from rsi.sharded import ShardedDict
@@ -527,12 +527,14 @@ def _plan(
     if loaded is None:
         return None
     state, seal, updated, (watched, hits) = loaded
+    if watched is not None and watched.get("count") != len(state["sources"]):
+        watched = None  # NB: not the sources it was made for: start again
     memo = store.meta_memo
     sources = state["sources"]
     # NB: with a watcher, the sources it saw unchanged since the last check are not stat'ed
     p = Plan(request, state, seal, updated)
     p.hits = hits
-    unchanged = (
+    unchanged: Any = (
         _watched_unchanged(p, sources, watched, store._cas_s) if watcher is not None else set()
     )
     # NB: one lstat per source serves both the check of its content's signature and the
@@ -563,18 +565,26 @@ def _plan(
 watcher: Any = None
 
 
-def _watched_unchanged(p: Plan, sources: dict, watched: Any, cas_root: str) -> set[str]:
+def _watched_unchanged(p: Plan, sources: dict, watched: Any, cas_root: str) -> Vouched:
     """The sources the watcher saw no change to since this state was last checked (in this
     process): each in a folder watched since before that check, not named by any event since,
     with its digest known and, when last stat'ed, a single link and no symlink. The folders
     are watched (from now on) and the mark taken before any source is looked at."""
     if watched is None:
-        folders: dict[str, list[str]] = {}
+        listed: dict[str, list[str]] = {}
         for path in sources:
-            folders.setdefault(path[: path.rfind("/")] or "/", []).append(path)
+            listed.setdefault(path[: path.rfind("/")] or "/", []).append(path)
+        folders = {folder: frozenset(paths) for folder, paths in listed.items()}
         # NB: "cas_linked": the blobs to stat whatever the watcher says (two links when last
         # stat'ed); None until one build has stat'ed every blob under a watch
-        watched = {"mark": None, "linked": set(sources), "folders": folders, "cas_linked": None}
+        watched = {
+            "mark": None,
+            "linked": set(sources),
+            "folders": folders,
+            "count": len(sources),
+            "cas_linked": None,
+            "extra": {},
+        }
     folders = watched["folders"]
     watcher.watch(folders)
     # NB: the store's blob folders too (`_check_entries`): a blob is only ever added, replaced
@@ -592,26 +602,54 @@ def _watched_unchanged(p: Plan, sources: dict, watched: Any, cas_root: str) -> s
         "linked": linked,
         "folders": folders,
         "before": None if moved else before,
+        "count": watched["count"],
         "cas_linked": watched.get("cas_linked"),
+        "extra": watched.get("extra", {}),
     }
-    unchanged: set[str] = set()
     if before is None or moved:
-        return unchanged
-    mounts = watcher.mount_points
+        return _vouched(p, {})
+    # NB: a source with no digest known (racy when last hashed) is never vouched for
+    unknown = {path for path, entry in sources.items() if entry[1] is None}
+    changed = {folder: watcher.changed_since(folder, before) for folder in folders}
+    return _vouched(p, changed, unknown)
+
+
+def _vouched(p: Plan, changed: dict, unknown: set[str] | frozenset[str] = frozenset()) -> Vouched:
+    """What the watcher vouches for, given {folder: the names changed in it since the mark, or
+    None}: the sources of each folder with a set of names (`quiet`), but those named, linked,
+    mount points or `unknown`, which are `noisy` with every source of the other folders."""
+    folders, linked, mounts = p.watch["folders"], p.watch["linked"], watcher.mount_points
+    quiet: dict[str, frozenset[str]] = {}
+    noisy: list[str] = []
+    held = _mount_folders(mounts)
     for folder, paths in folders.items():
-        changed = watcher.changed_since(folder, before)
-        if changed is None:
+        names = changed.get(folder)
+        if names is None:
+            noisy.extend(paths)
             continue
-        cut = len(folder) + 1 if folder != "/" else 1
-        for path in paths:
-            if (
-                path[cut:] not in changed
-                and path not in linked
-                and sources[path][1] is not None
-                and path not in mounts
-            ):
-                unchanged.add(path)
-    return unchanged
+        quiet[folder] = paths
+        cut = f"{folder}/" if folder != "/" else "/"
+        noisy.extend(q for q in (cut + name for name in names) if q in paths)
+        if linked:
+            noisy.extend(linked.intersection(paths))
+        if unknown:
+            noisy.extend(unknown.intersection(paths))
+        if folder in held:
+            noisy.extend(mounts.intersection(paths))
+    return Vouched(quiet, list(dict.fromkeys(noisy)), p.watch["extra"], folders)
+
+
+def _mount_folders(mounts: frozenset[str]) -> frozenset[str]:
+    """The folders that hold a mount point (whose sources are looked at one by one)."""
+    got = _MOUNT_FOLDERS.get(mounts)
+    if got is None:
+        got = frozenset(m[: m.rfind("/")] or "/" for m in mounts)
+        _MOUNT_FOLDERS.clear()
+        _MOUNT_FOLDERS[mounts] = got
+    return got
+
+
+_MOUNT_FOLDERS: dict[frozenset, frozenset] = {}
 
 
 def _cas_folders(cas_root: str | None) -> list[str]:
@@ -656,26 +694,18 @@ def _blobs_to_stat(p: Plan, cas_root: str, hashes: Any) -> Any:
 _SHARDS = tuple(f"{i:02x}" for i in range(256))
 
 
-def unchanged_since_check(p: Plan | None) -> set[str]:
+def unchanged_since_check(p: Plan | None) -> Vouched | frozenset[str]:
     """The sources a watcher (the build server's) saw no change to since this build's check
     (its mark): in a folder watched since before it, named by no event since, never a
     symlink, a file of two links or a mount point, and no mount added or removed since
     (looked at, not taken: the next build's check sees it too). Empty without a watcher."""
     if p is None or p.watch is None or watcher is None:
-        return set()
+        return frozenset()
     if watcher.mounts_moved(update=False):
-        return set()
-    mark, linked, mounts = p.watch["mark"], p.watch["linked"], watcher.mount_points
-    unchanged: set[str] = set()
-    for folder, paths in p.watch["folders"].items():
-        changed = watcher.changed_since(folder, mark)
-        if changed is None:
-            continue
-        cut = len(folder) + 1 if folder != "/" else 1
-        for path in paths:
-            if path[cut:] not in changed and path not in linked and path not in mounts:
-                unchanged.add(path)
-    return unchanged
+        return frozenset()
+    mark = p.watch["mark"]
+    changed = {folder: watcher.changed_since(folder, mark) for folder in p.watch["folders"]}
+    return _vouched(p, changed)
 
 
 def swept_since_check(
@@ -735,7 +765,12 @@ def _check_sources(
     dirty, unsettled = p.dirty, p.unsettled
     lstat = os.lstat
     linked = p.watch["linked"] if p.watch is not None else None
-    for path, entry in sources.items():
+    items: Any = sources.items()
+    if isinstance(unchanged, Vouched):
+        # NB: the sources not vouched for, and no others: no walk of every source
+        items = ((path, sources[path]) for path in unchanged.noisy)
+        unchanged = frozenset()
+    for path, entry in items:
         if path in unchanged:
             continue
         try:

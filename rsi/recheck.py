@@ -14,13 +14,16 @@ from typing import Any
 from rsi.digest import digest_file
 
 
-def expected_sources(seen: Mapping[str, tuple], plan: Any) -> dict[str, tuple]:
+def expected_sources(seen: Mapping[str, tuple], plan: Any, only: Any = None) -> dict[str, tuple]:
     """{path: (signature or None, hash, size)} of every source the build's outputs come from:
     what the run keyed (`seen`, the scheduler's), else what the incremental state's check
-    found (its hashed edits first, then the recorded entries it vouched for)."""
+    found (its hashed edits first, then the recorded entries it vouched for). `only`: the
+    state's sources to list (a watcher vouches for the others), instead of all of them."""
     expected: dict[str, tuple] = {}
     if plan is not None:
-        for path, entry in plan.state["sources"].items():
+        sources = plan.state["sources"]
+        for path in sources if only is None else only:
+            entry = sources[path]
             expected[path] = (entry[0], entry[1], entry[2])
         for path, (_, trusted, digest) in plan.fresh.items():
             expected[path] = (trusted, digest.hash, digest.size)
@@ -31,7 +34,7 @@ def expected_sources(seen: Mapping[str, tuple], plan: Any) -> dict[str, tuple]:
 def moved_sources(
     expected: Mapping[str, tuple],
     function: str,
-    unchanged: set[str] | frozenset[str] = frozenset(),
+    unchanged: Any = frozenset(),
     lstats: dict | None = None,
 ) -> list[str]:
     """The sources whose content is no longer what the build read (sorted). Those in
@@ -70,9 +73,7 @@ def moved_sources(
     return sorted(moved)
 
 
-def moved_declarations(
-    tracker: Any, lstats: dict, unchanged: set[str] | frozenset[str] = frozenset()
-) -> list[str]:
+def moved_declarations(tracker: Any, lstats: dict, unchanged: Any = frozenset()) -> list[str]:
     """What analysis read that differs now ([] without a tracker: a remote build keeps none);
     `lstats` and `unchanged` as `moved_sources` left them."""
     return [] if tracker is None else tracker.moved_reads(lstats, unchanged)
