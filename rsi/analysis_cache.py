@@ -80,8 +80,8 @@ class Vouched:
     folder: every source of a `quiet` folder ({folder: the set of its sources}) but the
     `noisy` ones, which are to be looked at one by one, as are the sources of folders not
     in `quiet`. Checks go over `noisy` and one real path per folder, not over every source
-    (100,000 at a time, several times per build). `extra` ({id: (stats, paths)}) keeps, per
-    tracker, its reads that are no watched source."""
+    (100,000 at a time, several times per build). `extra` ({id: (stats, paths, size)}) keeps,
+    per tracker, its reads that are no watched source."""
 
     __slots__ = ("quiet", "noisy", "_noisy", "extra", "watched")
 
@@ -102,10 +102,10 @@ class Vouched:
         """The paths of `stats` not vouched for: its reads that are no watched source (once
         per tracker), and the noisy sources it read."""
         extra = self.extra.get(id(stats))
-        if extra is None or extra[0] is not stats:
+        if extra is None or extra[0] is not stats or extra[2] != len(stats):
             get = self.watched.get
             alone = [q for q in stats if q not in get(q[: q.rfind("/")] or "/", ())]
-            extra = self.extra[id(stats)] = (stats, alone)
+            extra = self.extra[id(stats)] = (stats, alone, len(stats))
         return [*extra[1], *(q for q in self.noisy if q in stats)]
 
     def folders(self, stats: Mapping[str, list]) -> Iterator[tuple[str, str]]:
