@@ -567,9 +567,10 @@ watcher: Any = None
 
 def _watched_unchanged(p: Plan, sources: dict, watched: Any, cas_root: str) -> Vouched:
     """The sources the watcher saw no change to since this state was last checked (in this
-    process): each in a folder watched since before that check, not named by any event since,
-    with its digest known and, when last stat'ed, a single link and no symlink. The folders
-    are watched (from now on) and the mark taken before any source is looked at."""
+    process), by folder (`Vouched`): each in a folder watched since before that check, not
+    named by any event since, with its digest known and, when last stat'ed, a single link and
+    no symlink. The folders (and the store's blob folders) are watched from now on, and the
+    mark taken before any source is looked at."""
     if watched is None:
         listed: dict[str, list[str]] = {}
         for path in sources:
@@ -663,19 +664,20 @@ def _cas_folders(cas_root: str | None) -> list[str]:
     return [f"{cas_root}/{n}" for n in names if len(n) == 2]
 
 
-def _blobs_to_stat(p: Plan, cas_root: str, hashes: Any) -> Any:
-    """With a watcher (the build server's): the blobs of `hashes` (a mapping of hash to
-    anything) no event can vouch for since the last check: named by an event in their folder
-    since it, or with two links when last stat'ed. None (stat them all) when the watcher
-    cannot tell for every folder: the first watched check, a mount added or removed, events
-    lost, a folder not watched since before the last check, or a mount inside the store."""
+def _blobs_to_stat(p: Plan, cas_root: str, blobs: Any, logs: Any) -> tuple | None:
+    """With a watcher (the build server's): (the output blobs, the log blobs) of the state
+    that no event can vouch for since the last check: named by an event in their folder since
+    it, or with two links when last stat'ed (or new to the state since). None (stat them all)
+    when the watcher cannot tell for every folder holding one: the first watched check, a
+    mount added or removed, events lost, a folder not watched since before the last check, or
+    a mount inside the store."""
     w = p.watch
     if w is None or watcher is None or w["before"] is None or w["cas_linked"] is None:
         return None
     before = w["before"]
     if any(m == cas_root or m.startswith(cas_root + "/") for m in watcher.mount_points):
         return None
-    todo: set[str] = set()
+    named: set[str] = set()
     # NB: every folder a hash can be in (two hex digits), there or not: one not watched since
     # before the last check (made since, or not there) vouches for none of its blobs
     blind: set[str] = set()
@@ -684,11 +686,11 @@ def _blobs_to_stat(p: Plan, cas_root: str, hashes: Any) -> Any:
         if changed is None:
             blind.add(shard)
         else:
-            todo.update(h for h in changed if h in hashes)
-    if blind and any(h[:2] in blind for h in hashes):
+            named.update(changed)
+    if blind and any(h[:2] in blind for hashes in (blobs, logs) for h in hashes):
         return None
-    todo.update(h for h in w["cas_linked"] if h in hashes)
-    return todo
+    named.update(w["cas_linked"])
+    return [h for h in named if h in blobs], [h for h in named if h in logs]
 
 
 _SHARDS = tuple(f"{i:02x}" for i in range(256))
@@ -768,7 +770,7 @@ def _check_sources(
     items: Any = sources.items()
     if isinstance(unchanged, Vouched):
         # NB: the sources not vouched for, and no others: no walk of every source
-        items = ((path, sources[path]) for path in unchanged.noisy)
+        items = ((path, sources[path]) for path in unchanged.noisy if path in sources)
         unchanged = frozenset()
     for path, entry in items:
         if path in unchanged:
@@ -885,11 +887,11 @@ def _check_entries(store: Any, state: dict, blobs: dict, p: Plan) -> None:
     linked: set[str] | None = None
     only_b = only_l = None
     if p.watch is not None and watcher is not None:
-        only_b = _blobs_to_stat(p, cas_root, blobs)
-        only_l = _blobs_to_stat(p, cas_root, logs)
-        if only_b is None or only_l is None:
-            only_b = only_l = None
+        only = _blobs_to_stat(p, cas_root, blobs, logs)
+        if only is None:
             p.watch["cas_linked"] = set()
+        else:
+            only_b, only_l = only
         linked = p.watch["cas_linked"]
     for h in blobs if only_b is None else only_b:
         want = blobs[h]
@@ -1205,8 +1207,8 @@ def _record_changes(
         if force is not None:
             # NB: blobs this state did not have may have been in the store (and linked
             # elsewhere) before the watch's mark, with no event since: stat'ed next time
-            force.update(o[1] for o in entry[OUTPUTS])
-            force.update(d[0] for d in entry[LOGS] if d)
+            force.update(out[1] for out in entry[OUTPUTS])
+            force.update(log[0] for log in entry[LOGS] if log)
         if entry != old:
             actions[action_id] = entry
             p.hits = None  # NB: its hit line changed (its key)
