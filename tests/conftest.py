@@ -42,6 +42,23 @@ def _private_host_lock() -> None:
 
 _private_host_lock()
 
+
+def _signals_as_a_terminal_gives_them() -> None:
+    """A suite started in the background by a shell without job control (`cmd &` in a
+    script, `nohup`) inherits SIGINT and SIGQUIT ignored, and so would every `rsi` it starts
+    (an ignored signal stays ignored across exec): the tests that press Ctrl-C on a build
+    would then fail for the way the suite was started. They are given their defaults back
+    here, in this process; children then start with them."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+_signals_as_a_terminal_gives_them()
+
 # Every test is exactly one of these (markers in pyproject.toml). `fast`: a unit test with no
 # sandbox (bwrap), docker, network or server, torch, or subprocess-heavy harness run; the whole
 # fast set runs in under a minute (`./scripts/test.sh -m fast`). `e2e`: everything else.
