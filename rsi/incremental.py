@@ -901,10 +901,7 @@ def _check_entries(store: Any, state: dict, blobs: dict, p: Plan) -> None:
             bad.add(h)
             continue
         if linked is not None:
-            if st.st_nlink > 1:
-                linked.add(h)
-            else:
-                linked.discard(h)
+            (linked.add if st.st_nlink > 1 else linked.discard)(h)
         if want is None or want != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
             if not _blob_verified(store, st, h, st.st_size, blobs, p):
                 bad.add(h)
@@ -916,10 +913,7 @@ def _check_entries(store: Any, state: dict, blobs: dict, p: Plan) -> None:
             bad.add(h)
             continue
         if linked is not None:
-            if st.st_nlink > 1:
-                linked.add(h)
-            else:
-                linked.discard(h)
+            (linked.add if st.st_nlink > 1 else linked.discard)(h)
         if st.st_size != logs[h]:
             bad.add(h)
     walk = bool(bad or recheck)
