@@ -120,7 +120,7 @@ class Vouched:
 def _stats_unchanged(
     stats: Mapping[str, list],
     lstats: dict,
-    unchanged=frozenset(),
+    unchanged: Vouched | None = None,
     dirs: dict[str, str] | None = None,
 ) -> bool:
     """`_stat_sig` of every path still gives what was recorded; `lstats` are {path: st_mode}
@@ -138,7 +138,10 @@ def _stats_unchanged(
     realpath = os.path.realpath
     items: Iterable = stats.items()
     if isinstance(unchanged, Vouched):
-        # NB: as below, folder by folder and over the paths not vouched for only
+        # NB: a path the watcher vouches for kept its kind and mode (a chmod or a swap is an
+        # event naming it); what is left is its real path, which depends on its folder's
+        # alone (it is no symlink itself: those are always stat'ed): one check per folder,
+        # against the real folder recorded for one of its paths; the rest one by one
         for parent, q in unchanged.folders(stats):
             want = stats[q]
             if len(want) != 3:
@@ -146,25 +149,6 @@ def _stats_unchanged(
             if realpath(parent) != (want[2][: want[2].rfind("/")] or "/"):
                 return False
         items = ((q, stats[q]) for q in unchanged.reads_to_check(stats))
-    elif unchanged:
-        # NB: a path the watcher vouches for kept its kind and mode (a chmod or a swap is an
-        # event naming it); what is left is its real path, which depends on its folder's
-        # alone (it is no symlink itself: those are always stat'ed): one check per folder,
-        # against the real folder recorded for one of its paths
-        checked: set[str] = set()
-        for p in unchanged:
-            parent = p[: p.rfind("/")] or "/"
-            if parent in checked:
-                continue
-            want = stats.get(p)
-            if want is None:
-                continue  # NB: analysis did not look at it: nothing to check
-            if len(want) != 3:
-                return False
-            checked.add(parent)
-            if realpath(parent) != (want[2][: want[2].rfind("/")] or "/"):
-                return False
-        items = ((p, stats[p]) for p in stats.keys() - unchanged)
     for p, want in items:
         mode = got(p)
         if mode is not None and len(want) == 3 and want[2] == p and not is_link(mode):

@@ -535,7 +535,7 @@ def _plan(
     p = Plan(request, state, seal, updated)
     p.hits = hits
     unchanged: Any = (
-        _watched_unchanged(p, sources, watched, store._cas_s) if watcher is not None else set()
+        _watched_unchanged(p, sources, watched, store._cas_s) if watcher is not None else None
     )
     # NB: one lstat per source serves both the check of its content's signature and the
     # analysis' check of its existence, kind, mode and real path, which needs only its mode:
@@ -758,9 +758,9 @@ def _check_sources(
     modes: dict,
     p: Plan,
     on_edit: Callable[[], None] | None = None,
-    unchanged: set[str] | frozenset[str] = frozenset(),
+    unchanged: Any = None,
 ) -> None:
-    """Each source not in `unchanged` (the watcher's) is `lstat`ed once, its mode put in
+    """Each source not in `unchanged` (a watcher's `Vouched`) is `lstat`ed once, its mode put in
     `modes` (for the analysis' check); one whose signature moved is hashed again, and a
     different digest makes the actions reading it dirty. With a watcher, its links are
     noted (`p.watch["linked"]`: stat'ed whatever the watcher says)."""
@@ -771,10 +771,7 @@ def _check_sources(
     if isinstance(unchanged, Vouched):
         # NB: the sources not vouched for, and no others: no walk of every source
         items = ((path, sources[path]) for path in unchanged.noisy if path in sources)
-        unchanged = frozenset()
     for path, entry in items:
-        if path in unchanged:
-            continue
         try:
             st = lstat(path)
         except OSError:

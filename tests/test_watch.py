@@ -40,6 +40,19 @@ def _as_the_server_does(ws: Path, tmp_path: Path, monkeypatch) -> Watcher:
     return watcher
 
 
+def _record_calls(monkeypatch, name: str) -> list[str]:
+    """The paths every later call of `os.<name>` (`lstat`, `stat`) is given, in order."""
+    looked: list[str] = []
+    real = getattr(os, name)
+
+    def recorded(path, *a, **kw):
+        looked.append(os.fspath(path))
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(incremental.os, name, recorded)
+    return looked
+
+
 @pytest.fixture
 def served(command, make_workspace, tmp_path, monkeypatch):
     ws = make_workspace(
@@ -54,14 +67,7 @@ def served(command, make_workspace, tmp_path, monkeypatch):
         },
     )
     watcher = _as_the_server_does(ws, tmp_path, monkeypatch)
-    looked: list[str] = []
-    real = os.lstat
-
-    def lstat(path, *a, **kw):
-        looked.append(os.fspath(path))
-        return real(path, *a, **kw)
-
-    monkeypatch.setattr(incremental.os, "lstat", lstat)
+    looked = _record_calls(monkeypatch, "lstat")
     workspace = Workspace.discover()
 
     def run(*labels: str) -> dict:
@@ -168,14 +174,7 @@ def _blob_of(ws: Path, content: bytes) -> Path:
 def blobs_looked(served, monkeypatch):
     """The store's blobs each build `stat`s in its check (rsi.incremental `_check_entries`)."""
     ws, run, _, watcher = served
-    looked: list[str] = []
-    real = os.stat
-
-    def stat(path, *a, **kw):
-        looked.append(os.fspath(path))
-        return real(path, *a, **kw)
-
-    monkeypatch.setattr(incremental.os, "stat", stat)
+    looked = _record_calls(monkeypatch, "stat")
 
     def blobs() -> set[str]:
         cas = str(ws / "cache" / "cas") + "/"
