@@ -455,7 +455,7 @@ BINDING = Rule(
             "table",
             "workload (a case), warmups, samples, pairs, metric, direction, seed, probes, "
             "value_checks, units_per_call, bytes_per_call, arm_timeout_s, sequential, "
-            "first_look, look_every, stop_confidence, stop_improvement; no other key",
+            "first_look, look_every, stop_confidence, stop_improvement, stop_loss; no other key",
         ),
         "assess": attr(
             "table", "min_improvement, confidence, bootstrap_resamples, min_pairs; no other key"

@@ -45,6 +45,7 @@ MEASURE_KEYS = {
     "look_every": "count",
     "stop_confidence": "open_fraction",
     "stop_improvement": "fraction0",
+    "stop_loss": "fraction0",
 }
 ASSESS_KEYS = {
     "min_improvement": "fraction0",

@@ -3,16 +3,18 @@ intervals that hold the true median at every look at once, simulated over 10,000
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
-from harness_support import load_harness_module
+from harness_support import TASKS, load_harness_module
 
 pytestmark = pytest.mark.fast
 
 seq = load_harness_module("sequential")
 stats = load_harness_module("stats")
+core = load_harness_module("_core")
 
 PAIRS, RUNS = 30, 10_000
 BAR = math.log(1.05)  # NB: assess's threshold at min_improvement 0.05 and no noise floor
@@ -27,7 +29,7 @@ def _runs(rng, truth: float, n: int = RUNS, pair_sd: float = 0.04, run_sd: float
     return truth + shift + rng.normal(0.0, 1.0, (n, PAIRS)) * sd
 
 
-def _walk(x: np.ndarray, plan: dict, stop_improvement: float = 0.08):
+def _walk(x: np.ndarray, plan: dict, stop_improvement: float = 0.08, stop_loss: float = 0.08):
     """What measure.py and assess.py do with each run: (pairs judged, lo, hi, stop reason)."""
     n_runs = x.shape[0]
     stop_n = np.full(n_runs, plan["looks"][-1]["n"])
@@ -42,7 +44,7 @@ def _walk(x: np.ndarray, plan: dict, stop_improvement: float = 0.08):
         low, high = s[:, c - 1], s[:, n - c]
         last = n == plan["looks"][-1]["n"]
         gain = live & (low > math.log1p(stop_improvement)) & (not last)
-        loss = live & (high < -math.log1p(stop_improvement)) & (not last)
+        loss = live & (high < -math.log1p(stop_loss)) & (not last)
         for mask, why in ((gain, "decided_gain"), (loss, "decided_loss")):
             stop_n[mask], reason[mask] = n, why
         take = live & (gain | loss | last)
@@ -159,6 +161,61 @@ def test_decide_stops_only_when_the_whole_interval_clears_the_bar():
     assert seq.decide(-1.0, 1.0, 0.08) is None
 
 
+def test_the_loss_bar_is_not_the_gain_bars_mirror():
+    """stop_loss 0.06 stops an interval wholly below 1/1.06 that the mirrored 1/1.08 would
+    measure on; the gain bar does not move; no stop_loss (samples written before it): mirrored."""
+    hi = -math.log(1.07)
+    assert seq.decide(-1.0, hi, 0.08, 0.06) == "decided_loss"
+    assert seq.decide(-1.0, hi, 0.08) is None
+    assert seq.decide(-1.0, hi, 0.08, None) is None
+    assert seq.decide(math.log(1.07), 1.0, 0.08, 0.06) is None
+    assert seq.decide(-1.0, -math.log(1.05), 0.08, 0.06) is None
+
+
+def test_a_fifteen_percent_loss_is_decided_at_the_first_look_and_still_judged_fail():
+    """A ~1/1.16 loss (bench/measurement_quality.py's clear loss) on pairs scattered as this
+    host's: the mirrored bar needed 14 pairs; stop_loss 0.06 decides it at the first look, and
+    with the assessment's run shift added the run is judged FAIL nine times in ten, never PASS
+    (the rest INCONCLUSIVE)."""
+    rng = np.random.default_rng(6)
+    runs = _runs(rng, -math.log(1.16), pair_sd=0.04, run_sd=0.01)
+    calibration = _runs(rng, 0.0, pair_sd=0.04, run_sd=0.01)
+    shift = np.abs(np.median(calibration, axis=1))
+    old_n, _, _, _ = _walk(runs, _plan())
+    new_n, lo, hi, reason = _walk(runs, _plan(), stop_loss=0.06)
+    assert np.median(new_n) <= 8 < np.median(old_n)
+    assert (reason == "decided_loss").mean() >= 0.9
+    assert not (lo - shift > BAR).any()  # never a PASS
+    assert (hi + shift < -BAR).mean() >= 0.9  # FAIL (slower)
+
+
+def test_a_loss_under_the_loss_bar_stops_the_measure_loop():
+    pairs = [_pair(1 / 1.07) for _ in range(PAIRS)]
+    assert _measured(pairs, POLICY | {"stop_loss": 0.06})[0]["stop"] == "decided_loss"
+    assert _measured(pairs)[-1]["stop"] is None  # the mirrored bar (no stop_loss) measures on
+
+
+@pytest.mark.parametrize("value", ["0.05", -0.01, True, None, float("nan"), float("inf")])
+def test_a_bad_stop_loss_is_refused_naming_the_field(tmp_path, value):
+    spec = json.loads((TASKS / "softmax" / "harness_spec.example.json").read_text())
+    spec["measure"]["stop_loss"] = value
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    before = path.read_bytes()
+    with pytest.raises(core.HarnessError, match="measure.stop_loss"):
+        core.load_spec(path)
+    assert path.read_bytes() == before  # the spec is left as it was
+
+
+def test_the_default_loss_bar_keeps_a_hundredth_of_room_above_min_improvement(tmp_path):
+    spec = json.loads((TASKS / "softmax" / "harness_spec.example.json").read_text())
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    loaded = core.load_spec(path)
+    assert loaded["measure"]["stop_loss"] == 0.06
+    assert loaded["assess"]["min_improvement"] == 0.05
+
+
 def test_an_unknown_design_is_refused():
     with pytest.raises(ValueError, match="sequential must be one of"):
         seq.plan(30, 8, 2, "peek", 0.95)
@@ -188,12 +245,12 @@ def _pair(ratio: float, contention: float = 0.0) -> dict:
     return {"complete": True, "arms": {"baseline": arm(1000.0), "candidate": arm(1000.0 / ratio)}}
 
 
-def _measured(pairs: list[dict]) -> list[dict]:
+def _measured(pairs: list[dict], policy: dict = POLICY) -> list[dict]:
     """The looks measure.py's loop takes over these pairs, one pair at a time."""
     plan = seq.plan(PAIRS, 8, 2, "peto", 0.95)
     taken = []
     for k in range(1, len(pairs) + 1):
-        look = measure.look(POLICY, plan, pairs[:k], taken[-1]["n"] if taken else 0)
+        look = measure.look(policy, plan, pairs[:k], taken[-1]["n"] if taken else 0)
         if look is not None:
             taken.append(look)
             if look["stop"]:

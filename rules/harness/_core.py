@@ -146,13 +146,16 @@ def load_spec(path: Path) -> dict:
     # NB: the sequential design (rules/harness/sequential.py): looks after first_look pairs and
     # every look_every more, 16 % of alpha open from the first look, a tenth more over the
     # interim looks and the rest at the last (Haybittle-Peto-type); it stops when the interval
-    # clears 1 + stop_improvement (or lies below its inverse) at stop_confidence. "fixed": all
-    # pairs
+    # clears 1 + stop_improvement or lies below 1 / (1 + stop_loss) at stop_confidence (the
+    # loss bar keeps 0.01 of room for the run shift above the assessment's default
+    # min_improvement, the gain bar 0.03 for the shift and a noise floor: a stopped loss that
+    # is judged INCONCLUSIVE instead of FAIL was never going to PASS). "fixed": all pairs
     measure.setdefault("sequential", "peto")
     measure.setdefault("first_look", 8)
     measure.setdefault("look_every", 2)
     measure.setdefault("stop_confidence", 0.95)
     measure.setdefault("stop_improvement", 0.08)
+    measure.setdefault("stop_loss", 0.06)
     if measure["sequential"] not in ("peto", "pocock", "obrien_fleming", "fixed"):
         raise HarnessError("measure.sequential must be peto, pocock, obrien_fleming or fixed")
     for key in ("first_look", "look_every"):
@@ -160,6 +163,9 @@ def load_spec(path: Path) -> dict:
             raise HarnessError(f"measure.{key} must be a whole number >= 1")
     if not 0 < float(measure["stop_confidence"]) < 1 or float(measure["stop_improvement"]) < 0:
         raise HarnessError("measure.stop_confidence must lie in (0, 1), stop_improvement >= 0")
+    loss = measure["stop_loss"]
+    if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not 0 <= loss < math.inf:
+        raise HarnessError(f"measure.stop_loss must be a number >= 0, not {loss!r:.30}")
     bpc = measure.get("bytes_per_call")
     if bpc is not None and (isinstance(bpc, bool) or not isinstance(bpc, int) or bpc <= 0):
         raise HarnessError("measure.bytes_per_call must be a positive integer when given")

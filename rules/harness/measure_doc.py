@@ -214,7 +214,7 @@ def look(m: dict, plan: dict, pairs: list[dict], since: int) -> dict | None:
         else None
     )
     out["stop"] = (
-        Q.decide(interval[0], interval[1], m["stop_improvement"])
+        Q.decide(interval[0], interval[1], m["stop_improvement"], m.get("stop_loss"))
         if interval and out["valid"] and look["n"] < plan["looks"][-1]["n"]
         else None
     )
@@ -233,6 +233,7 @@ def sequential_doc(m: dict, plan: dict, taken: list[dict], pairs: list[dict]) ->
         "look_every": m["look_every"],
         "stop_confidence": m["stop_confidence"],
         "stop_improvement": m["stop_improvement"],
+        "stop_loss": m.get("stop_loss"),
         "plan": [{k: lk[k] for k in ("n", "c", "spent_alpha")} for lk in plan["looks"]],
         "looks": taken,
         "stopped_at": n,

@@ -133,12 +133,22 @@ def interval_at(log_ratios: Sequence[float], look: dict) -> tuple[float, float] 
     return x[c - 1], x[n - c]
 
 
-def decide(lo: float, hi: float, stop_improvement: float) -> str | None:
+def decide(
+    lo: float, hi: float, stop_improvement: float, stop_loss: float | None = None
+) -> str | None:
     """Why to stop at a valid look whose interval (log scale) is [lo, hi]: the whole interval
-    above 1 + stop_improvement (a gain) or below its inverse (a loss); None: measure on."""
+    above 1 + stop_improvement (a gain) or below 1 / (1 + stop_loss) (a loss; stop_loss None:
+    stop_improvement's mirror); None: measure on.
+
+    NB: the two bars need not mirror each other. A gain stopped too early may be judged
+    INCONCLUSIVE once the assessment adds the run shift and noise floor, and a real gain is
+    lost, so its bar keeps room above min_improvement; a loss stopped at the verdict's own FAIL
+    bar can at worst be judged INCONCLUSIVE instead of FAIL: it was never going to PASS. The
+    interval holds at every look whatever rule stops the run, so neither bar costs coverage."""
     bar = math.log1p(float(stop_improvement))
+    loss_bar = bar if stop_loss is None else math.log1p(float(stop_loss))
     if lo > bar:
         return "decided_gain"
-    if hi < -bar:
+    if hi < -loss_bar:
         return "decided_loss"
     return None
