@@ -142,9 +142,10 @@ def decide(
 
     NB: the two bars need not mirror each other. A gain stopped too early may be judged
     INCONCLUSIVE once the assessment adds the run shift and noise floor, and a real gain is
-    lost, so its bar keeps room above min_improvement; a loss stopped at the verdict's own FAIL
-    bar can at worst be judged INCONCLUSIVE instead of FAIL: it was never going to PASS. The
-    interval holds at every look whatever rule stops the run, so neither bar costs coverage."""
+    lost, so its bar keeps room above min_improvement for the shift and the floor; a loss
+    stopped near the verdict's FAIL bar can at worst be judged INCONCLUSIVE instead of FAIL (a
+    stop needs hi < 0, so never PASS), so its bar keeps room for the shift alone. The interval
+    holds at every look whatever rule stops the run, so neither bar costs coverage."""
     bar = math.log1p(float(stop_improvement))
     loss_bar = bar if stop_loss is None else math.log1p(float(stop_loss))
     if lo > bar:
