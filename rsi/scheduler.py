@@ -222,6 +222,18 @@ class Scheduler:
         """Build `wanted`. `known` are outcomes settled before the run (cache hits the
         incremental state vouched for, whose events the caller emits): they feed their
         consumers, are looked up only when a consumer needs them, and are never run."""
+        from rsi.analysis_cache import few_full_collections
+
+        with few_full_collections():
+            return self._run(graph, wanted, build_event, known)
+
+    def _run(
+        self,
+        graph: BuildGraph,
+        wanted: set[str],
+        build_event: int,
+        known: Mapping[str, Outcome] | None,
+    ) -> dict[str, Outcome]:
         self._graph = self.history.graph = graph
         preds, succs = graph.preds, graph.succs
         waiting = {a: sum(1 for p in preds.get(a, ()) if p in wanted) for a in wanted}
