@@ -8,72 +8,21 @@ interpreter's packages are unchanged. Anything unreadable or unexpected means: a
 
 from __future__ import annotations
 
-import gc
 import os
 import pickle
 import stat
 import sys
-import threading
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
 from rsi import __version__
 from rsi.digest import Digest, FileDigestMemo, digest_bytes, digest_value, hasher
 from rsi.fsutil import atomic_write_bytes, prune
+from rsi.gc_policy import quiet_gc
 
 SCHEMA = "rsi.analysis/1"
-
-
-@contextmanager
-def quiet_gc() -> Iterator[None]:
-    """No cyclic garbage collection while millions of long-lived objects are made (a state or
-    an analysis of 100,000 actions): each collection would walk all of them again. They are
-    frozen (out of the collector's walks) before it is turned back on: left young, the first
-    collection after would walk them all (~170 ms at 100,000 actions). A build unfreezes
-    what it froze when it ends (`_unfrozen_after` in rsi/build.py)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.freeze()
-            gc.enable()
-
-
-# NB: full collections while a scheduler runs: one per this many young (generation 1) ones
-# instead of Python's 10; see `few_full_collections`
-FULL_EVERY = 1000
-_full_lock = threading.Lock()
-_full_users = [0, None]  # NB: [schedulers running, the thresholds before the first]
-
-
-@contextmanager
-def few_full_collections() -> Iterator[None]:
-    """Young collections as usual, full ones rarely, while a scheduler runs: each action's
-    outcome, result and events outlive the young generations, so a full collection walks
-    everything the run made so far, again and again (20 of them, 5.4 s of a 256 s cold build
-    of 100,000 actions; 4 and 0.13 s at 10,000). Cyclic garbage still dies in the young
-    collections; what survives them waits for the first full collection after the run. Runs
-    nest and overlap (a build server runs builds in threads): the thresholds of before the
-    first are put back when the last ends."""
-    with _full_lock:
-        if _full_users[0] == 0:
-            before = gc.get_threshold()
-            _full_users[1] = before
-            gc.set_threshold(before[0], before[1], max(before[2], FULL_EVERY))
-        _full_users[0] += 1
-    try:
-        yield
-    finally:
-        with _full_lock:
-            _full_users[0] -= 1
-            if _full_users[0] == 0 and _full_users[1] is not None:
-                gc.set_threshold(*_full_users[1])
-                _full_users[1] = None
 
 
 def _stat_sig(path: str, dirs: dict[str, str] | None = None, mode: int | None = None) -> list:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from rsi import __version__, analysis_cache
-from rsi.analysis_cache import quiet_gc  # noqa: F401 - NB: build.py uses it from here
+from rsi.gc_policy import quiet_gc  # noqa: F401 - NB: build.py uses it from here
 from rsi.analysis_cache import Vouched, read_sealed_head, write_sealed
 from rsi.digest import HITS_MOD, Digest, FileDigestMemo, digest_file, digest_value, hit_term
 from rsi.record import Value

@@ -28,6 +28,7 @@ from rsi.events import EventLog
 from rsi.executors.base import TRASH, Executor
 from rsi.executors.hoststep import HOST_STEPS, host_step_kind
 from rsi.executors.hoststep import present as host_step_present
+from rsi.gc_policy import few_full_collections
 from rsi.group_commit import GroupCommitter
 from rsi.host import Capabilities, HostLock, unmet_requirement
 from rsi.lock_wait import LockWaiter
@@ -222,8 +223,6 @@ class Scheduler:
         """Build `wanted`. `known` are outcomes settled before the run (cache hits the
         incremental state vouched for, whose events the caller emits): they feed their
         consumers, are looked up only when a consumer needs them, and are never run."""
-        from rsi.analysis_cache import few_full_collections
-
         with few_full_collections():
             return self._run(graph, wanted, build_event, known)
 

@@ -1,4 +1,4 @@
-"""The garbage collector's settings while a scheduler runs (rsi.analysis_cache): full
+"""The garbage collector's settings while a scheduler runs (rsi.gc_policy): full
 collections rare during the run, Python's own settings back after it, however runs overlap
 or end."""
 
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from rsi.analysis_cache import FULL_EVERY, few_full_collections
+from rsi.gc_policy import FULL_EVERY, few_full_collections
 
 pytestmark = pytest.mark.fast
 

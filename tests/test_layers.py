@@ -27,6 +27,7 @@ ENGINE = [
             "rsi.dag",
             "rsi.label",
             "rsi.fsutil",
+            "rsi.gc_policy",
             "rsi.digest",
             "rsi.sharded",
             "rsi.attrs",
