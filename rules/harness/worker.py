@@ -525,14 +525,41 @@ def _pin_malloc() -> None:
 
 
 def _prefault_heap(io_bytes: int) -> None:
-    """Touch, then free, a few times the call's input and output in the heap (8-64 MiB): the
+    """Touch, then free, a few times the call's input and output in the heap (32-64 MiB): the
     first calls' temporaries then land on pages this process already has instead of faulting
     them in one by one (a fresh fork otherwise pays hundreds of faults in its first calls,
-    and now and then in a timed one). Freed memory stays in the heap (see _pin_malloc)."""
-    size = min(64 << 20, max(8 << 20, 4 * io_bytes))
-    chunk = 8 << 20  # NB: under the mmap threshold, so the chunks come from the heap
-    blocks = [bytearray(chunk) for _ in range(size // chunk)]
-    del blocks
+    and now and then in a timed one). Freed memory stays in the heap (see _pin_malloc).
+
+    NB: at least 32 MiB, not 8: a worker's heap creeps upwards call after call (small objects
+    that outlive a call sit between the large temporaries), and rmsnorm's baseline, whose
+    float64 temporaries are ~5 MiB a call, crossed an 8 MiB prefault within its 13 calls: one
+    timed call in every arm-run of one sandbox took 256 faults and ran 1.5-2x slower (page
+    faults counted per call). At 32 MiB, six A/A runs showed no such call. The region is
+    offered huge pages first (MADV_HUGEPAGE, where the host has them on request): touching
+    32 MiB in 4 KiB pages cost ~15 ms a fork, in 2 MiB pages a few. Both arms alike."""
+    size = min(64 << 20, max(32 << 20, 4 * io_bytes))
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.malloc.restype = ctypes.c_void_p
+        libc.malloc.argtypes = [ctypes.c_size_t]
+        libc.free.argtypes = [ctypes.c_void_p]
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    except (OSError, AttributeError):
+        blocks = [bytearray(8 << 20) for _ in range(size // (8 << 20))]
+        del blocks
+        return
+    chunk, huge = 8 << 20, 2 << 20  # NB: under the mmap threshold: from the heap
+    blocks = [libc.malloc(chunk) for _ in range(size // chunk)]
+    for at in blocks:
+        if at:
+            lo, hi = (at + huge - 1) & ~(huge - 1), (at + chunk) & ~(huge - 1)
+            libc.madvise(lo, hi - lo, 14)  # MADV_HUGEPAGE; refused or ignored: 4 KiB pages
+            ctypes.memset(at, 0, chunk)
+    for at in blocks:
+        if at:
+            libc.free(at)
 
 
 def _reap_strays(own_pid_namespace: bool) -> None:
