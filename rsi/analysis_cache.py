@@ -554,6 +554,6 @@ def save(store, key: str, labels, graph, tracker: Tracker) -> None:
         store.root / "analysis",
         keep=KEEP_ANALYSES,
         keep_bytes=KEEP_BYTES,
-        match=lambda name: not name.startswith(("state-", "delta-")),
+        match=lambda name: not name.startswith(("state-", "delta-", "outs-")),
         spare=key,
     )

@@ -395,7 +395,7 @@ def _build(
                 todo.add(action_id)
                 todo |= graph.descendants(action_id, wanted)
         clean = [i for i in plan.state["order"] if i not in todo]
-        known = incremental.StateOutcomes(plan, clean)
+        known = incremental.StateOutcomes(store, plan, clean)
     else:
         plan = None
     named = named_labels(ws, patterns)
@@ -652,14 +652,14 @@ def _build_unchanged(
         build_id,
         ok=True,
         events_path=str(events.path),
-        outcomes=incremental.StateOutcomes(plan),
+        outcomes=incremental.StateOutcomes(store, plan),
         graph_source=graph,
     )
     for t in state["targets"]:
         outputs: list[str] = []
         if materialise:
             for path, producer in t["files"]:
-                out = plan.output(producer, path)
+                out = plan.output(store, producer, path)
                 if out is not None:
                     outputs.append(export_output(ws, store, path, out[0], out[1]))
         show = t["show"]

@@ -30,11 +30,12 @@ from rsi.gc_policy import quiet_gc  # noqa: F401 - NB: build.py uses it from her
 from rsi.analysis_cache import Vouched, read_sealed_head, write_sealed
 from rsi.digest import HITS_MOD, Digest, FileDigestMemo, digest_file, digest_value, hit_term
 from rsi.record import Value
-from rsi.sharded import ShardedDict
+from rsi.sharded import Sharded, ShardedDict
 
 # NB: /7: the actions in shards (rsi.sharded), `ac_index`. In the request key too, so an older
 # rsi sharing the store never reads a state it cannot (it would apply a delta to packed bytes)
-SCHEMA = "rsi.incremental/7"
+# /8: every action's outputs also in a sidecar file, `outs-<request>` (`_outs_table`)
+SCHEMA = "rsi.incremental/8"
 RACY_NS = FileDigestMemo.RACY_NS
 # NB: a build that only found a few small sources touched leaves the state as it is (each is
 # hashed again next time, as now): at 100,000 actions, writing the state costs seconds
@@ -119,8 +120,40 @@ def _delta_path(store: Any, request: str):
     return store.root / "analysis" / f"delta-{request}"
 
 
+def _outs_path(store: Any, request: str):
+    return store.root / "analysis" / f"outs-{request}"
+
+
+# NB: sidecar tables already read, by seal (the digest of the file's content), newest last
+_OUTS: dict[str, Sharded] = {}
+KEEP_OUTS = 2
+
+
+def _outs_table(store: Any, state: dict) -> Sharded | None:
+    """{action id: its entry's outputs} of every action as the state was last written whole:
+    the sidecar file `outs-<request>`, whose seal the state holds (`outs_seal`); changes since
+    are in the state's `outs`. None when the state names no sidecar or the file is not the one
+    it names (rewritten by another build, removed, altered): the caller reads the entries.
+
+    NB: apart from the state, so a no-op neither reads nor hashes it, and apart from the
+    actions' entries, so a one-change build that re-keys a root of 10,000 inputs unpickles
+    outputs only (at 100,000 actions, unpickling every action shard for them took ~0.3 s)."""
+    seal = state.get("outs_seal")
+    if not seal:
+        return None
+    table = _OUTS.get(seal)
+    if table is None:
+        found, table = read_sealed_head(store, _outs_path(store, state["request"]))
+        if found != seal or not isinstance(table, Sharded):
+            return None
+        _OUTS[seal] = table
+        while len(_OUTS) > KEEP_OUTS:
+            _OUTS.pop(next(iter(_OUTS)))
+    return table
+
+
 # NB: the parts of a state a delta replaces entry by entry; the rest of its fields are whole
-DELTA_PARTS = ("actions", "sources", "blobs", "logs", "ac_dirs", "exports", "ac_index")
+DELTA_PARTS = ("actions", "sources", "blobs", "logs", "ac_dirs", "exports", "ac_index", "outs")
 # NB: `hits_sum`: the sum of every action's `hit_term` (its hit line in the event summary),
 # kept up to date entry by entry so a no-op's summary costs nothing per action
 DELTA_FIELDS = ("index_sig", "roots_sig", "hits_sum")
@@ -227,9 +260,14 @@ def save(store: Any, state: dict) -> str | None:
     path = _state_path(store, state["request"])
     try:
         packed = ShardedDict.pack(actions)
+        outs = Sharded.pack({i: tuple(a[OUTPUTS]) for i, a in actions.items()})
     except Exception:  # NB: as write_sealed: the state is a speed-up only
         return None
     state["actions"] = packed
+    # NB: the sidecar first: a state whose sidecar was never written names a seal no file
+    # has, and its builds read the entries instead
+    state["outs"] = {}
+    state["outs_seal"] = write_sealed(store, _outs_path(store, state["request"]), outs)
     seal = write_sealed(store, path, state)
     try:
         os.unlink(_delta_path(store, state["request"]))
@@ -245,10 +283,11 @@ def save(store: Any, state: dict) -> str | None:
         spare=path.name,
     )
     for name in removed:
-        try:
-            os.unlink(path.parent / f"delta-{name[len('state-') :]}")
-        except OSError:
-            pass
+        for kind in ("delta", "outs"):
+            try:
+                os.unlink(path.parent / f"{kind}-{name[len('state-') :]}")
+            except OSError:
+                pass
     return seal
 
 
@@ -286,7 +325,8 @@ def save_changes(store: Any, p: Plan) -> None:
 def forget(store: Any, request: str | None) -> None:
     if request is not None:
         _KEEP.pop(str(_state_path(store, request)), None)
-        for path in (_state_path(store, request), _delta_path(store, request)):
+        paths = (_state_path, _delta_path, _outs_path)
+        for path in (at(store, request) for at in paths):
             try:
                 os.unlink(path)
             except OSError:
@@ -432,21 +472,40 @@ class Plan(Value):
         a = self.actions[action_id]
         return f"{a[KEY_HASH]}/{a[KEY_SIZE]}"
 
-    def output(self, producer: str, path: str) -> tuple[Digest, bool] | None:
+    def output(self, store: Any, producer: str, path: str) -> tuple[Digest, bool] | None:
         outputs = (self.state.get("exports") or {}).get(producer)
         if outputs is None:
-            outputs = self.actions[producer][OUTPUTS]
+            outputs = self._outputs(store, producer)
         for p, h, n, x in outputs:
             if p == path:
                 return Digest(h, n), x
         return None
+
+    def _outputs(self, store: Any, producer: str) -> Any:
+        """The outputs of `producer`'s entry: changed since the sidecar, else from it, else
+        from the entry itself (KeyError when the state has no such action)."""
+        over = self.state.get("outs")
+        if over and producer in over:
+            return over[producer]
+        table = _outs_table(store, self.state)
+        got = table.get(producer) if table is not None else None
+        return got if got is not None else self.actions[producer][OUTPUTS]
+
+    def has(self, store: Any, action_id: str) -> bool:
+        """The state has an entry for this action (the sidecar holds every action's)."""
+        over = self.state.get("outs")
+        if over and action_id in over:
+            return True
+        table = _outs_table(store, self.state)
+        return action_id in (table if table is not None else self.actions)
 
 
 class StateOutcomes(Mapping):
     """Outcomes of actions the state vouches for (all of them, or `ids`), made on first use:
     a build of 100,000 unchanged actions need not build 100,000 objects nobody reads."""
 
-    def __init__(self, plan: Plan, ids: list[str] | None = None) -> None:
+    def __init__(self, store: Any, plan: Plan, ids: list[str] | None = None) -> None:
+        self._store = store
         self._plan = plan
         self._ids = plan.state["order"] if ids is None else ids
         self._members = None if ids is None else set(ids)
@@ -468,14 +527,14 @@ class StateOutcomes(Mapping):
 
     def __contains__(self, action_id: object) -> bool:
         if self._members is None:
-            return action_id in self._plan.actions
+            return isinstance(action_id, str) and self._plan.has(self._store, action_id)
         return action_id in self._members
 
     def output(self, producer: str, path: str) -> tuple[Digest, bool] | None:
         """(digest, executable) of a vouched-for action's output, from the state as is."""
         if producer not in self:
             return None
-        return self._plan.output(producer, path)
+        return self._plan.output(self._store, producer, path)
 
 
 class Overlay(Mapping):
@@ -1182,11 +1241,13 @@ def _record_changes(
             old[0], old[1], old[2] = seen
             updated["sources"].add(path)
     # NB: one object for equal values many actions hold, shared with the kept entries
+    # (a re-run action's old entry: its shard is loaded anyway, the first action's may not be)
     shared: dict = {}
-    for a in actions.values():
-        shared.setdefault(a[LOGS], a[LOGS])
-        shared.setdefault(a[MNEMONIC], a[MNEMONIC])
-        break
+    for a in (actions.get(i) for i in rerun):
+        if a is not None:
+            shared.setdefault(a[LOGS], a[LOGS])
+            shared.setdefault(a[MNEMONIC], a[MNEMONIC])
+            break
     blobs = state["blobs"]
     force = p.watch.get("cas_linked") if p.watch is not None else None
     for action_id in rerun:
@@ -1202,6 +1263,10 @@ def _record_changes(
             force.update(log[0] for log in entry[LOGS] if log)
         if entry != old:
             actions[action_id] = entry
+            if tuple(entry[OUTPUTS]) != tuple(old[OUTPUTS]) or action_id in state.get("outs", ()):
+                # NB: the sidecar holds the outputs as the state was last written whole
+                state.setdefault("outs", {})[action_id] = tuple(entry[OUTPUTS])
+                updated["outs"].add(action_id)
             p.hits = None  # NB: its hit line changed (its key)
             if state.get("hits_sum") is not None:
                 was = hit_term(action_id, f"{old[KEY_HASH]}/{old[KEY_SIZE]}")

@@ -72,8 +72,9 @@ def test_a_store_keeps_a_bounded_number_of_analyses_and_event_logs(tmp_path, mon
 
 @pytest.mark.fast
 def test_a_state_s_delta_is_no_analysis_and_goes_with_its_state(tmp_path, monkeypatch):
-    """`delta-<request>` (rsi/incremental.py) beside `state-<request>`: pruning analyses
-    neither counts nor removes it; pruning states removes a state's delta with it."""
+    """`delta-<request>` and `outs-<request>` (rsi/incremental.py) beside `state-<request>`:
+    pruning analyses neither counts nor removes them; pruning states removes a state's delta
+    and its outputs' sidecar with it."""
     from rsi import incremental
     from rsi.store import LocalStore
 
@@ -81,14 +82,15 @@ def test_a_state_s_delta_is_no_analysis_and_goes_with_its_state(tmp_path, monkey
     folder = store.root / "analysis"
     monkeypatch.setattr(analysis_cache, "KEEP_ANALYSES", 1)
     monkeypatch.setattr(analysis_cache, "KEEP_STATES", 1)
-    _files(folder, [("delta-r0", 5), ("delta-r1", 5)])
+    _files(folder, [("delta-r0", 5), ("delta-r1", 5), ("outs-r1", 5)])
     analysis_cache.save(store, "key0", [], {"n": 0}, tracker=None)
-    assert sorted(p.name for p in folder.iterdir()) == ["delta-r0", "delta-r1", "key0"]
+    assert sorted(p.name for p in folder.iterdir()) == ["delta-r0", "delta-r1", "key0", "outs-r1"]
     state = {"request": "r0", "actions": {}, "blobs": {}}
     assert incremental.save(store, state) is not None
     assert not (folder / "delta-r0").exists()  # NB: folded into the state just written
+    assert (folder / "outs-r0").exists() and state["outs_seal"]
     t = 1_000_000_000_000_000_000
     os.utime(folder / "state-r0", ns=(t, t))
     (folder / "delta-r0").write_bytes(b"x")  # NB: as a later build of r0 would leave it
     incremental.save(store, {"request": "r1", "actions": {}, "blobs": {}})
-    assert sorted(p.name for p in folder.iterdir()) == ["key0", "state-r1"]
+    assert sorted(p.name for p in folder.iterdir()) == ["key0", "outs-r1", "state-r1"]

@@ -80,9 +80,13 @@ def test_a_no_op_leaves_the_actions_packed_and_exports_what_changed_last(ws, mon
     raw = state.read_bytes()
     on_disk = pickle.loads(memoryview(raw)[raw.find(b"\n") + 1 :])
     assert isinstance(on_disk["actions"], ShardedDict) and on_disk["actions"].loaded() == 0
+    from rsi.runtime import open_store
+
     plan = incremental.Plan(seen[-1]["request"], seen[-1])
-    top = plan.output("//:top#Command", "top.out")
+    top = plan.output(open_store(workspace), "//:top#Command", "top.out")
     actions = plan.actions
+    # NB: an exported output is read from `exports`: no entry's shard unpacked for it
+    assert actions.loaded() == 0
     outputs = actions["//:top#Command"][incremental.OUTPUTS]
     # NB: reading one entry unpacked its shard alone, the delta's entries applied to it
     assert actions.loaded() == 1
