@@ -34,7 +34,8 @@ from rsi.sharded import Sharded, ShardedDict
 
 # NB: /7: the actions in shards (rsi.sharded), `ac_index`. In the request key too, so an older
 # rsi sharing the store never reads a state it cannot (it would apply a delta to packed bytes)
-# /8: every action's outputs also in a sidecar file, `outs-<request>` (`_outs_table`)
+# /8: every action's outputs, key and entry signature also in a sidecar file, `outs-<request>`
+# (`_outs_table`)
 SCHEMA = "rsi.incremental/8"
 RACY_NS = FileDigestMemo.RACY_NS
 # NB: a build that only found a few small sources touched leaves the state as it is (each is
@@ -129,15 +130,22 @@ _OUTS: dict[str, Sharded] = {}
 KEEP_OUTS = 2
 
 
+def _row(a: list) -> tuple:
+    """What the sidecar keeps of an action's entry `a`: (outputs, key hash, entry signature)."""
+    return (tuple(a[OUTPUTS]), a[KEY_HASH], a[AC_SIG])
+
+
 def _outs_table(store: Any, state: dict) -> Sharded | None:
-    """{action id: its entry's outputs} of every action as the state was last written whole:
-    the sidecar file `outs-<request>`, whose seal the state holds (`outs_seal`); changes since
-    are in the state's `outs`. None when the state names no sidecar or the file is not the one
-    it names (rewritten by another build, removed, altered): the caller reads the entries.
+    """{action id: `_row` of its entry} of every action as the state was last written whole:
+    the sidecar file `outs-<request>`, whose seal the state holds (`outs_seal`); every entry
+    changed since has its row in the state's `outs`. None when the state names no sidecar or
+    the file is not the one it names (rewritten by another build, removed, altered): the
+    caller reads the entries.
 
     NB: apart from the state, so a no-op neither reads nor hashes it, and apart from the
-    actions' entries, so a one-change build that re-keys a root of 10,000 inputs unpickles
-    outputs only (at 100,000 actions, unpickling every action shard for them took ~0.3 s)."""
+    actions' entries, so a one-change build that re-keys a root of 10,000 inputs, or checks
+    the entries of the action-cache folders the build before wrote into, unpickles rows only
+    (at 100,000 actions, unpickling every action shard for the root's inputs took ~0.3 s)."""
     seal = state.get("outs_seal")
     if not seal:
         return None
@@ -146,10 +154,15 @@ def _outs_table(store: Any, state: dict) -> Sharded | None:
         found, table = read_sealed_head(store, _outs_path(store, state["request"]))
         if found != seal or not isinstance(table, Sharded):
             return None
-        _OUTS[seal] = table
-        while len(_OUTS) > KEEP_OUTS:
-            _OUTS.pop(next(iter(_OUTS)))
+        _keep_outs(seal, table)
     return table
+
+
+def _keep_outs(seal: str, table: Sharded) -> None:
+    _OUTS.pop(seal, None)
+    _OUTS[seal] = table
+    while len(_OUTS) > KEEP_OUTS:  # NB: the least recently kept go first
+        _OUTS.pop(next(iter(_OUTS)))
 
 
 # NB: the parts of a state a delta replaces entry by entry; the rest of its fields are whole
@@ -260,7 +273,7 @@ def save(store: Any, state: dict) -> str | None:
     path = _state_path(store, state["request"])
     try:
         packed = ShardedDict.pack(actions)
-        outs = Sharded.pack({i: tuple(a[OUTPUTS]) for i, a in actions.items()})
+        outs = Sharded.pack({i: _row(a) for i, a in actions.items()})
     except Exception:  # NB: as write_sealed: the state is a speed-up only
         return None
     state["actions"] = packed
@@ -268,6 +281,8 @@ def save(store: Any, state: dict) -> str | None:
     # has, and its builds read the entries instead
     state["outs"] = {}
     state["outs_seal"] = write_sealed(store, _outs_path(store, state["request"]), outs)
+    if analysis_cache.keeping and state["outs_seal"] is not None:
+        _keep_outs(state["outs_seal"], outs)  # NB: a server's next build need not read it
     seal = write_sealed(store, path, state)
     try:
         os.unlink(_delta_path(store, state["request"]))
@@ -484,12 +499,8 @@ class Plan(Value):
     def _outputs(self, store: Any, producer: str) -> Any:
         """The outputs of `producer`'s entry: changed since the sidecar, else from it, else
         from the entry itself (KeyError when the state has no such action)."""
-        over = self.state.get("outs")
-        if over and producer in over:
-            return over[producer]
-        table = _outs_table(store, self.state)
-        got = table.get(producer) if table is not None else None
-        return got if got is not None else self.actions[producer][OUTPUTS]
+        got = _sidecar_row(store, self.state, producer)
+        return got[0] if got is not None else self.actions[producer][OUTPUTS]
 
     def has(self, store: Any, action_id: str) -> bool:
         """The state has an entry for this action (the sidecar holds every action's)."""
@@ -498,6 +509,23 @@ class Plan(Value):
             return True
         table = _outs_table(store, self.state)
         return action_id in (table if table is not None else self.actions)
+
+
+def _sidecar_row(store: Any, state: dict, action_id: str) -> tuple | None:
+    """`_row` of the action's entry as it is now: from the state's `outs` when it changed
+    since the sidecar was written, else from the sidecar; None when neither can say."""
+    over = state.get("outs")
+    if over and action_id in over:
+        return over[action_id]
+    table = _outs_table(store, state)
+    return table.get(action_id) if table is not None else None
+
+
+def _changed_row(p: Plan, action_id: str, a: list) -> None:
+    """The entry `a` of `action_id` changed (outputs, key or signature): its row goes to the
+    state's `outs`, so to the delta, and wins over the sidecar's."""
+    p.state.setdefault("outs", {})[action_id] = _row(a)
+    p.updated["outs"].add(action_id)
 
 
 class StateOutcomes(Mapping):
@@ -1010,12 +1038,30 @@ def _check_listed(store: Any, state: dict, shards: set[str], p: Plan, shard_new:
     if index is None:
         return False
     actions = _actions(state)
+    ac_root = store._ac_s
     for shard in sorted(shards):
         for action_id in index.get(shard, ()):
+            if action_id in p.dirty:
+                continue
+            # NB: the row holds the entry's current key (every change of it goes to `outs`),
+            # so an entry file at the signature recorded with it is held: no entry unpickled
+            row = _sidecar_row(store, state, action_id)
+            if row is not None and row[2] is not None and row[1][:2] == shard:
+                try:
+                    st = os.stat(f"{ac_root}/{shard}/{row[1]}")
+                except OSError:
+                    st = None
+                if st is not None and row[2] == (
+                    st.st_ino,
+                    st.st_size,
+                    st.st_mtime_ns,
+                    st.st_ctime_ns,
+                ):
+                    continue
             a = actions.get(action_id)
             if a is None or a[KEY_HASH][:2] != shard:
                 return False
-            if action_id not in p.dirty and not _entry_held(store, action_id, a, p):
+            if not _entry_held(store, action_id, a, p):
                 p.dirty.add(action_id)
                 shard_new[shard] = None
     return True
@@ -1046,6 +1092,7 @@ def _entry_verified(store: Any, action_id: str, a: list, st: os.stat_result, p: 
         return False
     a[AC_SIG] = _trusted(st, time.time_ns())
     p.updated["actions"].add(action_id)
+    _changed_row(p, action_id, a)
     p.changed = True
     return True
 
@@ -1263,10 +1310,8 @@ def _record_changes(
             force.update(log[0] for log in entry[LOGS] if log)
         if entry != old:
             actions[action_id] = entry
-            if tuple(entry[OUTPUTS]) != tuple(old[OUTPUTS]) or action_id in state.get("outs", ()):
-                # NB: the sidecar holds the outputs as the state was last written whole
-                state.setdefault("outs", {})[action_id] = tuple(entry[OUTPUTS])
-                updated["outs"].add(action_id)
+            # NB: the sidecar holds the rows as the state was last written whole
+            _changed_row(p, action_id, entry)
             p.hits = None  # NB: its hit line changed (its key)
             if state.get("hits_sum") is not None:
                 was = hit_term(action_id, f"{old[KEY_HASH]}/{old[KEY_SIZE]}")

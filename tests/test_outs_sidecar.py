@@ -67,6 +67,20 @@ def _expected(texts):
     return "".join(texts[x].upper() for x in LEAVES)
 
 
+def _rows_follow_entries(ws):
+    """Read as the next build would (no check run first): every action's row, from the
+    state's `outs` or the sidecar, holds its entry's outputs, key and signature."""
+    from rsi import incremental
+    from rsi.runtime import open_store
+    from rsi.workspace import Workspace
+
+    store = open_store(Workspace.discover())
+    (path,) = (ws / "cache" / "analysis").glob("state-*")
+    state = incremental._load(store, path.name[len("state-") :])[0]
+    for action_id, a in state["actions"].items():
+        assert incremental._sidecar_row(store, state, action_id) == incremental._row(a), action_id
+
+
 def test_a_one_change_build_keys_the_root_from_the_sidecar(ws, monkeypatch, tmp_path):
     from rsi import incremental
     from rsi.sharded import shard_of
@@ -113,6 +127,7 @@ def test_outputs_changed_since_the_sidecar_come_from_the_delta(ws, monkeypatch, 
         assert _build(ws, monkeypatch, tmp_path).counts["executed"] == 2
         assert (ws / "out" / "root.out").read_text() == _expected(texts), (x, text)
         assert list(folder.glob("delta-*")), "the change went to a delta"
+        _rows_follow_entries(ws)
 
 
 @pytest.mark.parametrize("damage", ["removed", "resealed", "garbage", "other_state"])
