@@ -125,9 +125,12 @@ def _outs_path(store: Any, request: str):
     return store.root / "analysis" / f"outs-{request}"
 
 
-# NB: sidecar tables already read, by seal (the digest of the file's content), newest last
+# NB: sidecar tables already read, by seal (the digest of the file's content), newest last;
+# and the seals whose file did not hold them, with that file's stat signature then (None: no
+# file): not read and hashed again per lookup while the file is as it was
 _OUTS: dict[str, Sharded] = {}
 KEEP_OUTS = 2
+_OUTS_MISSED: dict[str, tuple | None] = {}
 
 
 def _row(a: list) -> tuple:
@@ -150,11 +153,25 @@ def _outs_table(store: Any, state: dict) -> Sharded | None:
     if not seal:
         return None
     table = _OUTS.get(seal)
-    if table is None:
-        found, table = read_sealed_head(store, _outs_path(store, state["request"]))
-        if found != seal or not isinstance(table, Sharded):
-            return None
+    if table is not None:
         _keep_outs(seal, table)
+        return table
+    path = _outs_path(store, state["request"])
+    try:
+        now: tuple | None = _sig(os.stat(path))
+    except OSError:
+        now = None
+    if seal in _OUTS_MISSED and _OUTS_MISSED[seal] == now:
+        return None
+    found, table = read_sealed_head(store, path)
+    if found != seal or not isinstance(table, Sharded):
+        _OUTS_MISSED.pop(seal, None)
+        _OUTS_MISSED[seal] = now
+        while len(_OUTS_MISSED) > 8:
+            _OUTS_MISSED.pop(next(iter(_OUTS_MISSED)))
+        return None
+    _OUTS_MISSED.pop(seal, None)
+    _keep_outs(seal, table)
     return table
 
 
@@ -303,14 +320,38 @@ def save(store: Any, state: dict) -> str | None:
                 os.unlink(path.parent / f"{kind}-{name[len('state-') :]}")
             except OSError:
                 pass
+    _drop_orphans(path.parent)
     return seal
+
+
+# NB: a delta or sidecar is written before or after its state by another build: one this old
+# with no state beside it is an orphan (its state pruned by an older rsi, or never written)
+ORPHAN_AGE_S = 3600
+
+
+def _drop_orphans(folder: Any) -> None:
+    try:
+        names = set(os.listdir(folder))
+    except OSError:
+        return
+    cutoff = time.time() - ORPHAN_AGE_S
+    for name in names:
+        kind, _, request = name.partition("-")
+        if kind not in ("delta", "outs") or not request or f"state-{request}" in names:
+            continue
+        try:
+            if os.lstat(folder / name).st_mtime < cutoff:
+                os.unlink(folder / name)
+        except OSError:
+            pass
 
 
 def save_changes(store: Any, p: Plan) -> None:
     """Write what changed since the state file was written (the plan's `updated` entries) as
     its delta, or the whole state once the delta would be large."""
     state = p.state
-    count = sum(len(keys) for keys in p.updated.values())
+    # NB: `outs` mirrors `actions` entry for entry: counted once
+    count = sum(len(keys) for part, keys in p.updated.items() if part != "outs")
     if p.seal is None or p.compact or count > max(DELTA_MIN, len(state["order"]) // 8):
         p.seal = save(store, state)
         p.updated = {part: set() for part in DELTA_PARTS}
@@ -502,14 +543,6 @@ class Plan(Value):
         got = _sidecar_row(store, self.state, producer)
         return got[0] if got is not None else self.actions[producer][OUTPUTS]
 
-    def has(self, store: Any, action_id: str) -> bool:
-        """The state has an entry for this action (the sidecar holds every action's)."""
-        over = self.state.get("outs")
-        if over and action_id in over:
-            return True
-        table = _outs_table(store, self.state)
-        return action_id in (table if table is not None else self.actions)
-
 
 def _sidecar_row(store: Any, state: dict, action_id: str) -> tuple | None:
     """`_row` of the action's entry as it is now: from the state's `outs` when it changed
@@ -542,8 +575,9 @@ class StateOutcomes(Mapping):
     def __getitem__(self, action_id: str):
         got = self._made.get(action_id)
         if got is None:
-            if action_id not in self:
+            if self._members is not None and action_id not in self._members:
                 raise KeyError(action_id)
+            # NB: KeyError when the state has no such action (one shard looked at)
             got = self._made[action_id] = self._plan.outcome(action_id)
         return got
 
@@ -555,7 +589,7 @@ class StateOutcomes(Mapping):
 
     def __contains__(self, action_id: object) -> bool:
         if self._members is None:
-            return isinstance(action_id, str) and self._plan.has(self._store, action_id)
+            return action_id in self._plan.actions
         return action_id in self._members
 
     def output(self, producer: str, path: str) -> tuple[Digest, bool] | None:

@@ -51,11 +51,29 @@ def _build(ws, monkeypatch, tmp_path):
 
 
 def _settled(ws, monkeypatch, tmp_path):
-    """A full build, then a no-op past the racy window: the state is written whole."""
+    """A full build, then a no-op past the racy window that trusts every entry's signature
+    and writes the state whole: every row is then the sidecar's (the state's `outs` empty),
+    so the builds after read the sidecar for any action they do not re-run."""
+    from rsi import incremental
+
     assert _build(ws, monkeypatch, tmp_path).counts["executed"] == 4
     time.sleep(1.1)
-    _build(ws, monkeypatch, tmp_path)
+    with monkeypatch.context() as m:
+        m.setattr(incremental, "DELTA_MIN", 0)  # NB: any change: the state written whole
+        _build(ws, monkeypatch, tmp_path)
+    state, _, _, _ = _loaded_state(ws)
+    assert state.get("outs_seal") and not state.get("outs")
     return ws / "cache" / "analysis"
+
+
+def _loaded_state(ws):
+    from rsi import incremental
+    from rsi.runtime import open_store
+    from rsi.workspace import Workspace
+
+    store = open_store(Workspace.discover())
+    (path,) = (ws / "cache" / "analysis").glob("state-*")
+    return incremental._load(store, path.name[len("state-") :])
 
 
 def _edit(ws, name, text):
@@ -75,8 +93,7 @@ def _rows_follow_entries(ws):
     from rsi.workspace import Workspace
 
     store = open_store(Workspace.discover())
-    (path,) = (ws / "cache" / "analysis").glob("state-*")
-    state = incremental._load(store, path.name[len("state-") :])[0]
+    state = _loaded_state(ws)[0]
     for action_id, a in state["actions"].items():
         assert incremental._sidecar_row(store, state, action_id) == incremental._row(a), action_id
 
@@ -148,12 +165,17 @@ def test_a_sidecar_the_state_does_not_name_is_not_read(ws, monkeypatch, tmp_path
     old = sidecar.read_bytes()
     texts = {x: f"{x}0\n" for x in LEAVES}
     if damage == "other_state":
-        # NB: a later full write of the state (a rule change would do; here, writing it
-        # whole directly), then the sidecar of the state before put back in place
-        monkeypatch.setattr(incremental, "DELTA_MIN", 0)
-        texts["b"] = "b1\n"
-        _edit(ws, "b", "b1\n")
-        _build(ws, monkeypatch, tmp_path)
+        # NB: two later whole writes of the state (a rule change would do; here, writing it
+        # whole directly): mid_b changed, then every entry settled; then the sidecar of the
+        # state before put back in place, its mid_b row from before the change
+        with monkeypatch.context() as m:
+            m.setattr(incremental, "DELTA_MIN", 0)
+            texts["b"] = "b1\n"
+            _edit(ws, "b", "b1\n")
+            _build(ws, monkeypatch, tmp_path)
+            time.sleep(1.1)
+            _build(ws, monkeypatch, tmp_path)
+        assert not _loaded_state(ws)[0].get("outs")
         assert sidecar.read_bytes() != old, "the state was written whole"
         sidecar.write_bytes(old)
     elif damage == "removed":
@@ -167,10 +189,20 @@ def test_a_sidecar_the_state_does_not_name_is_not_read(ws, monkeypatch, tmp_path
         assert write_sealed(store, sidecar, Sharded.pack(bogus))
     # NB: as a new process: no table read before, by seal, in memory
     monkeypatch.setattr(incremental, "_OUTS", {})
+    reads: list[str] = []
+    real = incremental.read_sealed_head
+
+    def counting(store, path):
+        reads.append(path.name.split("-")[0])
+        return real(store, path)
+
+    monkeypatch.setattr(incremental, "read_sealed_head", counting)
     texts["a"] = "a9\n"
     _edit(ws, "a", "a9\n")
     _build(ws, monkeypatch, tmp_path)
     assert (ws / "out" / "root.out").read_text() == _expected(texts)
+    # NB: a sidecar that did not match is not read (and hashed) again per lookup
+    assert reads.count("outs") == 1, reads
     # NB: and the next build, the sidecar still not the one named, the same
     texts["c"] = "c9\n"
     _edit(ws, "c", "c9\n")

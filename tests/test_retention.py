@@ -5,6 +5,7 @@ never the one just written; the cache proper (cas/, ac/) is `rsi cache gc`'s alo
 from __future__ import annotations
 
 import os
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -94,3 +95,25 @@ def test_a_state_s_delta_is_no_analysis_and_goes_with_its_state(tmp_path, monkey
     (folder / "delta-r0").write_bytes(b"x")  # NB: as a later build of r0 would leave it
     incremental.save(store, {"request": "r1", "actions": {}, "blobs": {}})
     assert sorted(p.name for p in folder.iterdir()) == ["key0", "outs-r1", "state-r1"]
+
+
+@pytest.mark.fast
+def test_an_orphaned_delta_or_sidecar_goes_once_it_is_old(tmp_path):
+    """`delta-<request>` or `outs-<request>` with no `state-<request>` beside it (an older rsi
+    pruned the state; a build died between the two writes) is removed once an hour old; one
+    with its state, or younger (another build may be about to write its state), stays."""
+    from rsi import incremental
+
+    folder = tmp_path / "analysis"
+    names = ("state-a", "outs-a", "delta-a", "outs-b", "delta-c", "outs-d", "key0")
+    _files(folder, [(n, 5) for n in names])  # NB: all of them years old
+    young = time.time() - incremental.ORPHAN_AGE_S / 2
+    os.utime(folder / "outs-d", (young, young))
+    incremental._drop_orphans(folder)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "delta-a",
+        "key0",
+        "outs-a",
+        "outs-d",
+        "state-a",
+    ]
