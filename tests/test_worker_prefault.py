@@ -50,5 +50,8 @@ def test_temporaries_after_the_prefault_take_no_new_pages():
     # NB: 24 MiB is 6,144 pages of 4 KiB: without the prefault they are faulted in, in fewer
     # faults where the kernel maps larger folios (1,531 here; the probe's own proof that it
     # can see them); after it, a few for small objects at most
-    assert without > 500, without
+    if without <= 500:
+        # NB: a host whose kernel maps fresh anonymous memory in huge pages (THP "always")
+        # faults 24 MiB in a dozen times: too few to tell a prefault from none
+        pytest.skip(f"24 MiB took only {without} faults without a prefault: nothing to tell")
     assert with_prefault * 10 < without, (with_prefault, without)
