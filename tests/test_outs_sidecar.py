@@ -17,6 +17,16 @@ LEAVES = ("a", "b", "c")
 
 
 @pytest.fixture
+def keeping(monkeypatch):
+    """As the build server runs builds: only a long-lived process reads the sidecar."""
+    from rsi import analysis_cache, incremental
+
+    monkeypatch.setattr(analysis_cache, "keeping", True)
+    monkeypatch.setattr(incremental, "_KEEP", {})
+    monkeypatch.setattr(incremental, "_OUTS", {})
+
+
+@pytest.fixture
 def ws(command, make_workspace, tmp_path):
     """in/<x>.txt -> mid_<x> (upper-cased) for x in a, b, c -> root (their concatenation)."""
     files = {f"in/{x}.txt": f"{x}0\n" for x in LEAVES}
@@ -98,7 +108,7 @@ def _rows_follow_entries(ws):
         assert incremental._sidecar_row(store, state, action_id) == incremental._row(a), action_id
 
 
-def test_a_one_change_build_keys_the_root_from_the_sidecar(ws, monkeypatch, tmp_path):
+def test_a_one_change_build_keys_the_root_from_the_sidecar(ws, monkeypatch, tmp_path, keeping):
     from rsi import incremental
     from rsi.sharded import shard_of
 
@@ -132,7 +142,7 @@ def test_a_one_change_build_keys_the_root_from_the_sidecar(ws, monkeypatch, tmp_
     assert set(states[-1]["outs"]) >= {"//:mid_a#Command", "//:root#Command"}
 
 
-def test_outputs_changed_since_the_sidecar_come_from_the_delta(ws, monkeypatch, tmp_path):
+def test_outputs_changed_since_the_sidecar_come_from_the_delta(ws, monkeypatch, tmp_path, keeping):
     """Two one-change builds in a row: the second re-keys the root with mid_a's output as the
     first left it (in the delta), not as the sidecar holds it. Keyed with the sidecar's, the
     root would be rebuilt from mid_a's old blob, still in the store."""
@@ -148,7 +158,7 @@ def test_outputs_changed_since_the_sidecar_come_from_the_delta(ws, monkeypatch, 
 
 
 @pytest.mark.parametrize("damage", ["removed", "resealed", "garbage", "other_state"])
-def test_a_sidecar_the_state_does_not_name_is_not_read(ws, monkeypatch, tmp_path, damage):
+def test_a_sidecar_the_state_does_not_name_is_not_read(ws, monkeypatch, tmp_path, damage, keeping):
     """The sidecar removed, replaced by a validly sealed table of wrong outputs, by bytes that
     are no sealed file at all, or by the sidecar of the state before: each build still keys
     the root with the outputs as they are, and loses nothing."""
@@ -208,3 +218,27 @@ def test_a_sidecar_the_state_does_not_name_is_not_read(ws, monkeypatch, tmp_path
     _edit(ws, "c", "c9\n")
     _build(ws, monkeypatch, tmp_path)
     assert (ws / "out" / "root.out").read_text() == _expected(texts)
+
+
+def test_a_process_of_one_build_never_reads_the_sidecar(ws, monkeypatch, tmp_path):
+    """Without `keeping` (a plain `rsi build`), the sidecar is written with the state but not
+    read: reading and hashing it costs a fresh process more than the entries it saves."""
+    from rsi import incremental
+
+    _settled(ws, monkeypatch, tmp_path)
+    monkeypatch.setattr(incremental, "_OUTS", {})
+    reads: list[str] = []
+    real = incremental.read_sealed_head
+
+    def counting(store, path):
+        reads.append(path.name.split("-")[0])
+        return real(store, path)
+
+    monkeypatch.setattr(incremental, "read_sealed_head", counting)
+    texts = {x: f"{x}0\n" for x in LEAVES}
+    for x, text in (("a", "a1\n"), ("b", "b1\n")):
+        texts[x] = text
+        _edit(ws, x, text)
+        assert _build(ws, monkeypatch, tmp_path).counts["executed"] == 2
+        assert (ws / "out" / "root.out").read_text() == _expected(texts)
+    assert "outs" not in reads and "state" in reads, reads

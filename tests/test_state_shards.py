@@ -53,7 +53,7 @@ def _plan(ws):
     return store, incremental.plan(ws, store, ["//:top"], current_package(ws))
 
 
-def test_the_state_after_a_one_change_build_is_checked_through_its_shard_index(wide):
+def test_the_state_after_a_one_change_build_is_checked_through_its_shard_index(wide, monkeypatch):
     from rsi import incremental
     from rsi.build import build
     from rsi.sharded import ShardedDict
@@ -79,7 +79,10 @@ def test_the_state_after_a_one_change_build_is_checked_through_its_shard_index(w
     assert listed == set(plan.state["order"])
     assert _by_shard(incremental._ac_index(actions)) == _by_shard(plan.state["ac_index"])
     # NB: each action's row (sidecar, or the state's `outs` for those changed since) holds
-    # its entry's current key and outputs
+    # its entry's current key and outputs (the sidecar is read as the build server reads it)
+    from rsi import analysis_cache
+
+    monkeypatch.setattr(analysis_cache, "keeping", True)
     for i, a in actions.items():
         row = incremental._sidecar_row(store, plan.state, i)
         assert row is not None and row[:2] == (tuple(a[incremental.OUTPUTS]), a[2]), i
@@ -116,15 +119,18 @@ def _moved(store, key):
     spare.unlink()
 
 
-def test_a_moved_shard_whose_entries_are_as_recorded_unpickles_no_entry(wide):
-    from rsi import incremental
+def test_a_moved_shard_whose_entries_are_as_recorded_unpickles_no_entry(wide, monkeypatch):
+    """As the build server checks it (`keeping`: the sidecar is read), from the state on disk."""
+    from rsi import analysis_cache, incremental
 
     ws = _settled_after_one_change(wide)
     store, plan = _plan(ws)
     assert plan.dirty == set() and _loaded(plan.state["actions"]) == 0
     top = next(i for i in plan.state["order"] if i.startswith("//:top"))
-    key = incremental._sidecar_row(store, plan.state, top)[1]
+    key = plan.actions[top][incremental.KEY_HASH]
     _moved(store, key)
+    monkeypatch.setattr(analysis_cache, "keeping", True)
+    monkeypatch.setattr(incremental, "_KEEP", {})
     store, plan = _plan(ws)
     # NB: the moved shard's entries held by the signatures in the index: no shard unpickled
     assert plan.dirty == set()
