@@ -91,6 +91,21 @@ def _edit(ws, name, text):
     time.sleep(1.1)  # NB: past the racy window: the new content is what the check sees
 
 
+def _count_sealed_reads(monkeypatch) -> list[str]:
+    """The kind (state, delta, outs) of every sealed file rsi.incremental reads from now on."""
+    from rsi import incremental
+
+    reads: list[str] = []
+    real = incremental.read_sealed_head
+
+    def counting(store, path):
+        reads.append(path.name.split("-")[0])
+        return real(store, path)
+
+    monkeypatch.setattr(incremental, "read_sealed_head", counting)
+    return reads
+
+
 def _expected(texts):
     return "".join(texts[x].upper() for x in LEAVES)
 
@@ -199,14 +214,7 @@ def test_a_sidecar_the_state_does_not_name_is_not_read(ws, monkeypatch, tmp_path
         assert write_sealed(store, sidecar, Sharded.pack(bogus))
     # NB: as a new process: no table read before, by seal, in memory
     monkeypatch.setattr(incremental, "_OUTS", {})
-    reads: list[str] = []
-    real = incremental.read_sealed_head
-
-    def counting(store, path):
-        reads.append(path.name.split("-")[0])
-        return real(store, path)
-
-    monkeypatch.setattr(incremental, "read_sealed_head", counting)
+    reads = _count_sealed_reads(monkeypatch)
     texts["a"] = "a9\n"
     _edit(ws, "a", "a9\n")
     _build(ws, monkeypatch, tmp_path)
@@ -227,14 +235,7 @@ def test_a_process_of_one_build_never_reads_the_sidecar(ws, monkeypatch, tmp_pat
 
     _settled(ws, monkeypatch, tmp_path)
     monkeypatch.setattr(incremental, "_OUTS", {})
-    reads: list[str] = []
-    real = incremental.read_sealed_head
-
-    def counting(store, path):
-        reads.append(path.name.split("-")[0])
-        return real(store, path)
-
-    monkeypatch.setattr(incremental, "read_sealed_head", counting)
+    reads = _count_sealed_reads(monkeypatch)
     texts = {x: f"{x}0\n" for x in LEAVES}
     for x, text in (("a", "a1\n"), ("b", "b1\n")):
         texts[x] = text
