@@ -104,12 +104,15 @@ def _stats_unchanged(
     lstats: dict,
     unchanged: Vouched | None = None,
     dirs: dict[str, str] | None = None,
+    only: Iterable[str] | None = None,
 ) -> bool:
-    """`_stat_sig` of every path still gives what was recorded; `lstats` are {path: st_mode}
-    of `lstat`s the caller made already (the modes alone: a stat result per source held at
-    once costs ~600 bytes each). A path recorded as its own real path (no link on the way: the
-    common case) that is still no link is checked here from its `lstat` and its folder's real
-    path (one per folder), without `_stat_sig`'s path arithmetic. A path in `unchanged` (a
+    """`_stat_sig` of every path still gives what was recorded (of the paths in `only`, when
+    given: the caller vouches for the rest, folders included, as rsi.incremental's fold
+    does); `lstats` are {path: st_mode} of `lstat`s the caller made already (the modes
+    alone: a stat result per source held at once costs ~600 bytes each). A path recorded as
+    its own real path (no link on the way: the common case) that is still no link is checked
+    here from its `lstat` and its folder's real path (one per folder), without `_stat_sig`'s
+    path arithmetic. A path in `unchanged` (a
     watcher saw no change to it, nor to its folder) only has its folder's real path checked.
     `dirs` receives {folder: its real path} of the folders resolved (rsi.incremental's
     re-check resolves them again instead of every path's)."""
@@ -131,6 +134,8 @@ def _stats_unchanged(
             if realpath(parent) != (want[2][: want[2].rfind("/")] or "/"):
                 return False
         items = ((q, stats[q]) for q in unchanged.reads_to_check(stats))
+    elif only is not None:
+        items = ((q, stats[q]) for q in only if q in stats)
     for p, want in items:
         mode = got(p)
         if mode is not None and len(want) == 3 and want[2] == p and not is_link(mode):
@@ -206,11 +211,13 @@ class Tracker:
         lstats: dict | None = None,
         unchanged=frozenset(),
         dirs: dict[str, str] | None = None,
+        only: Iterable[str] | None = None,
     ) -> bool:
         """Every recorded read gives the same answer; `lstats` are {path: st_mode} of `lstat`s
         the caller took just now (the incremental state's pass over the sources), used instead
         of new calls; `unchanged` are paths a watcher saw no change to (rsi.incremental); `dirs`
-        receives the folders' real paths as resolved (`_stats_unchanged`)."""
+        receives the folders' real paths as resolved (`_stats_unchanged`); `only`: of the
+        paths stat'ed, check just these (the caller vouches for the others)."""
         for p, want in self.files.items():
             try:
                 got = self.memo.digest(p).hash
@@ -218,7 +225,7 @@ class Tracker:
                 got = "absent"
             if got != want:
                 return False
-        if not _stats_unchanged(self.stats, lstats or {}, unchanged, dirs):
+        if not _stats_unchanged(self.stats, lstats or {}, unchanged, dirs, only):
             return False
         if any(_tree_sig(p, tuple(ex)) != sig for p, (ex, sig) in self.trees.items()):
             return False

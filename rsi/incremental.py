@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from rsi import __version__, analysis_cache
+from rsi import __version__, analysis_cache, side_check
 from rsi.gc_policy import quiet_gc  # noqa: F401 - NB: build.py uses it from here
 from rsi.analysis_cache import Vouched, read_sealed_head, write_sealed
 from rsi.digest import HITS_MOD, Digest, FileDigestMemo, digest_file, digest_value, hit_term
@@ -36,7 +36,9 @@ from rsi.sharded import Sharded, ShardedDict
 # rsi sharing the store never reads a state it cannot (it would apply a delta to packed bytes)
 # /8: every action's outputs, key and entry signature also in a sidecar file, `outs-<request>`
 # (`_outs_table`)
-SCHEMA = "rsi.incremental/8"
+# /9: a source's entry may carry a fifth item, True: the analysis' read of it was found as
+# recorded at the entry's signature (`_fold`); older rsi unpacks four
+SCHEMA = "rsi.incremental/9"
 RACY_NS = FileDigestMemo.RACY_NS
 # NB: a build that only found a few small sources touched leaves the state as it is (each is
 # hashed again next time, as now): at 100,000 actions, writing the state costs seconds
@@ -669,25 +671,101 @@ def _plan(
     # NB: the sources first: an edited one is reported at once (the caller starts what the
     # build will run on), before the code and the analysis' reads are checked (a change
     # there means analysing again, which runs something all the same)
-    _check_sources(store, sources, modes, p, on_edit, unchanged)
-    # NB: the engine and rule code, then every read analysis made (declarations, folder
-    # listings, sources' existence, mode and real path): any change means analyse again
-    if not analysis_cache.packages_still_at(state["code_packages"]):
-        return None  # NB: another copy of the engine or a rule family is on the path now
-    if analysis_cache.code_digest(memo, state["code_roots"]) != state["code"]:
-        return None
+    # NB: without a watcher, the output blobs are stat'ed by a forked child meanwhile
+    # (rsi/side_check.py): their check needs nothing the sources' check finds
+    side = (
+        side_check.start(store._cas_s, state["blobs"], state["logs"]) if p.watch is None else None
+    )
     tracker = state["tracker"]
-    tracker.memo = memo
-    walker = lambda package: packages_under(ws.root, package)  # noqa: E731
-    if not tracker.still_valid(store, walker, modes, unchanged, p.dirs):
-        return None
-    _check_index(store, state, p)
-    _check_entries(store, state, state["blobs"], p)
-    return p
+    # NB: without a watcher, the analysis' reads of sources whose entries vouch for them are
+    # left to the sources' check (`_fold`)
+    folding = state.get("fold") if unchanged is None else None
+    if folding is not None and folding["count"] != [len(tracker.stats), len(sources)]:
+        folding = None
+    fold: tuple[list, list] | None = ([], []) if folding is not None else None
+    try:
+        _check_sources(store, sources, modes, p, on_edit, unchanged, fold)
+        # NB: the engine and rule code, then every read analysis made (declarations, folder
+        # listings, sources' existence, mode and real path): any change means analyse again
+        if not analysis_cache.packages_still_at(state["code_packages"]):
+            return None  # NB: another copy of the engine or a rule family is on the path now
+        if analysis_cache.code_digest(memo, state["code_roots"]) != state["code"]:
+            return None
+        tracker.memo = memo
+        walker = lambda package: packages_under(ws.root, package)  # noqa: E731
+        only = _fold(folding, fold, p.dirs) if fold is not None else None
+        if not tracker.still_valid(store, walker, modes, unchanged, p.dirs, only):
+            return None
+        if only is not None:
+            _vouch(sources, tracker.stats, fold[1], modes, p)  # type: ignore[index]
+        _check_index(store, state, p)
+        _check_entries(store, state, state["blobs"], p, side)
+        side = None
+        return p
+    finally:
+        if side is not None:
+            side.cancel()
 
 
 # NB: set by the build server (rsi/server.py): an rsi.watch.Watcher of the sources' folders
 watcher: Any = None
+
+
+# The fold: the analysis' check of a source it read (kind, mode, real path) left to the
+# sources' own check. A source's `lstat` signature (inode, size, mtime, ctime) stands for its
+# kind and mode, as for its content: a chmod or a swap moves its ctime. So where the analysis'
+# read of a source was once found as recorded by an `lstat` of the signature the source's entry
+# still holds, and the source is still at that signature, the read holds but for its real path,
+# which for a path that is its own real path (no link) holds while its folder's does. The entry
+# says so with a fifth item, True (`_vouch`), dropped whenever its signature changes; the
+# state keeps, from when it was made, the folders of such sources and the reads that are none
+# (`_fold_of`). A no-op at 100,000 sources then resolves their folders, not every read.
+
+
+def _fold_of(tracker: Any, sources: dict) -> dict | None:
+    """For a new state: the folders of the sources the analysis read as their own real path
+    (the only reads the fold can vouch for), and every other read (always checked)."""
+    stats = getattr(tracker, "stats", None)
+    if stats is None:
+        return None
+    folders: set[str] = set()
+    rest: list[str] = []
+    for q, want in stats.items():
+        if q in sources and len(want) == 3 and want[2] == q:
+            folders.add(q[: q.rfind("/")] or "/")
+        else:
+            rest.append(q)
+    return {"folders": sorted(folders), "rest": rest, "count": [len(stats), len(sources)]}
+
+
+def _fold(folding: dict, fold: tuple[list, list], dirs: dict[str, str]) -> list[str] | None:
+    """The reads the analysis' check must look at (the others' folders are still their own
+    real paths, entered in `dirs` for the re-check before export), or None (check them all)
+    when a folder is no longer its own real path."""
+    realpath = os.path.realpath
+    for folder in folding["folders"]:
+        if realpath(folder) != folder:
+            return None
+    for folder in folding["folders"]:
+        dirs[folder] = folder
+    return [*folding["rest"], *fold[0]]
+
+
+def _vouch(sources: dict, stats: Mapping, same: list[str], modes: dict, p: Plan) -> None:
+    """After the analysis' check held: mark the entries of the sources it checked against an
+    `lstat` whose signature their entry holds (`same`), where the read is the fold's kind (the
+    path its own real path, no link), so the next check leaves them to the sources' check."""
+    for q in same:
+        want = stats.get(q)
+        if want is None or len(want) != 3 or want[2] != q:
+            continue
+        mode = modes.get(q)
+        entry = sources.get(q)
+        if mode is None or stat.S_ISLNK(mode) or entry is None or len(entry) != 4:
+            continue
+        entry.append(True)
+        p.updated["sources"].add(q)
+        p.changed = True
 
 
 def _watched_unchanged(p: Plan, sources: dict, watched: Any, cas_root: str) -> Vouched:
@@ -884,11 +962,15 @@ def _check_sources(
     p: Plan,
     on_edit: Callable[[], None] | None = None,
     unchanged: Any = None,
+    fold: tuple[list, list] | None = None,
 ) -> None:
     """Each source not in `unchanged` (a watcher's `Vouched`) is `lstat`ed once, its mode put in
     `modes` (for the analysis' check); one whose signature moved is hashed again, and a
     different digest makes the actions reading it dirty. With a watcher, its links are
-    noted (`p.watch["linked"]`: stat'ed whatever the watcher says)."""
+    noted (`p.watch["linked"]`: stat'ed whatever the watcher says). `fold` (`_fold`) receives
+    (the sources the analysis' check must look at: all but those at their signature with the
+    fifth item, the sources of those whose entry now holds the signature of the `lstat` whose
+    mode is in `modes`)."""
     dirty, unsettled = p.dirty, p.unsettled
     lstat = os.lstat
     linked = p.watch["linked"] if p.watch is not None else None
@@ -896,6 +978,7 @@ def _check_sources(
     if isinstance(unchanged, Vouched):
         # NB: the sources not vouched for, and no others: no walk of every source
         items = ((path, sources[path]) for path in unchanged.noisy if path in sources)
+    check, same = fold if fold is not None else (None, None)
     for path, entry in items:
         try:
             st = lstat(path)
@@ -908,7 +991,7 @@ def _check_sources(
                     linked.add(path)
                 else:
                     linked.discard(path)
-        sig, hash_hex, size, consumers = entry
+        sig = entry[0]
         if (
             st is not None
             and sig is not None
@@ -920,8 +1003,15 @@ def _check_sources(
                 st.st_ctime_ns,
             )
         ):
+            if check is not None and len(entry) == 4:
+                check.append(path)
+                same.append(path)
             continue
+        hash_hex, size, consumers = entry[1], entry[2], entry[3]
         unsettled.add(path)
+        del entry[4:]  # NB: what the fifth item vouched for is gone with the signature
+        if check is not None:
+            check.append(path)
         if st is None:
             dirty.update(consumers)  # NB: the scheduler says what is wrong with it
             continue
@@ -950,6 +1040,8 @@ def _check_sources(
             continue
         if new_sig != sig:  # NB: touched, same content: remember the new signature
             entry[0] = new_sig
+            if same is not None and new_sig is not None and st.st_mode == modes.get(path):
+                same.append(path)  # NB: the signature of the very `lstat` of `modes`
             p.updated["sources"].add(path)
             if sig is None and new_sig is not None:
                 p.changed = True  # NB: settled at last: from now on a stat stands for it
@@ -973,7 +1065,9 @@ def _check_index(store: Any, state: dict, p: Plan) -> None:
         p.changed = True
 
 
-def _check_entries(store: Any, state: dict, blobs: dict, p: Plan) -> None:
+def _check_entries(
+    store: Any, state: dict, blobs: dict, p: Plan, side: side_check.SideCheck | None = None
+) -> None:
     """Every action not yet dirty keeps its cache entry and blobs as recorded (by signature);
     a racy or differing one is verified by content as a cache hit would be, and an action
     whose entry or blobs fail is dirty. The checks go by distinct folder and blob, not by
@@ -1015,6 +1109,13 @@ def _check_entries(store: Any, state: dict, blobs: dict, p: Plan) -> None:
         else:
             only_b, only_l = only
         linked = p.watch["cas_linked"]
+    elif side is not None:
+        # NB: the child's whole answer: the blobs it found moved or missing, each looked at
+        # again here; no answer (it failed), and every blob is
+        suspects = side.result()
+        if suspects is not None:
+            only_b = [h for h in suspects if h in blobs]
+            only_l = [h for h in suspects if h in logs]
     for h in blobs if only_b is None else only_b:
         want = blobs[h]
         try:
@@ -1232,6 +1333,7 @@ def record(
         "order": wanted,
         "actions": actions,
         "sources": sources,
+        "fold": _fold_of(analysis.get("tracker"), sources),
         "blobs": blobs,
         "logs": _logs_of(actions.values()),
         "ac_dirs": ac_dirs,
@@ -1324,6 +1426,7 @@ def _record_changes(
             seen = (None, None, None)  # NB: an unchanged consumer was keyed with the old
         if (old[0], old[1], old[2]) != seen:
             old[0], old[1], old[2] = seen
+            del old[4:]  # NB: a new signature: the analysis' read of it is not vouched for
             updated["sources"].add(path)
     # NB: one object for equal values many actions hold, shared with the kept entries
     # (a re-run action's old entry: its shard is loaded anyway, the first action's may not be)

@@ -60,6 +60,7 @@ ENGINE = [
             "rsi.action_history",
             "rsi.scheduler",
             "rsi.query",
+            "rsi.side_check",
             "rsi.incremental",
             "rsi.analysis_cache",
             "rsi.watch",
