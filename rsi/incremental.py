@@ -37,7 +37,8 @@ from rsi.sharded import Sharded, ShardedDict
 # /8: every action's outputs, key and entry signature also in a sidecar file, `outs-<request>`
 # (`_outs_table`)
 # /9: a source's entry may carry a fifth item, True: the analysis' read of it was found as
-# recorded at the entry's signature (`_fold`); older rsi unpacks four
+# recorded at the entry's signature (`_fold`); older rsi unpacks four. The blobs' signatures
+# are kept in shards (`ShardedDict`), as the actions' entries are
 SCHEMA = "rsi.incremental/9"
 RACY_NS = FileDigestMemo.RACY_NS
 # NB: a build that only found a few small sources touched leaves the state as it is (each is
@@ -269,6 +270,12 @@ def _load(store: Any, request: str) -> tuple[dict, str, dict, Any] | None:
             if part == "actions" and isinstance(state["actions"], ShardedDict):
                 # NB: applied as each shard loads: a no-op loads none of them
                 state["actions"].defer(entries)
+            elif part == "blobs" and isinstance(state["blobs"], ShardedDict):
+                # NB: one by one (their shards loaded): a delta adds blobs, and a deferred new
+                # key would be missing from the order that a walk of every blob follows
+                blobs = state["blobs"]
+                for h, sig in entries.items():
+                    blobs[h] = sig
             else:
                 state.setdefault(part, {}).update(entries)
             changed[part].update(entries)
@@ -289,7 +296,7 @@ def save(store: Any, state: dict) -> str | None:
     live = {h for a in actions.values() for _, h, _n, _x in a[OUTPUTS]}
     blobs = state["blobs"]
     if len(blobs) > len(live):
-        state["blobs"] = {h: sig for h, sig in blobs.items() if h in live}
+        blobs = {h: sig for h, sig in blobs.items() if h in live}
     state["logs"] = _logs_of(actions.values())
     state["exports"] = _exports_of(state, actions)
     state["ac_index"] = _ac_index(actions)
@@ -297,9 +304,13 @@ def save(store: Any, state: dict) -> str | None:
     try:
         packed = ShardedDict.pack(actions)
         outs = Sharded.pack({i: _row(a) for i, a in actions.items()})
+        # NB: the blobs' signatures too: a no-op's own process never unpickles them (the
+        # side check's child does, rsi/side_check.py), a one-change build those it re-keys
+        blobs = ShardedDict.pack(blobs)
     except Exception:  # NB: as write_sealed: the state is a speed-up only
         return None
     state["actions"] = packed
+    state["blobs"] = blobs
     # NB: the sidecar first: a state whose sidecar was never written names a seal no file
     # has, and its builds read the entries instead
     state["outs"] = {}
@@ -979,12 +990,10 @@ def _check_sources(
         # NB: the sources not vouched for, and no others: no walk of every source
         items = ((path, sources[path]) for path in unchanged.noisy if path in sources)
     check, same = fold if fold is not None else (None, None)
-    for path, entry in items:
-        try:
-            st = lstat(path)
-        except OSError:
-            st = None
-        else:
+
+    def settle(path: str, entry: list, st: os.stat_result | None) -> None:
+        """One source, `st` its `lstat` (None: gone)."""
+        if st is not None:
             modes[path] = st.st_mode
             if linked is not None:
                 if st.st_nlink > 1 or stat.S_ISLNK(st.st_mode):
@@ -992,21 +1001,11 @@ def _check_sources(
                 else:
                     linked.discard(path)
         sig = entry[0]
-        if (
-            st is not None
-            and sig is not None
-            and sig
-            == (
-                st.st_ino,
-                st.st_size,
-                st.st_mtime_ns,
-                st.st_ctime_ns,
-            )
-        ):
+        if st is not None and sig is not None and sig == _sig(st):
             if check is not None and len(entry) == 4:
                 check.append(path)
                 same.append(path)
-            continue
+            return
         hash_hex, size, consumers = entry[1], entry[2], entry[3]
         unsettled.add(path)
         del entry[4:]  # NB: what the fifth item vouched for is gone with the signature
@@ -1014,22 +1013,22 @@ def _check_sources(
             check.append(path)
         if st is None:
             dirty.update(consumers)  # NB: the scheduler says what is wrong with it
-            continue
+            return
         if stat.S_ISLNK(st.st_mode):
             try:
                 st = os.stat(path)
             except OSError:
                 dirty.update(consumers)
-                continue
-        if sig is not None and sig == (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
-            continue
+                return
+        if sig is not None and sig == _sig(st):
+            return
         try:
             # NB: not through the stat memo: a racy source is read every time until it settles,
             # and that must not load a memo of every source
             digest = digest_file(path, store.function)
         except OSError:
             dirty.update(consumers)
-            continue
+            return
         new_sig = _trusted(st, time.time_ns()) if digest.size == st.st_size else None
         if hash_hex is None or digest.hash != hash_hex or digest.size != size:
             p.fresh[path] = (_sig(st), new_sig, digest)
@@ -1037,7 +1036,7 @@ def _check_sources(
             if not p.edited and on_edit is not None:
                 on_edit()
             p.edited = True
-            continue
+            return
         if new_sig != sig:  # NB: touched, same content: remember the new signature
             entry[0] = new_sig
             if same is not None and new_sig is not None and st.st_mode == modes.get(path):
@@ -1048,6 +1047,34 @@ def _check_sources(
             else:
                 p.touched += 1
                 p.touched_bytes += st.st_size
+
+    if check is None or linked is not None:
+        for path, entry in items:
+            settle(path, entry, _lstat_or_none(lstat, path))
+        return
+    # NB: the fold's common case inline: a source at its signature whose entry vouches for
+    # the analysis' read needs nothing more (not even its mode kept: 100,000 of them)
+    for path, entry in items:
+        try:
+            st = lstat(path)
+        except OSError:
+            settle(path, entry, None)
+            continue
+        if len(entry) == 5 and entry[0] == (
+            st.st_ino,
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+        ):
+            continue
+        settle(path, entry, st)
+
+
+def _lstat_or_none(lstat: Callable, path: str) -> os.stat_result | None:
+    try:
+        return lstat(path)
+    except OSError:
+        return None
 
 
 def _check_index(store: Any, state: dict, p: Plan) -> None:
@@ -1109,25 +1136,31 @@ def _check_entries(
         else:
             only_b, only_l = only
         linked = p.watch["cas_linked"]
-    elif side is not None:
-        # NB: the child's whole answer: the blobs it found moved or missing, each looked at
-        # again here; no answer (it failed), and every blob is
-        suspects = side.result()
-        if suspects is not None:
-            only_b = [h for h in suspects if h in blobs]
-            only_l = [h for h in suspects if h in logs]
-    for h in blobs if only_b is None else only_b:
-        want = blobs[h]
+
+    def check(h: str, want: Any) -> None:
         try:
             st = stat_of(f"{cas_root}/{h[:2]}/{h}")
         except OSError:
             bad.add(h)
-            continue
+            return
         if linked is not None:
             (linked.add if st.st_nlink > 1 else linked.discard)(h)
         if want is None or want != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
             if not _blob_verified(store, st, h, st.st_size, blobs, p):
                 bad.add(h)
+
+    if side is not None and linked is None:
+        # NB: this process's share of the blobs first (`side_check.PARENT_SHARDS`), then the
+        # child's whole answer: the blobs it found moved or missing, each looked at again
+        # here; no answer (it failed), and every blob is
+        for h, want in side.own(blobs):
+            check(h, want)
+        suspects = side.result()
+        if suspects is not None:
+            only_b = [h for h in suspects if h in blobs]
+            only_l = [h for h in suspects if h in logs]
+    for h in blobs if only_b is None else only_b:
+        check(h, blobs[h])
     # NB: logs are checked by size, as a cache hit does
     for h in logs if only_l is None else only_l:
         try:

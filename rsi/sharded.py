@@ -66,6 +66,13 @@ class Sharded(Mapping):
     def __len__(self) -> int:
         return self._len
 
+    def shard_items(self, first: int = 0, end: int = SHARDS) -> Iterator[tuple]:
+        """Every (key, value) of shards `first` to `end` (all, by default), shard by shard, not
+        in order (no key order unpickled, no key's shard looked up): for a reader of all of
+        it, or of a share of it, that does not care about order."""
+        for at in range(first, end):
+            yield from self._shard(at).items()
+
     def loaded(self) -> int:
         """How many shards have been unpickled (0: no entry has been read)."""
         return sum(1 for part in self._shards if not isinstance(part, bytes))

@@ -27,20 +27,32 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
+
+from rsi.sharded import Sharded
 
 # NB: below this many blobs, forking (~5 ms with a 100 MiB heap) costs more than it saves
 MIN_BLOBS = 20_000
+# NB: of the 256 shards of a sharded mapping (rsi.sharded), the parent checks this many itself
+# (`SideCheck.own`) while the child checks the rest: the child also unpickles its shards, and
+# the parent's other work (the sources) is the shorter (at 100,000: 0.26 s against 0.30 s)
+PARENT_SHARDS = 32
 _END = b"end "
 
 
 class SideCheck:
     """A running child (`pid`, the read end of its pipe); `result()` waits for it."""
 
-    def __init__(self, pid: int, fd: int) -> None:
+    def __init__(self, pid: int, fd: int, first: int) -> None:
         self.pid = pid
         self.fd = fd
+        self.first = first  # NB: the child's first shard: the parent's are those before
+
+    def own(self, blobs: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+        """(hash, recorded signature) of the blobs the child leaves to the parent."""
+        if self.first:
+            yield from blobs.shard_items(0, self.first)  # type: ignore[attr-defined]
 
     def result(self) -> set[str] | None:
         """The hashes the child found moved or missing, or None when its answer cannot be
@@ -111,6 +123,7 @@ def start(cas_root: str, blobs: Mapping[str, Any], logs: Mapping[str, int]) -> S
         return None
     if mode != "always" and len(blobs) + len(logs) < MIN_BLOBS:
         return None
+    first = PARENT_SHARDS if isinstance(blobs, Sharded) else 0
     r, w = os.pipe()
     try:
         pid = os.fork()
@@ -122,21 +135,26 @@ def start(cas_root: str, blobs: Mapping[str, Any], logs: Mapping[str, int]) -> S
         code = 1
         try:
             os.close(r)
-            _answer(w, cas_root, blobs, logs)
+            _answer(w, cas_root, blobs, logs, first)
             code = 0
         except BaseException:
             pass
         finally:
             os._exit(code)
     os.close(w)
-    return SideCheck(pid, r)
+    return SideCheck(pid, r, first)
 
 
-def _answer(fd: int, cas_root: str, blobs: Mapping[str, Any], logs: Mapping[str, int]) -> None:
-    """The child's work: the hashes whose blob is missing or not as recorded, written whole."""
+def _answer(
+    fd: int, cas_root: str, blobs: Mapping[str, Any], logs: Mapping[str, int], first: int
+) -> None:
+    """The child's work: the hashes whose blob is missing or not as recorded (from shard
+    `first` of a sharded mapping on), written whole."""
     stat_of = os.stat
     out: list[str] = []
-    for h, want in blobs.items():
+    # NB: a sharded mapping shard by shard: no key order, no lookup per key
+    items = blobs.shard_items(first) if isinstance(blobs, Sharded) else blobs.items()
+    for h, want in items:
         try:
             st = stat_of(f"{cas_root}/{h[:2]}/{h}")
         except OSError:

@@ -132,6 +132,8 @@ def _settled(ws, monkeypatch, tmp_path):
     "child",
     [
         "honest",
+        "honest, every shard the child's",
+        "honest, every shard the parent's",
         "dies",  # NB: raises before writing: exits 1
         "cut short",  # NB: writes a hash but no ending line
         "killed",  # NB: SIGKILLed mid-answer
@@ -141,7 +143,11 @@ def test_a_corrupted_blob_is_caught_whatever_the_child_does(ws, monkeypatch, tmp
     monkeypatch.setenv("RSI_SIDE_CHECK", "always")
     _settled(ws, monkeypatch, tmp_path)
     _corrupt_leaf_a_output(ws)
-    if child == "dies":
+    if child == "honest, every shard the child's":
+        monkeypatch.setattr(side_check, "PARENT_SHARDS", 0)
+    elif child == "honest, every shard the parent's":
+        monkeypatch.setattr(side_check, "PARENT_SHARDS", 256)
+    elif child == "dies":
         monkeypatch.setattr(side_check, "_answer", lambda *a: 1 / 0)
     elif child == "cut short":
         monkeypatch.setattr(side_check, "_answer", lambda fd, *a: os.write(fd, b"zz\n"))
@@ -152,8 +158,12 @@ def test_a_corrupted_blob_is_caught_whatever_the_child_does(ws, monkeypatch, tmp
     assert report.counts["executed"] >= 1
     assert (ws / "out" / "top.out").read_text() == "alpha\nbravo\n"
     assert len(answers) == 1  # NB: the child was forked and asked
-    if child == "honest":
+    if child == "honest, every shard the child's":
         assert answers[0] is not None and len(answers[0]) == 1  # NB: that blob alone
+    elif child.startswith("honest"):
+        assert answers[0] is not None  # NB: the parent's share of the shards is its own
+        if child.endswith("parent's"):
+            assert answers[0] == set()
     else:
         assert answers[0] is None  # NB: no usable answer: the parent stat'ed every blob
 
