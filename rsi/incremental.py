@@ -779,6 +779,35 @@ def _vouch(sources: dict, stats: Mapping, same: list[str], modes: dict, p: Plan)
         p.changed = True
 
 
+def _vouch_new(sources: dict, tracker: Any) -> None:
+    """For a new state: mark the entries of the sources whose read an `lstat` now shows as the
+    analysis recorded it (kind, executable, no link, its own real path) at the signature the
+    run recorded, as `_vouch` does after a check (the first no-op after a cold build then need
+    not write the state whole to mark them: at 100,000 sources, 2 s and 460 MiB)."""
+    stats = getattr(tracker, "stats", None)
+    if not stats:
+        return
+    lstat = os.lstat
+    for q, entry in sources.items():
+        sig = entry[0]
+        want = stats.get(q)
+        if sig is None or len(entry) != 4 or want is None or len(want) != 3 or want[2] != q:
+            continue
+        try:
+            st = lstat(q)
+        except OSError:
+            continue
+        mode = st.st_mode
+        if (
+            stat.S_ISLNK(mode)
+            or sig != _sig(st)
+            or want[0] != ("dir" if stat.S_ISDIR(mode) else "file")
+            or want[1] != bool(mode & 0o111)
+        ):
+            continue
+        entry.append(True)
+
+
 def _watched_unchanged(p: Plan, sources: dict, watched: Any, cas_root: str) -> Vouched:
     """The sources the watcher saw no change to since this state was last checked (in this
     process), by folder (`Vouched`): each in a folder watched since before that check, not
@@ -1350,6 +1379,7 @@ def record(
                 "show": provider.info.get("show"),
             }
         )
+    _vouch_new(sources, analysis.get("tracker"))
     ac_dirs: dict[str, Any] = {}
     for a in actions.values():
         shard = a[KEY_HASH][:2]

@@ -70,6 +70,13 @@ def _build(ws, monkeypatch, tmp_path):
     return report
 
 
+def _store():
+    from rsi.runtime import open_store
+    from rsi.workspace import Workspace
+
+    return open_store(Workspace.discover())
+
+
 def _sources(ws) -> dict:
     from rsi import incremental
     from rsi.runtime import open_store
@@ -190,7 +197,7 @@ def test_a_source_changed_between_the_check_and_the_run_vouches_for_nothing(
     found as recorded; the source is made executable after the check and before the run keys
     it, long enough before for the run's signature to stand. The re-check before export sees
     the new mode and the build goes again (analysed again); the entry then holds the new
-    signature and vouches for nothing until a check finds the read at it."""
+    signature, and vouches only for the read as the new analysis made it."""
     from rsi import scheduler
 
     _folded(ws, monkeypatch, tmp_path, watched)
@@ -211,7 +218,73 @@ def test_a_source_changed_between_the_check_and_the_run_vouches_for_nothing(
     entry = _sources(ws)[str(a)]
     st = a.stat()
     assert entry[0] == (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    assert entry[4:] == []
+    _vouching_holds(ws)
     assert any(plan is None for plan in watched["plans"])  # NB: analysed again
     assert _build(ws, monkeypatch, tmp_path).counts["executed"] == 0
     assert _sources(ws)[str(a)][4:] == [True]
+
+
+def _vouching_holds(ws) -> None:
+    """Every entry that vouches for its read, while its source is at the entry's signature,
+    has the read as recorded: kind, executable bit, its own real path."""
+    from rsi import incremental
+    from rsi.runtime import open_store
+    from rsi.workspace import Workspace
+
+    store = open_store(Workspace.discover())
+    (path,) = (ws / "cache" / "analysis").glob("state-*")
+    state = incremental._load(store, path.name[len("state-") :])[0]
+    stats = state["tracker"].stats
+    for q, entry in state["sources"].items():
+        if entry[4:] != [True]:
+            continue
+        st = os.lstat(q)
+        if entry[0] != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+            continue
+        want = stats[q]
+        assert want[2] == q == os.path.realpath(q)
+        assert want[:2] == ["dir" if os.path.isdir(q) else "file", bool(st.st_mode & 0o111)]
+
+
+def test_a_cold_build_of_settled_sources_vouches_at_once(ws, monkeypatch, tmp_path, watched):
+    """Sources older than the racy window: the state the first build writes already vouches
+    for their reads, so the first no-op writes nothing and checks no source's read."""
+    time.sleep(1.1)
+    assert _build(ws, monkeypatch, tmp_path).counts["executed"] == 3
+    assert all(entry[4:] == [True] for entry in _sources(ws).values())
+    _vouching_holds(ws)
+    watched["only"].clear()
+    assert _build(ws, monkeypatch, tmp_path).counts["executed"] == 0
+    assert not any(str(ws / "in") in q for q in watched["only"][-1])
+    # NB: it may settle the blobs the build wrote (racy then), never a source's entry
+    from rsi import incremental
+
+    for delta in (ws / "cache" / "analysis").glob("delta-*"):
+        _, got = incremental.read_sealed_head(_store(), delta)
+        assert not got["sources"]
+
+
+def test_a_source_made_executable_during_a_cold_build_is_not_vouched_for(
+    ws, monkeypatch, tmp_path, watched
+):
+    """Made executable after the analysis read it and long enough before the run keys it for
+    the run's signature to stand: the entry must not vouch for the read the analysis made."""
+    from rsi import scheduler
+
+    time.sleep(1.1)
+    a = ws / "in" / "a.txt"
+    real_run = scheduler.Scheduler.run
+
+    def run(self, *args, **kwargs):
+        if not a.stat().st_mode & 0o111:
+            os.chmod(a, 0o755)
+            time.sleep(1.1)
+        return real_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler.Scheduler, "run", run)
+    _build(ws, monkeypatch, tmp_path)
+    _vouching_holds(ws)
+    monkeypatch.setattr(scheduler.Scheduler, "run", real_run)
+    watched["plans"].clear()
+    assert _build(ws, monkeypatch, tmp_path).counts["executed"] == 0
+    _vouching_holds(ws)
