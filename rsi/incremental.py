@@ -36,9 +36,9 @@ from rsi.sharded import Sharded, ShardedDict
 # rsi sharing the store never reads a state it cannot (it would apply a delta to packed bytes)
 # /8: every action's outputs, key and entry signature also in a sidecar file, `outs-<request>`
 # (`_outs_table`)
-# /9: a source's entry may carry a fifth item, True: the analysis' read of it was found as
-# recorded at the entry's signature (`_fold`); older rsi unpacks four. The blobs' signatures
-# are kept in shards (`ShardedDict`), as the actions' entries are
+# /9: a source's entry may carry a fifth item, the `st_mode` at which the analysis' read of it
+# was found as recorded, at the entry's signature (`_fold`); older rsi unpacks four. The
+# blobs' signatures are kept in shards (`ShardedDict`), as the actions' entries are
 SCHEMA = "rsi.incremental/9"
 RACY_NS = FileDigestMemo.RACY_NS
 # NB: a build that only found a few small sources touched leaves the state as it is (each is
@@ -363,6 +363,9 @@ def _drop_orphans(folder: Any) -> None:
             pass
 
 
+_ABSENT = object()
+
+
 def save_changes(store: Any, p: Plan) -> None:
     """Write what changed since the state file was written (the plan's `updated` entries) as
     its delta, or the whole state once the delta would be large."""
@@ -385,8 +388,9 @@ def save_changes(store: Any, p: Plan) -> None:
         whole = state.get(part) or {}
         if isinstance(whole, ShardedDict):
             # NB: what the loaded delta held is written again without loading its shards
-            found = ((k, whole.peek(k)) for k in p.updated[part])
-            delta[part] = {k: v for k, v in found if v is not None}
+            # NB: None is a value here (a blob's signature too recent to trust), not "absent"
+            found = ((k, whole.peek(k, _ABSENT)) for k in p.updated[part])
+            delta[part] = {k: v for k, v in found if v is not _ABSENT}
         else:
             delta[part] = {k: whole[k] for k in p.updated[part] if k in whole}
     for name in DELTA_FIELDS:
@@ -684,9 +688,6 @@ def _plan(
     # there means analysing again, which runs something all the same)
     # NB: without a watcher, the output blobs are stat'ed by a forked child meanwhile
     # (rsi/side_check.py): their check needs nothing the sources' check finds
-    side = (
-        side_check.start(store._cas_s, state["blobs"], state["logs"]) if p.watch is None else None
-    )
     tracker = state["tracker"]
     # NB: without a watcher, the analysis' reads of sources whose entries vouch for them are
     # left to the sources' check (`_fold`)
@@ -694,6 +695,9 @@ def _plan(
     if folding is not None and folding["count"] != [len(tracker.stats), len(sources)]:
         folding = None
     fold: tuple[list, list] | None = ([], []) if folding is not None else None
+    side = (
+        side_check.start(store._cas_s, state["blobs"], state["logs"]) if p.watch is None else None
+    )
     try:
         _check_sources(store, sources, modes, p, on_edit, unchanged, fold)
         # NB: the engine and rule code, then every read analysis made (declarations, folder
@@ -711,11 +715,10 @@ def _plan(
             _vouch(sources, tracker.stats, fold[1], modes, p)  # type: ignore[index]
         _check_index(store, state, p)
         _check_entries(store, state, state["blobs"], p, side)
-        side = None
         return p
     finally:
         if side is not None:
-            side.cancel()
+            side.cancel()  # NB: nothing, once its answer was read
 
 
 # NB: set by the build server (rsi/server.py): an rsi.watch.Watcher of the sources' folders
@@ -728,9 +731,11 @@ watcher: Any = None
 # read of a source was once found as recorded by an `lstat` of the signature the source's entry
 # still holds, and the source is still at that signature, the read holds but for its real path,
 # which for a path that is its own real path (no link) holds while its folder's does. The entry
-# says so with a fifth item, True (`_vouch`), dropped whenever its signature changes; the
-# state keeps, from when it was made, the folders of such sources and the reads that are none
-# (`_fold_of`). A no-op at 100,000 sources then resolves their folders, not every read.
+# says so with a fifth item, the mode it was found at (`_vouch`), dropped whenever its signature
+# changes; a source at that signature but another mode (a file system that keeps no ctime for
+# a chmod) has its read checked. The state keeps, from when it was made, the folders of such
+# sources and the reads that are none (`_fold_of`). A no-op at 100,000 sources then resolves
+# their folders, not every read.
 
 
 def _fold_of(tracker: Any, sources: dict) -> dict | None:
@@ -774,7 +779,7 @@ def _vouch(sources: dict, stats: Mapping, same: list[str], modes: dict, p: Plan)
         entry = sources.get(q)
         if mode is None or stat.S_ISLNK(mode) or entry is None or len(entry) != 4:
             continue
-        entry.append(True)
+        entry.append(mode)
         p.updated["sources"].add(q)
         p.changed = True
 
@@ -805,7 +810,7 @@ def _vouch_new(sources: dict, tracker: Any) -> None:
             or want[1] != bool(mode & 0o111)
         ):
             continue
-        entry.append(True)
+        entry.append(mode)
 
 
 def _watched_unchanged(p: Plan, sources: dict, watched: Any, cas_root: str) -> Vouched:
@@ -1008,9 +1013,9 @@ def _check_sources(
     `modes` (for the analysis' check); one whose signature moved is hashed again, and a
     different digest makes the actions reading it dirty. With a watcher, its links are
     noted (`p.watch["linked"]`: stat'ed whatever the watcher says). `fold` (`_fold`) receives
-    (the sources the analysis' check must look at: all but those at their signature with the
-    fifth item, the sources of those whose entry now holds the signature of the `lstat` whose
-    mode is in `modes`)."""
+    (the sources the analysis' check must look at: all but those at their signature and at the
+    mode of their fifth item, the sources of those whose entry now holds the signature of the
+    `lstat` whose mode is in `modes`)."""
     dirty, unsettled = p.dirty, p.unsettled
     lstat = os.lstat
     linked = p.watch["linked"] if p.watch is not None else None
@@ -1031,7 +1036,10 @@ def _check_sources(
                     linked.discard(path)
         sig = entry[0]
         if st is not None and sig is not None and sig == _sig(st):
-            if check is not None and len(entry) == 4:
+            if check is not None and (len(entry) == 4 or entry[4] != st.st_mode):
+                # NB: not vouched for, or at another mode than vouched for (a file system
+                # that keeps no ctime for a chmod): its read is checked
+                del entry[4:]
                 check.append(path)
                 same.append(path)
             return
@@ -1089,11 +1097,16 @@ def _check_sources(
         except OSError:
             settle(path, entry, None)
             continue
-        if len(entry) == 5 and entry[0] == (
-            st.st_ino,
-            st.st_size,
-            st.st_mtime_ns,
-            st.st_ctime_ns,
+        if (
+            len(entry) == 5
+            and entry[4] == st.st_mode
+            and entry[0]
+            == (
+                st.st_ino,
+                st.st_size,
+                st.st_mtime_ns,
+                st.st_ctime_ns,
+            )
         ):
             continue
         settle(path, entry, st)
@@ -1188,8 +1201,14 @@ def _check_entries(
         if suspects is not None:
             only_b = [h for h in suspects if h in blobs]
             only_l = [h for h in suspects if h in logs]
-    for h in blobs if only_b is None else only_b:
-        check(h, blobs[h])
+    if only_b is None:
+        # NB: every blob, shard by shard where sharded (no order, no lookup per blob); a
+        # signature replaced meanwhile replaces an existing key, which a walk allows
+        for h, want in blobs.shard_items() if isinstance(blobs, Sharded) else blobs.items():
+            check(h, want)
+    else:
+        for h in only_b:
+            check(h, blobs[h])
     # NB: logs are checked by size, as a cache hit does
     for h in logs if only_l is None else only_l:
         try:

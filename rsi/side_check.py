@@ -45,8 +45,9 @@ class SideCheck:
     """A running child (`pid`, the read end of its pipe); `result()` waits for it."""
 
     def __init__(self, pid: int, fd: int, first: int) -> None:
-        self.pid = pid
-        self.fd = fd
+        # NB: None once reaped and closed: a pid or descriptor number may be reused after
+        self.pid: int | None = pid
+        self.fd: int | None = fd
         self.first = first  # NB: the child's first shard: the parent's are those before
 
     def own(self, blobs: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
@@ -57,40 +58,55 @@ class SideCheck:
     def result(self) -> set[str] | None:
         """The hashes the child found moved or missing, or None when its answer cannot be
         used (the caller checks every blob itself)."""
-        chunks = []
+        if self.fd is None:
+            return None
+        chunks: list[bytes] | None = []
         try:
             while True:
                 got = os.read(self.fd, 1 << 20)
                 if not got:
                     break
-                chunks.append(got)
+                chunks.append(got)  # type: ignore[union-attr]
         except OSError:
-            chunks = None  # type: ignore[assignment]
+            chunks = None
         finally:
-            os.close(self.fd)
+            self._close()
             status = self._reap()
         if chunks is None or status != 0:
             return None
         return _parse(b"".join(chunks))
 
     def cancel(self) -> None:
-        """Stop the child and reap it (the parent gave up on the plan)."""
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
+        """Stop the child and reap it (the parent gave up on the plan); nothing once its
+        answer was read."""
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self._close()
         self._reap()
 
+    def _close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
     def _reap(self) -> int | None:
-        try:
-            _, status = os.waitpid(self.pid, 0)
-        except ChildProcessError:
+        pid, self.pid = self.pid, None
+        if pid is None:
             return None
-        return os.waitstatus_to_exitcode(status)
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+            except InterruptedError:  # pragma: no cover - retried by Python since 3.5
+                continue
+            except ChildProcessError:
+                return None
+            return os.waitstatus_to_exitcode(status)
 
 
 def _parse(data: bytes) -> set[str] | None:
@@ -124,16 +140,26 @@ def start(cas_root: str, blobs: Mapping[str, Any], logs: Mapping[str, int]) -> S
     if mode != "always" and len(blobs) + len(logs) < MIN_BLOBS:
         return None
     first = PARENT_SHARDS if isinstance(blobs, Sharded) else 0
-    r, w = os.pipe()
+    try:
+        r, w = os.pipe()
+    except OSError:  # NB: out of descriptors: the parent checks every blob
+        return None
+    # NB: no signal between the fork and the child's own handlers: a Ctrl-C must never run
+    # the parent's handler (and its unwinding, its exit hooks) in the child
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
     try:
         pid = os.fork()
     except OSError:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         os.close(r)
         os.close(w)
         return None
     if pid == 0:  # pragma: no cover - the child; its answer is checked by the parent
         code = 1
         try:
+            for signum in _HELD:
+                signal.signal(signum, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
             os.close(r)
             _answer(w, cas_root, blobs, logs, first)
             code = 0
@@ -141,8 +167,13 @@ def start(cas_root: str, blobs: Mapping[str, Any], logs: Mapping[str, int]) -> S
             pass
         finally:
             os._exit(code)
+    signal.pthread_sigmask(signal.SIG_SETMASK, held)
     os.close(w)
     return SideCheck(pid, r, first)
+
+
+# NB: the signals a build handles (rsi.interrupt); the child dies of them as a plain process
+_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _answer(

@@ -70,6 +70,11 @@ def _build(ws, monkeypatch, tmp_path):
     return report
 
 
+def _vouches(entry: list) -> bool:
+    """The entry vouches for its read: a fifth item, the mode it was found at."""
+    return len(entry) == 5 and isinstance(entry[4], int) and not isinstance(entry[4], bool)
+
+
 def _store():
     from rsi.runtime import open_store
     from rsi.workspace import Workspace
@@ -95,7 +100,7 @@ def _folded(ws, monkeypatch, tmp_path, watched) -> None:
     for _ in range(3):
         _build(ws, monkeypatch, tmp_path)
     sources = _sources(ws)
-    assert sources and all(entry[4:] == [True] for entry in sources.values())
+    assert sources and all(_vouches(entry) for entry in sources.values())
     watched["plans"].clear()
     watched["only"].clear()
     assert _build(ws, monkeypatch, tmp_path).counts["executed"] == 0
@@ -167,7 +172,7 @@ def test_a_touched_source_is_checked_until_it_vouches_again(ws, monkeypatch, tmp
     time.sleep(1.1)
     for _ in range(2):
         _build(ws, monkeypatch, tmp_path)
-    assert _sources(ws)[str(a)][4:] == [True]
+    assert _vouches(_sources(ws)[str(a)])
     watched["only"].clear()
     _build(ws, monkeypatch, tmp_path)
     assert str(a) not in watched["only"][-1]
@@ -185,9 +190,9 @@ def test_a_source_re_keyed_by_a_run_vouches_for_nothing(ws, monkeypatch, tmp_pat
     entry = _sources(ws)[str(a)]
     st = a.stat()
     assert entry[0] == (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    assert entry[4:] == []
+    assert not _vouches(entry)
     _build(ws, monkeypatch, tmp_path)
-    assert _sources(ws)[str(a)][4:] == [True]
+    assert _vouches(_sources(ws)[str(a)])
 
 
 def test_a_source_changed_between_the_check_and_the_run_vouches_for_nothing(
@@ -221,7 +226,7 @@ def test_a_source_changed_between_the_check_and_the_run_vouches_for_nothing(
     _vouching_holds(ws)
     assert any(plan is None for plan in watched["plans"])  # NB: analysed again
     assert _build(ws, monkeypatch, tmp_path).counts["executed"] == 0
-    assert _sources(ws)[str(a)][4:] == [True]
+    assert _vouches(_sources(ws)[str(a)])
 
 
 def _vouching_holds(ws) -> None:
@@ -236,12 +241,13 @@ def _vouching_holds(ws) -> None:
     state = incremental._load(store, path.name[len("state-") :])[0]
     stats = state["tracker"].stats
     for q, entry in state["sources"].items():
-        if entry[4:] != [True]:
+        if not _vouches(entry):
             continue
         st = os.lstat(q)
         if entry[0] != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
             continue
         want = stats[q]
+        assert entry[4] == st.st_mode
         assert want[2] == q == os.path.realpath(q)
         assert want[:2] == ["dir" if os.path.isdir(q) else "file", bool(st.st_mode & 0o111)]
 
@@ -251,7 +257,7 @@ def test_a_cold_build_of_settled_sources_vouches_at_once(ws, monkeypatch, tmp_pa
     for their reads, so the first no-op writes nothing and checks no source's read."""
     time.sleep(1.1)
     assert _build(ws, monkeypatch, tmp_path).counts["executed"] == 3
-    assert all(entry[4:] == [True] for entry in _sources(ws).values())
+    assert all(_vouches(entry) for entry in _sources(ws).values())
     _vouching_holds(ws)
     watched["only"].clear()
     assert _build(ws, monkeypatch, tmp_path).counts["executed"] == 0
@@ -288,3 +294,24 @@ def test_a_source_made_executable_during_a_cold_build_is_not_vouched_for(
     watched["plans"].clear()
     assert _build(ws, monkeypatch, tmp_path).counts["executed"] == 0
     _vouching_holds(ws)
+
+
+def test_a_vouching_entry_at_another_mode_has_its_read_checked(ws, monkeypatch, tmp_path, watched):
+    """On a file system that keeps no ctime for a chmod, a source could be at its signature
+    with another mode: the entry holds the mode it vouched at, and any other is checked (the
+    entry altered here to stand for that file system)."""
+    from rsi import incremental
+
+    _folded(ws, monkeypatch, tmp_path, watched)
+    a = str(ws / "in" / "a.txt")
+    store = _store()
+    (path,) = (ws / "cache" / "analysis").glob("state-*")
+    state = incremental._load(store, path.name[len("state-") :])[0]
+    state["sources"][a][4] ^= 0o100
+    incremental.save(store, state)
+    watched["only"].clear()
+    watched["plans"].clear()
+    assert _build(ws, monkeypatch, tmp_path).counts["executed"] == 0
+    assert a in watched["only"][-1] and watched["plans"][-1] is not None
+    _build(ws, monkeypatch, tmp_path)
+    assert _sources(ws)[a][4] == os.lstat(a).st_mode
