@@ -692,7 +692,7 @@ def _plan(
     # NB: without a watcher, the analysis' reads of sources whose entries vouch for them are
     # left to the sources' check (`_fold`)
     folding = state.get("fold") if unchanged is None else None
-    if folding is not None and folding["count"] != [len(tracker.stats), len(sources)]:
+    if not _fold_fits(folding, tracker, sources):
         folding = None
     fold: tuple[list, list] | None = ([], []) if folding is not None else None
     side = (
@@ -752,6 +752,17 @@ def _fold_of(tracker: Any, sources: dict) -> dict | None:
         else:
             rest.append(q)
     return {"folders": sorted(folders), "rest": rest, "count": [len(stats), len(sources)]}
+
+
+def _fold_fits(folding: Any, tracker: Any, sources: dict) -> bool:
+    """The state's fold is whole and made for this tracker's reads and these sources (else
+    the analysis' check looks at every read, as without a fold)."""
+    return (
+        isinstance(folding, dict)
+        and isinstance(folding.get("folders"), list)
+        and isinstance(folding.get("rest"), list)
+        and folding.get("count") == [len(getattr(tracker, "stats", ())), len(sources)]
+    )
 
 
 def _fold(folding: dict, fold: tuple[list, list], dirs: dict[str, str]) -> list[str] | None:

@@ -315,3 +315,27 @@ def test_a_vouching_entry_at_another_mode_has_its_read_checked(ws, monkeypatch, 
     assert a in watched["only"][-1] and watched["plans"][-1] is not None
     _build(ws, monkeypatch, tmp_path)
     assert _sources(ws)[a][4] == os.lstat(a).st_mode
+
+
+@pytest.mark.parametrize(
+    "fold",
+    [None, "garbage", {"folders": "x", "rest": [], "count": [0, 0]}, {"folders": [], "rest": []}],
+    ids=["missing", "not a dict", "folders not a list", "no count"],
+)
+def test_a_state_with_a_fold_that_does_not_fit_checks_every_read(
+    ws, monkeypatch, tmp_path, watched, fold
+):
+    """A sealed state whose fold is missing or malformed (an older writer, a bug): the build
+    neither fails nor skips a read: the analysis' check looks at every source's read."""
+    from rsi import incremental
+
+    _folded(ws, monkeypatch, tmp_path, watched)
+    store = _store()
+    (path,) = (ws / "cache" / "analysis").glob("state-*")
+    state = incremental._load(store, path.name[len("state-") :])[0]
+    state["fold"] = fold
+    incremental.save(store, state)
+    watched["only"].clear()
+    watched["plans"].clear()
+    assert _build(ws, monkeypatch, tmp_path).counts["executed"] == 0
+    assert watched["plans"][-1] is not None and watched["only"][-1] is None
