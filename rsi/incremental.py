@@ -469,6 +469,9 @@ class Plan(Value):
         # the folders' real paths as the check of the analysis' reads resolved them
         self.unsettled: set[str] = set()
         self.dirs: dict[str, str] = {}
+        # NB: (the state's `outs_seal`, its sidecar table or None) as last looked up: a root
+        # of 10,000 inputs asks for each producer's outputs (`_outputs`)
+        self._table: tuple[Any, Any] = (None, None)
 
     @property
     def worth_saving(self) -> bool:
@@ -561,7 +564,16 @@ class Plan(Value):
     def _outputs(self, store: Any, producer: str) -> Any:
         """The outputs of `producer`'s entry: changed since the sidecar, else from it, else
         from the entry itself (KeyError when the state has no such action)."""
-        got = _sidecar_row(store, self.state, producer)
+        state = self.state
+        over = state.get("outs")
+        if over and producer in over:
+            return over[producer][0]
+        # NB: the table looked up once per seal (a save makes a new one, and empties `outs`)
+        seal = state.get("outs_seal")
+        if self._table[0] != seal or seal is None:
+            self._table = (seal, _outs_table(store, state))
+        table = self._table[1]
+        got = table.get(producer) if table is not None else None
         return got[0] if got is not None else self.actions[producer][OUTPUTS]
 
 
