@@ -30,7 +30,7 @@ from rsi.gc_policy import quiet_gc  # noqa: F401 - NB: build.py uses it from her
 from rsi.analysis_cache import Vouched, read_sealed_head, write_sealed
 from rsi.digest import HITS_MOD, Digest, FileDigestMemo, digest_file, digest_value, hit_term
 from rsi.record import Value
-from rsi.sharded import Sharded, ShardedDict
+from rsi.sharded import Sharded, ShardedDict, UnorderedShardedDict
 
 # NB: /7: the actions in shards (rsi.sharded), `ac_index`. In the request key too, so an older
 # rsi sharing the store never reads a state it cannot (it would apply a delta to packed bytes)
@@ -272,7 +272,7 @@ def _load(store: Any, request: str) -> tuple[dict, str, dict, Any] | None:
                 state["actions"].defer(entries)
             elif part == "blobs" and isinstance(state["blobs"], ShardedDict):
                 # NB: one by one (their shards loaded): a delta adds blobs, and a deferred new
-                # key would be missing from the order that a walk of every blob follows
+                # key would be missing from a walk of every blob until its shard loads
                 blobs = state["blobs"]
                 for h, sig in entries.items():
                     blobs[h] = sig
@@ -306,7 +306,7 @@ def save(store: Any, state: dict) -> str | None:
         outs = Sharded.pack({i: _row(a) for i, a in actions.items()})
         # NB: the blobs' signatures too: a no-op's own process never unpickles them (the
         # side check's child does, rsi/side_check.py), a one-change build those it re-keys
-        blobs = ShardedDict.pack(blobs)
+        blobs = UnorderedShardedDict.pack(blobs)
     except Exception:  # NB: as write_sealed: the state is a speed-up only
         return None
     state["actions"] = packed

@@ -141,3 +141,34 @@ class ShardedDict(Sharded, MutableMapping):
 
     def __delitem__(self, key: Any) -> None:
         raise TypeError("entries are replaced, never removed")
+
+
+class UnorderedShardedDict(ShardedDict):
+    """As `ShardedDict`, keeping no key order: a walk goes shard by shard, and a new key costs
+    the load of its shard only, not of the order of every key (a build's delta adding a few
+    blobs to a state of 110,000: ~10 ms). For a mapping whose readers never need its order."""
+
+    __slots__ = ()
+
+    @classmethod
+    def pack(cls, values: Mapping) -> UnorderedShardedDict:
+        if isinstance(values, UnorderedShardedDict):
+            return values
+        buckets: list[dict] = [{} for _ in range(SHARDS)]
+        for key, value in values.items():
+            buckets[shard_of(key)][key] = value
+        dumps = pickle.dumps
+        return cls(b"", [dumps(b, _PROTOCOL) for b in buckets], len(values))
+
+    def __iter__(self) -> Iterator:
+        for at in range(SHARDS):
+            yield from self._shard(at)
+
+    def _new_key(self, key: Any) -> None:
+        self._len += 1
+
+    def __reduce__(self) -> tuple:
+        for at in list(self._pending):
+            self._shard(at)
+        shards = [p if isinstance(p, bytes) else pickle.dumps(p, _PROTOCOL) for p in self._shards]
+        return (type(self), (b"", shards, self._len))

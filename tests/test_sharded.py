@@ -67,3 +67,21 @@ def test_deferred_entries_replace_theirs_when_their_shard_loads_and_survive_a_pi
     twice = pickle.loads(pickle.dumps(again, pickle.HIGHEST_PROTOCOL))
     assert twice["a9"] == [90] and twice["a8"] == [80] and twice["a1"] == [1]
     assert list(twice) == list(values) and len(twice) == len(values)
+
+
+def test_an_unordered_sharded_dict_takes_new_keys_without_an_order():
+    """Its walks go shard by shard; new keys, set or deferred then loaded, count once and are
+    walked; a pickle keeps them; a value of None is a value."""
+    from rsi.sharded import UnorderedShardedDict
+
+    values = {f"h{i}": (i, None) for i in range(600)}
+    again = pickle.loads(pickle.dumps(UnorderedShardedDict.pack(values), pickle.HIGHEST_PROTOCOL))
+    assert type(again) is UnorderedShardedDict and _loaded(again) == 0
+    again["new1"] = None
+    assert _loaded(again) == 1 and len(again) == 601 and again.peek("new1", 0) is None
+    again["h3"] = (3, 3)
+    assert len(again) == 601
+    twice = pickle.loads(pickle.dumps(again, pickle.HIGHEST_PROTOCOL))
+    want = {**values, "new1": None, "h3": (3, 3)}
+    assert len(twice) == len(want) and dict(twice.items()) == want and set(twice) == set(want)
+    assert dict(twice.shard_items()) == want
