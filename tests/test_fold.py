@@ -12,29 +12,18 @@ import shutil
 import time
 
 import pytest
+import test_event_hits
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bwrap")]
 
 
+# NB: the event tests' workspace: in/a.txt -> leaf_a, in/b.txt -> leaf_b -> top (each copies)
+fanin = test_event_hits.fanin
+
+
 @pytest.fixture
-def ws(command, make_workspace, tmp_path):
-    return make_workspace(
-        tmp_path,
-        {
-            "in/a.txt": "alpha\n",
-            "in/b.txt": "bravo\n",
-            "BUILD.toml": command(
-                "leaf_a", cmd="cat $(SRCS) > $(OUT)", srcs=["in/a.txt"], outs=["a.out"]
-            )
-            + command("leaf_b", cmd="cat $(SRCS) > $(OUT)", srcs=["in/b.txt"], outs=["b.out"])
-            + command(
-                "top",
-                cmd="cat $(location :leaf_a) $(location :leaf_b) > $(OUT)",
-                deps=[":leaf_a", ":leaf_b"],
-                outs=["top.out"],
-            ),
-        },
-    )
+def ws(fanin):
+    return fanin
 
 
 @pytest.fixture
@@ -82,14 +71,16 @@ def _store():
     return open_store(Workspace.discover())
 
 
-def _sources(ws) -> dict:
+def _state(ws) -> dict:
+    """The build state as the next build loads it (its delta applied)."""
     from rsi import incremental
-    from rsi.runtime import open_store
-    from rsi.workspace import Workspace
 
-    store = open_store(Workspace.discover())
     (path,) = (ws / "cache" / "analysis").glob("state-*")
-    return incremental._load(store, path.name[len("state-") :])[0]["sources"]
+    return incremental._load(_store(), path.name[len("state-") :])[0]
+
+
+def _sources(ws) -> dict:
+    return _state(ws)["sources"]
 
 
 def _folded(ws, monkeypatch, tmp_path, watched) -> None:
@@ -203,22 +194,12 @@ def test_a_source_changed_between_the_check_and_the_run_vouches_for_nothing(
     it, long enough before for the run's signature to stand. The re-check before export sees
     the new mode and the build goes again (analysed again); the entry then holds the new
     signature, and vouches only for the read as the new analysis made it."""
-    from rsi import scheduler
-
     _folded(ws, monkeypatch, tmp_path, watched)
     a = ws / "in" / "a.txt"
     for entry in (ws / "cache" / "ac").glob("*/*"):
         if b"alpha" in entry.read_bytes() or "a.out" in entry.read_text(errors="replace"):
             entry.unlink()
-    real_run = scheduler.Scheduler.run
-
-    def run(self, *args, **kwargs):
-        if not a.stat().st_mode & 0o111:
-            os.chmod(a, 0o755)
-            time.sleep(1.1)
-        return real_run(self, *args, **kwargs)
-
-    monkeypatch.setattr(scheduler.Scheduler, "run", run)
+    _chmod_before_the_run(monkeypatch, a)
     _build(ws, monkeypatch, tmp_path)
     entry = _sources(ws)[str(a)]
     st = a.stat()
@@ -229,16 +210,27 @@ def test_a_source_changed_between_the_check_and_the_run_vouches_for_nothing(
     assert _vouches(_sources(ws)[str(a)])
 
 
+def _chmod_before_the_run(monkeypatch, a):
+    """`a` made executable as the scheduler starts, a second before it keys anything (long
+    enough for the signature the run records to stand); returns the real `Scheduler.run`."""
+    from rsi import scheduler
+
+    real_run = scheduler.Scheduler.run
+
+    def run(self, *args, **kwargs):
+        if not a.stat().st_mode & 0o111:
+            os.chmod(a, 0o755)
+            time.sleep(1.1)
+        return real_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler.Scheduler, "run", run)
+    return real_run
+
+
 def _vouching_holds(ws) -> None:
     """Every entry that vouches for its read, while its source is at the entry's signature,
     has the read as recorded: kind, executable bit, its own real path."""
-    from rsi import incremental
-    from rsi.runtime import open_store
-    from rsi.workspace import Workspace
-
-    store = open_store(Workspace.discover())
-    (path,) = (ws / "cache" / "analysis").glob("state-*")
-    state = incremental._load(store, path.name[len("state-") :])[0]
+    state = _state(ws)
     stats = state["tracker"].stats
     for q, entry in state["sources"].items():
         if not _vouches(entry):
@@ -279,15 +271,7 @@ def test_a_source_made_executable_during_a_cold_build_is_not_vouched_for(
 
     time.sleep(1.1)
     a = ws / "in" / "a.txt"
-    real_run = scheduler.Scheduler.run
-
-    def run(self, *args, **kwargs):
-        if not a.stat().st_mode & 0o111:
-            os.chmod(a, 0o755)
-            time.sleep(1.1)
-        return real_run(self, *args, **kwargs)
-
-    monkeypatch.setattr(scheduler.Scheduler, "run", run)
+    real_run = _chmod_before_the_run(monkeypatch, a)
     _build(ws, monkeypatch, tmp_path)
     _vouching_holds(ws)
     monkeypatch.setattr(scheduler.Scheduler, "run", real_run)
@@ -304,11 +288,9 @@ def test_a_vouching_entry_at_another_mode_has_its_read_checked(ws, monkeypatch, 
 
     _folded(ws, monkeypatch, tmp_path, watched)
     a = str(ws / "in" / "a.txt")
-    store = _store()
-    (path,) = (ws / "cache" / "analysis").glob("state-*")
-    state = incremental._load(store, path.name[len("state-") :])[0]
+    state = _state(ws)
     state["sources"][a][4] ^= 0o100
-    incremental.save(store, state)
+    incremental.save(_store(), state)
     watched["only"].clear()
     watched["plans"].clear()
     assert _build(ws, monkeypatch, tmp_path).counts["executed"] == 0
@@ -330,11 +312,9 @@ def test_a_state_with_a_fold_that_does_not_fit_checks_every_read(
     from rsi import incremental
 
     _folded(ws, monkeypatch, tmp_path, watched)
-    store = _store()
-    (path,) = (ws / "cache" / "analysis").glob("state-*")
-    state = incremental._load(store, path.name[len("state-") :])[0]
+    state = _state(ws)
     state["fold"] = fold
-    incremental.save(store, state)
+    incremental.save(_store(), state)
     watched["only"].clear()
     watched["plans"].clear()
     assert _build(ws, monkeypatch, tmp_path).counts["executed"] == 0

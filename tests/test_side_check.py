@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+import test_event_hits
 
 from rsi import side_check
 
@@ -65,26 +66,13 @@ def test_a_cancelled_child_is_reaped(monkeypatch):
     got.cancel()  # NB: again, or after its answer: nothing (its pid may be another's by now)
 
 
+# NB: the event tests' workspace: in/a.txt -> leaf_a, in/b.txt -> leaf_b -> top (each copies)
+fanin = test_event_hits.fanin
+
+
 @pytest.fixture
-def ws(command, make_workspace, tmp_path):
-    """in/a.txt -> leaf_a, in/b.txt -> leaf_b -> top."""
-    return make_workspace(
-        tmp_path,
-        {
-            "in/a.txt": "alpha\n",
-            "in/b.txt": "bravo\n",
-            "BUILD.toml": command(
-                "leaf_a", cmd="cat $(SRCS) > $(OUT)", srcs=["in/a.txt"], outs=["a.out"]
-            )
-            + command("leaf_b", cmd="cat $(SRCS) > $(OUT)", srcs=["in/b.txt"], outs=["b.out"])
-            + command(
-                "top",
-                cmd="cat $(location :leaf_a) $(location :leaf_b) > $(OUT)",
-                deps=[":leaf_a", ":leaf_b"],
-                outs=["top.out"],
-            ),
-        },
-    )
+def ws(fanin):
+    return fanin
 
 
 def _build(ws, monkeypatch, tmp_path):
