@@ -41,6 +41,11 @@ PARENT_SHARDS = 32
 _END = b"end "
 
 
+def _alone() -> bool:
+    """This process runs one thread (a fork copies no lock another thread may hold)."""
+    return threading.active_count() == 1
+
+
 class SideCheck:
     """A running child (`pid`, the read end of its pipe); `result()` waits for it."""
 
@@ -135,7 +140,7 @@ def start(cas_root: str, blobs: Mapping[str, Any], logs: Mapping[str, int]) -> S
     mode = os.environ.get("RSI_SIDE_CHECK", "")
     if not sys.platform.startswith("linux") or mode == "0":
         return None
-    if threading.active_count() > 1:
+    if not _alone():
         return None
     if mode != "always" and len(blobs) + len(logs) < MIN_BLOBS:
         return None

@@ -18,6 +18,16 @@ from rsi import side_check
 HASH = "ab" * 32
 
 
+@pytest.fixture(autouse=True)
+def forking(monkeypatch):
+    """As a build's own process is when it plans: one thread. A test process may run threads
+    other tests left (a whole run's), and the side check never forks beside them. Gives the
+    real check."""
+    real = side_check._alone
+    monkeypatch.setattr(side_check, "_alone", lambda: True)
+    return real
+
+
 @pytest.mark.fast
 @pytest.mark.parametrize(
     "data, want",
@@ -39,16 +49,19 @@ def test_only_a_whole_answer_is_used(data, want):
 
 
 @pytest.mark.fast
-def test_no_child_is_forked_beside_another_thread(monkeypatch):
+def test_no_child_is_forked_beside_another_thread(monkeypatch, forking):
     monkeypatch.setenv("RSI_SIDE_CHECK", "always")
+    monkeypatch.setattr(side_check, "_alone", forking)
     stop = threading.Event()
     t = threading.Thread(target=stop.wait)
     t.start()
     try:
+        assert side_check._alone() is False
         assert side_check.start("/nonexistent", {HASH: None}, {}) is None
     finally:
         stop.set()
         t.join()
+    monkeypatch.setattr(side_check, "_alone", lambda: True)
     got = side_check.start("/nonexistent", {HASH: None}, {})
     assert got is not None and got.result() == {HASH}  # NB: no such blob: named
 
