@@ -13,6 +13,7 @@ import time
 
 import pytest
 import test_event_hits
+from test_side_check import _build, _store  # NB: an in-process build of //:top, the store
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bwrap")]
 
@@ -48,27 +49,9 @@ def watched(monkeypatch):
     return seen
 
 
-def _build(ws, monkeypatch, tmp_path):
-    from rsi.build import build
-    from rsi.workspace import Workspace
-
-    monkeypatch.chdir(ws)
-    monkeypatch.setenv("RSI_HOST_LOCK", str(tmp_path / "host.lock"))
-    report = build(Workspace.discover(), ["//:top"], progress=False)
-    assert report.ok
-    return report
-
-
 def _vouches(entry: list) -> bool:
     """The entry vouches for its read: a fifth item, the mode it was found at."""
     return len(entry) == 5 and isinstance(entry[4], int) and not isinstance(entry[4], bool)
-
-
-def _store():
-    from rsi.runtime import open_store
-    from rsi.workspace import Workspace
-
-    return open_store(Workspace.discover())
 
 
 def _state(ws) -> dict:
