@@ -21,6 +21,14 @@ def shard_of(key: Any) -> int:
     return zlib.crc32(text.encode("utf-8", "surrogatepass")) % SHARDS
 
 
+def _pickled_shards(values: Mapping) -> list[bytes]:
+    """`values` split by `shard_of` their key, each shard pickled."""
+    buckets: list[dict] = [{} for _ in range(SHARDS)]
+    for key, value in values.items():
+        buckets[shard_of(key)][key] = value
+    return [pickle.dumps(b, _PROTOCOL) for b in buckets]
+
+
 class Sharded(Mapping):
     """Read-only. Equal keys must have equal `str` (action ids, labels)."""
 
@@ -35,13 +43,7 @@ class Sharded(Mapping):
     def pack(cls, values: Mapping) -> Sharded:
         if isinstance(values, Sharded):
             return values
-        buckets: list[dict] = [{} for _ in range(SHARDS)]
-        for key, value in values.items():
-            buckets[shard_of(key)][key] = value
-        dumps = pickle.dumps
-        return cls(
-            dumps(list(values), _PROTOCOL), [dumps(b, _PROTOCOL) for b in buckets], len(values)
-        )
+        return cls(pickle.dumps(list(values), _PROTOCOL), _pickled_shards(values), len(values))
 
     def _shard(self, at: int) -> dict:
         part = self._shards[at]
@@ -154,11 +156,7 @@ class UnorderedShardedDict(ShardedDict):
     def pack(cls, values: Mapping) -> UnorderedShardedDict:
         if isinstance(values, UnorderedShardedDict):
             return values
-        buckets: list[dict] = [{} for _ in range(SHARDS)]
-        for key, value in values.items():
-            buckets[shard_of(key)][key] = value
-        dumps = pickle.dumps
-        return cls(b"", [dumps(b, _PROTOCOL) for b in buckets], len(values))
+        return cls(b"", _pickled_shards(values), len(values))
 
     def __iter__(self) -> Iterator:
         for at in range(SHARDS):
