@@ -369,6 +369,7 @@ def _build(
     with _outputs_held(ws, store, events, root_event, patterns, lock_timeout, materialise):
         plan = incremental.plan(ws, store, patterns, current, on_edit) if request else None
         if plan is not None and not plan.dirty:
+            plan.end_watch()  # NB: nothing runs, so no re-check before export
             return _build_unchanged(
                 ws, patterns, store, events, root_event, build_id, materialise, t0, plan
             )
@@ -502,8 +503,10 @@ def _build(
             # builds again (a build exporting meanwhile saw newer sources); past the last
             # attempt it says so and leaves out/ to a build that saw them
             moved = _moved(scheduler.sources_seen, plan, analysis, store)
-            if moved and attempt < MAX_BUILD_ATTEMPTS:
-                raise SourcesMoved(moved)
+        if plan is not None:
+            plan.end_watch()
+        if moved and attempt < MAX_BUILD_ATTEMPTS:
+            raise SourcesMoved(moved)
         report = BuildReport(
             build_id,
             ok=built and not moved,

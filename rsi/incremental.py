@@ -469,9 +469,19 @@ class Plan(Value):
         # the folders' real paths as the check of the analysis' reads resolved them
         self.unsettled: set[str] = set()
         self.dirs: dict[str, str] = {}
+        # NB: without a watcher: this build's own watch of the sources' folders, made before
+        # its check (rsi.watch.BuildWatch), so that re-check looks again only at what an event
+        # named; None (look at every source) below `BUILD_WATCH_MIN` sources
+        self.sweep_watch: Any = None
         # NB: (the state's `outs_seal`, its sidecar table or None) as last looked up: a root
         # of 10,000 inputs asks for each producer's outputs (`_outputs`)
         self._table: tuple[Any, Any] = (None, None)
+
+    def end_watch(self) -> None:
+        """Close this build's own watch (once the re-check before export is made)."""
+        if self.sweep_watch is not None:
+            self.sweep_watch.close()
+            self.sweep_watch = None
 
     @property
     def worth_saving(self) -> bool:
@@ -688,6 +698,8 @@ def _plan(
     # NB: with a watcher, the sources it saw unchanged since the last check are not stat'ed
     p = Plan(request, state, seal, updated)
     p.hits = hits
+    if watcher is None:
+        p.sweep_watch = _build_watch(state)
     unchanged: Any = (
         _watched_unchanged(p, sources, watched, store._cas_s) if watcher is not None else None
     )
@@ -704,6 +716,7 @@ def _plan(
     # NB: without a watcher, the analysis' reads of sources whose entries vouch for them are
     # left to the sources' check (`_fold`)
     folding = state.get("fold") if unchanged is None else None
+    planned: Plan | None = None
     if not _fold_fits(folding, tracker, sources):
         folding = None
     fold: tuple[list, list] | None = ([], []) if folding is not None else None
@@ -727,14 +740,52 @@ def _plan(
             _vouch(sources, tracker.stats, fold[1], modes, p)  # type: ignore[index]
         _check_index(store, state, p)
         _check_entries(store, state, state["blobs"], p, side)
+        planned = p
         return p
     finally:
         if side is not None:
             side.cancel()  # NB: nothing, once its answer was read
+        if planned is None:
+            p.end_watch()
 
 
 # NB: set by the build server (rsi/server.py): an rsi.watch.Watcher of the sources' folders
 watcher: Any = None
+
+# NB: from this many sources, a build without a server watches their folders for its re-check
+# before export (`_build_watch`); below, looking at every source again costs less than the
+# watch. RSI_BUILD_WATCH=0 turns it off, =always makes it whatever the size (for tests)
+BUILD_WATCH_MIN = 5000
+
+
+def _folders_of(sources: Mapping) -> dict:
+    """For a new state: every folder holding a source (watched by `_build_watch`)."""
+    folders = {q[: q.rfind("/")] or "/" for q in sources}
+    return {"list": sorted(folders), "count": len(sources)}
+
+
+def _build_watch(state: dict) -> Any:
+    """This build's own watch of the sources' folders (rsi.watch.BuildWatch), made before its
+    check of the sources, or None: off, too few sources for it to pay, a folder for fewer
+    than 8 sources on average, a state without its folders (or not made for these sources),
+    or no inotify instance to be had (the re-check then looks at every source)."""
+    mode = os.environ.get("RSI_BUILD_WATCH", "")
+    if mode == "0":
+        return None
+    folders, sources = state.get("folders"), state["sources"]
+    if not isinstance(folders, dict) or folders.get("count") != len(sources):
+        return None
+    listed = folders.get("list")
+    if not isinstance(listed, list) or not all(isinstance(f, str) for f in listed):
+        return None
+    if mode != "always" and (len(sources) < BUILD_WATCH_MIN or 8 * len(listed) > len(sources)):
+        return None
+    from rsi.watch import BuildWatch
+
+    try:
+        return BuildWatch(listed)
+    except OSError:
+        return None
 
 
 # The fold: the analysis' check of a source it read (kind, mode, real path) left to the
@@ -999,7 +1050,13 @@ def swept_since_check(
     lstat = os.lstat
     slow: dict[str, tuple] = {}
     gone: list[str] = []
-    for path, entry in sources.items():
+    # NB: with this build's own watch, the sources no event named since the check (nor
+    # links, symlinks or mount points) are as the check found them: not looked at again
+    named = p.sweep_watch.named(sources) if p.sweep_watch is not None else None
+    items: Any = sources.items()
+    if named is not None:
+        items = ((q, sources[q]) for q in dict.fromkeys(named) if q in sources)
+    for path, entry in items:
         if path in unsettled or path in seen:
             continue
         try:
@@ -1042,6 +1099,8 @@ def _check_sources(
     dirty, unsettled = p.dirty, p.unsettled
     lstat = os.lstat
     linked = p.watch["linked"] if p.watch is not None else None
+    # NB: this build's own watch (`_build_watch`) cannot vouch for these either
+    swept_linked = p.sweep_watch.linked if p.sweep_watch is not None else None
     items: Any = sources.items()
     if isinstance(unchanged, Vouched):
         # NB: the sources not vouched for, and no others: no walk of every source
@@ -1057,6 +1116,8 @@ def _check_sources(
                     linked.add(path)
                 else:
                     linked.discard(path)
+            if swept_linked is not None and (st.st_nlink > 1 or stat.S_ISLNK(st.st_mode)):
+                swept_linked.append(path)
         sig = entry[0]
         if st is not None and sig is not None and sig == _sig(st):
             if check is not None and (len(entry) == 4 or entry[4] != st.st_mode):
@@ -1131,6 +1192,8 @@ def _check_sources(
                 st.st_ctime_ns,
             )
         ):
+            if swept_linked is not None and st.st_nlink > 1:
+                swept_linked.append(path)
             continue
         settle(path, entry, st)
 
@@ -1439,6 +1502,7 @@ def record(
         "actions": actions,
         "sources": sources,
         "fold": _fold_of(analysis.get("tracker"), sources),
+        "folders": _folders_of(sources),
         "blobs": blobs,
         "logs": _logs_of(actions.values()),
         "ac_dirs": ac_dirs,

@@ -19,6 +19,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bwrap")]
 fanin = test_event_hits.fanin
 
 
+@pytest.fixture(autouse=True, params=["0", "always"], ids=["sweep", "build_watch"])
+def build_watch(request, monkeypatch):
+    """Each test with the re-check looking at every source, and with the build's own watch
+    (rsi.watch.BuildWatch) telling it which to look at (at any size, for the test)."""
+    monkeypatch.setenv("RSI_BUILD_WATCH", request.param)
+    return request.param
+
+
 def _one_change_with(ws_root: Path, monkeypatch, meanwhile) -> tuple[object, list[dict]]:
     """Build, settle, change in/a.txt, and build again with `meanwhile()` run right after the
     first attempt's actions (before its re-check); (the report, the events)."""
