@@ -17,6 +17,8 @@ from rsi.digest import DEFAULT_FUNCTION, Digest, digest_value
 from rsi.errors import DeclarationError
 from rsi.label import Label
 from rsi.record import Value
+from rsi.sections import Packed, is_packed
+from rsi.sections import raw as unpacked
 from rsi.sharded import Sharded
 
 if TYPE_CHECKING:
@@ -83,8 +85,8 @@ class PickledValues(Mapping):
             pass
         raw = self._raw[key]
         if self._shared:
-            if isinstance(self._shared, bytes):
-                self._shared = pickle.loads(self._shared)
+            if is_packed(self._shared):
+                self._shared = pickle.loads(unpacked(self._shared))
             unpickler = pickle.Unpickler(io.BytesIO(raw))
             unpickler.persistent_load = self._shared.__getitem__  # type: ignore[union-attr]
             value = unpickler.load()
@@ -104,13 +106,14 @@ class PickledValues(Mapping):
 
     def __reduce__(self) -> tuple:
         shared = self._shared
-        if shared and not isinstance(shared, bytes):
+        if shared and not is_packed(shared):
             shared = pickle.dumps(shared, pickle.HIGHEST_PROTOCOL)
-        return (PickledValues, (self._raw, shared))
+        return (PickledValues, (self._raw, Packed(shared) if type(shared) is bytes else shared))
 
 
 # NB: the BuildGraph fields a graph loaded from the analysis cache unpickles on first use
 LAZY_FIELDS = ("targets", "providers", "target_actions", "actions", "preds", "succs")
+SHARDED_FIELDS = ("targets", "providers", "actions", "preds", "succs")
 
 
 class BuildGraph(Value):
@@ -211,13 +214,13 @@ class BuildGraph(Value):
         for name in ("preds", "succs"):
             if name in state:
                 state[name] = Sharded.pack(state[name])
-        # NB: and each big field pickled apart, unpickled on first use: a build the state
-        # serves reads the actions, the edges and one provider, not the targets nor the
-        # targets' action lists (at 100,000 targets those two cost ~215 ms to unpickle)
+        # NB: and the other big field pickled apart, unpickled on first use (the targets'
+        # action lists: at 100,000 targets, ~100 ms); those above are in shards already, each
+        # in a section of its own in the analysis cache's file (rsi.sections), read when used
         for name in LAZY_FIELDS:
-            if name in state:
+            if name in state and name not in SHARDED_FIELDS:
                 lazy[name] = pickle.dumps(state.pop(name), pickle.HIGHEST_PROTOCOL)
-        state["_lazy"] = lazy
+        state["_lazy"] = {k: Packed(v) if type(v) is bytes else v for k, v in lazy.items()}
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -229,7 +232,7 @@ class BuildGraph(Value):
         if lazy is not None:
             raw = lazy.get(name)
             if raw is not None:
-                value = self.__dict__.setdefault(name, pickle.loads(raw))
+                value = self.__dict__.setdefault(name, pickle.loads(unpacked(raw)))
                 lazy.pop(name, None)
                 return value
         raise AttributeError(name)

@@ -17,8 +17,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Iterable
 
-from rsi import __version__
-from rsi.digest import Digest, FileDigestMemo, digest_bytes, digest_value, hasher
+from rsi import __version__, sections
+from rsi.digest import Digest, FileDigestMemo, digest_value, hasher
 from rsi.fsutil import atomic_write_bytes, prune
 from rsi.gc_policy import quiet_gc
 
@@ -401,6 +401,16 @@ def read_sealed_head(store, path: Path) -> tuple[str | None, Any | None]:
         with open(path, "rb") as f:
             seal = f.readline(256).rstrip(b"\n").decode(errors="replace")
             start = f.tell()
+            if f.read(len(sections.MAGIC)) == sections.MAGIC:
+                # NB: sectioned (rsi.sections): the header and payload checked now, each
+                # section when first read
+                f.seek(start)
+                try:
+                    with quiet_gc():
+                        return seal, sections.load(f, str(path), store.function, seal)
+                except Exception:  # NB: any failure just means "no memo", as below
+                    return None, None
+            f.seek(start)
             h = hasher(store.function)
             for chunk in iter(lambda: f.read(_CHUNK), b""):
                 h.update(chunk)
@@ -426,12 +436,13 @@ def write_sealed(store, path: Path, obj: Any) -> str | None:
     """Pickle `obj` to `path`, preceded by the payload's digest (returned); nothing on any
     failure (an unpicklable object, a full disk): the memo is a speed-up only."""
     try:
-        payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        head, parts = sections.dumps(obj, store.function)
+    except sections.CacheDamaged:
+        raise  # NB: a section it still held went bad: the build goes again without it
     except Exception:  # NB: a rule holding something unpicklable just goes uncached
         return None
-    head = digest_bytes(payload, store.function).hash
     try:
-        atomic_write_bytes(path, head.encode() + b"\n" + payload, fsync=False)
+        atomic_write_bytes(path, parts, fsync=False)
     except OSError:
         return None
     return head
@@ -453,6 +464,13 @@ KEEP_BYTES = 1 << 30
 # seal (the first line: the digest of its content) are as when it was read; off unless
 # `keeping`
 _KEPT: dict[str, tuple] = {}
+
+
+def forget_kept(path: str) -> None:
+    """Drop what this process keeps of the analysis at `path` (a damaged file)."""
+    _KEPT.pop(str(path), None)
+
+
 # NB: set by a long-lived process (the build server); rsi/incremental.py keeps the build state
 # in memory under the same switch
 keeping = False

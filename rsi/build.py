@@ -21,7 +21,8 @@ from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any
 
 from rsi import recheck, wslock
-from rsi.errors import RsiError, UsageError
+from rsi.errors import RsiError, StoreError, UsageError
+from rsi.sections import CacheDamaged
 from rsi.events import EventLog
 from rsi.record import Value
 from rsi.build_analysis import (
@@ -276,6 +277,7 @@ def build(
         )
         try:
             attempt = 1
+            damages = 0
             while True:
                 try:
                     report = _build(
@@ -291,6 +293,28 @@ def build(
                         attempt,
                     )
                     break
+                except CacheDamaged as damaged:
+                    # NB: a section of a cache file read only now (rsi.sections) failed its
+                    # digest: the file is forgotten, and the build goes again without it, as
+                    # it would had the file been missing (what ran is cached under its key)
+                    damages += 1
+                    if damages > MAX_BUILD_ATTEMPTS:
+                        raise StoreError(
+                            f"{damaged}, {damages} times",
+                            hint="check the disk under the store; `rsi cache gc` drops it",
+                        ) from damaged
+                    from rsi.incremental import forget_file
+
+                    forget_file(damaged.path)
+                    events.summarise_hits(root_event)
+                    events.emit(
+                        "warning",
+                        root_event,
+                        message=f"{damaged}: forgotten, building again",
+                    )
+                    events.notice(f"{damaged}: forgotten, building again", new=True)
+                    for name in events.counts:
+                        events.counts[name] = 0
                 except SourcesMoved as moved:
                     # NB: what it built is cached under its keys; the next attempt keys the
                     # sources as they are now and serves whatever did not change

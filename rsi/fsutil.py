@@ -25,13 +25,14 @@ from rsi.errors import StoreError
 
 def atomic_write_bytes(
     path: Path,
-    data: bytes,
+    data: bytes | list[bytes],
     *,
     fsync: bool = True,
     mode: int | None = None,
     tmp_dir: Path | None = None,
 ) -> None:
-    """Write `data` so that readers see either the old file or the whole new one.
+    """Write `data` (bytes, or a list of parts) so that readers see either the old file or
+    the whole new one.
 
     The temporary file goes beside `path`, or into `tmp_dir` (same file system) when readers
     list `path`'s folder and must never meet a temporary there, however the writer dies.
@@ -41,7 +42,10 @@ def atomic_write_bytes(
         if mode is not None:
             os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            if isinstance(data, list):  # NB: parts, written in order, never joined in memory
+                f.writelines(data)
+            else:
+                f.write(data)
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())

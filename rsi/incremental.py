@@ -39,7 +39,8 @@ from rsi.sharded import Sharded, ShardedDict, UnorderedShardedDict
 # /9: a source's entry may carry a fifth item, the `st_mode` at which the analysis' read of it
 # was found as recorded, at the entry's signature (`_fold`); older rsi unpacks four. The
 # blobs' signatures are kept in shards (`ShardedDict`), as the actions' entries are
-SCHEMA = "rsi.incremental/9"
+# /10: files in sections (rsi.sections): each shard read when first used; `folders`
+SCHEMA = "rsi.incremental/10"
 RACY_NS = FileDigestMemo.RACY_NS
 # NB: a build that only found a few small sources touched leaves the state as it is (each is
 # hashed again next time, as now): at 100,000 actions, writing the state costs seconds
@@ -397,6 +398,18 @@ def save_changes(store: Any, p: Plan) -> None:
         delta[name] = state.get(name)
     if write_sealed(store, _delta_path(store, p.request), delta) is not None:
         keep(store, p)
+
+
+def forget_file(path: str) -> None:
+    """A cache file whose section failed its digest (rsi.sections.CacheDamaged): removed, and
+    whatever this process keeps read of it dropped, so the next attempt goes without it."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    analysis_cache.forget_kept(path)
+    _KEEP.clear()
+    _OUTS.clear()
 
 
 def forget(store: Any, request: str | None) -> None:

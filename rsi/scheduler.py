@@ -23,6 +23,7 @@ from rsi.action import Action, ActionResult
 from rsi.action_history import ActionHistory
 from rsi.analysis import BuildGraph
 from rsi.digest import Digest, FileNode, SymlinkNode
+from rsi.sections import CacheDamaged
 from rsi.errors import CorruptEntry, ExecutionError, RsiError, StoreError
 from rsi.events import EventLog
 from rsi.executors.base import TRASH, Executor
@@ -421,6 +422,8 @@ class Scheduler:
                         self._fail(spec.id, spec, action, exc, ev, finish)
                         stopped = stopped or not self.keep_going
                         continue
+                    except CacheDamaged:
+                        raise  # NB: the build's to handle (it goes again), no action's failure
                     except Exception as exc:  # NB: an executor's bug or a raw OS/SDK error
                         err = ExecutionError(f"{type(exc).__name__}: {exc}")
                         self._fail(spec.id, spec, action, err, ev, finish)

@@ -11,6 +11,8 @@ import zlib
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
+from rsi.sections import Packed, is_packed, raw
+
 SHARDS = 256
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
@@ -27,6 +29,16 @@ def _pickled_shards(values: Mapping) -> list[bytes]:
     for key, value in values.items():
         buckets[shard_of(key)][key] = value
     return [pickle.dumps(b, _PROTOCOL) for b in buckets]
+
+
+def _packed(part: Any) -> Any:
+    """A still pickled part as `Packed` (bytes as they are, a section not read yet kept as it
+    is: written again, it is read then)."""
+    return Packed(part) if type(part) is bytes else part
+
+
+def _packed_shards(shards: list) -> list:
+    return [_packed(p) if is_packed(p) else Packed(pickle.dumps(p, _PROTOCOL)) for p in shards]
 
 
 class Sharded(Mapping):
@@ -47,8 +59,8 @@ class Sharded(Mapping):
 
     def _shard(self, at: int) -> dict:
         part = self._shards[at]
-        if isinstance(part, bytes):
-            part = self._shards[at] = pickle.loads(part)
+        if is_packed(part):
+            part = self._shards[at] = pickle.loads(raw(part))
         return part
 
     def __getitem__(self, key: Any) -> Any:
@@ -61,8 +73,8 @@ class Sharded(Mapping):
         return key in self._shard(shard_of(key))
 
     def __iter__(self) -> Iterator:
-        if isinstance(self._order, bytes):
-            self._order = pickle.loads(self._order)
+        if is_packed(self._order):
+            self._order = pickle.loads(raw(self._order))
         return iter(self._order)
 
     def __len__(self) -> int:
@@ -77,14 +89,15 @@ class Sharded(Mapping):
 
     def loaded(self) -> int:
         """How many shards have been unpickled (0: no entry has been read)."""
-        return sum(1 for part in self._shards if not isinstance(part, bytes))
+        return sum(1 for part in self._shards if not is_packed(part))
 
     def __reduce__(self) -> tuple:
+        # NB: each shard and the order `Packed`: a sectioned file (rsi.sections) puts them in
+        # sections of their own, each read when first needed
         order = self._order
-        if not isinstance(order, bytes):
+        if not is_packed(order):
             order = pickle.dumps(order, _PROTOCOL)
-        shards = [p if isinstance(p, bytes) else pickle.dumps(p, _PROTOCOL) for p in self._shards]
-        return (type(self), (order, shards, self._len))
+        return (type(self), (_packed(order), _packed_shards(self._shards), self._len))
 
 
 class ShardedDict(Sharded, MutableMapping):
@@ -102,7 +115,7 @@ class ShardedDict(Sharded, MutableMapping):
         """Replace these entries (keys already held, as a delta's) when their shard loads."""
         for key, value in values.items():
             at = shard_of(key)
-            if isinstance(self._shards[at], bytes):
+            if is_packed(self._shards[at]):
                 self._pending.setdefault(at, {})[key] = value
             else:
                 self[key] = value
@@ -116,8 +129,8 @@ class ShardedDict(Sharded, MutableMapping):
 
     def _shard(self, at: int) -> dict:
         part = self._shards[at]
-        if isinstance(part, bytes):
-            part = self._shards[at] = pickle.loads(part)
+        if is_packed(part):
+            part = self._shards[at] = pickle.loads(raw(part))
             for key, value in self._pending.pop(at, {}).items():
                 if key not in part:
                     self._new_key(key)
@@ -125,8 +138,8 @@ class ShardedDict(Sharded, MutableMapping):
         return part
 
     def _new_key(self, key: Any) -> None:
-        if isinstance(self._order, bytes):
-            self._order = pickle.loads(self._order)
+        if is_packed(self._order):
+            self._order = pickle.loads(raw(self._order))
         self._order.append(key)
         self._len += 1
 
@@ -168,5 +181,4 @@ class UnorderedShardedDict(ShardedDict):
     def __reduce__(self) -> tuple:
         for at in list(self._pending):
             self._shard(at)
-        shards = [p if isinstance(p, bytes) else pickle.dumps(p, _PROTOCOL) for p in self._shards]
-        return (type(self), (b"", shards, self._len))
+        return (type(self), (b"", _packed_shards(self._shards), self._len))

@@ -29,6 +29,7 @@ ENGINE = [
             "rsi.fsutil",
             "rsi.gc_policy",
             "rsi.digest",
+            "rsi.sections",
             "rsi.sharded",
             "rsi.attrs",
             "rsi.events",

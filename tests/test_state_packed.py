@@ -5,7 +5,6 @@ from the state's `exports`, which must follow every change of a producer's outpu
 
 from __future__ import annotations
 
-import pickle
 import time
 
 import pytest
@@ -77,10 +76,11 @@ def test_a_no_op_leaves_the_actions_packed_and_exports_what_changed_last(ws, mon
     # actions as they are now
     (state,) = [p for p in (ws / "cache" / "analysis").iterdir() if p.name.startswith("state-")]
     assert any(p.name.startswith("delta-") for p in state.parent.iterdir())
-    raw = state.read_bytes()
-    on_disk = pickle.loads(memoryview(raw)[raw.find(b"\n") + 1 :])
-    assert isinstance(on_disk["actions"], ShardedDict) and on_disk["actions"].loaded() == 0
+    from rsi.analysis_cache import read_sealed_head
     from rsi.runtime import open_store
+
+    _, on_disk = read_sealed_head(open_store(workspace), state)
+    assert isinstance(on_disk["actions"], ShardedDict) and on_disk["actions"].loaded() == 0
 
     plan = incremental.Plan(seen[-1]["request"], seen[-1])
     top = plan.output(open_store(workspace), "//:top#Command", "top.out")
