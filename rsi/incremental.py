@@ -30,7 +30,7 @@ from rsi.gc_policy import quiet_gc  # noqa: F401 - NB: build.py uses it from her
 from rsi.analysis_cache import Vouched, read_sealed_head, write_sealed
 from rsi.digest import HITS_MOD, Digest, FileDigestMemo, digest_file, digest_value, hit_term
 from rsi.record import Value
-from rsi.sharded import Sharded, ShardedDict, UnorderedShardedDict
+from rsi.sharded import EntryShardedDict, Sharded, ShardedDict, UnorderedShardedDict
 
 # NB: /7: the actions in shards (rsi.sharded), `ac_index`. In the request key too, so an older
 # rsi sharing the store never reads a state it cannot (it would apply a delta to packed bytes)
@@ -303,7 +303,7 @@ def save(store: Any, state: dict) -> str | None:
     state["ac_index"] = _ac_index(actions)
     path = _state_path(store, state["request"])
     try:
-        packed = ShardedDict.pack(actions)
+        packed = EntryShardedDict.pack(actions)
         outs = Sharded.pack({i: _row(a) for i, a in actions.items()})
         # NB: the blobs' signatures too: a no-op's own process never unpickles them (the
         # side check's child does, rsi/side_check.py), a one-change build those it re-keys

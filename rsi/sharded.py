@@ -182,3 +182,59 @@ class UnorderedShardedDict(ShardedDict):
         for at in list(self._pending):
             self._shard(at)
         return (type(self), (b"", _packed_shards(self._shards), self._len))
+
+
+class EntryShardedDict(ShardedDict):
+    """As `ShardedDict`, each value pickled on its own as well: a loaded shard holds its values
+    pickled until each is first read. A one-change build re-keying a root of 10,000 inputs
+    reads 10,000 entries of 110,000, scattered over every shard: it unpickles those, not all
+    (at 100,000 actions: ~0.2 s less). Values are never bytes (a bytes value is a pickled one)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def pack(cls, values: Mapping) -> EntryShardedDict:
+        if isinstance(values, EntryShardedDict):
+            return values
+        dumps = pickle.dumps
+        entries = {k: dumps(v, _PROTOCOL) for k, v in values.items()}
+        return cls(pickle.dumps(list(values), _PROTOCOL), _pickled_shards(entries), len(values))
+
+    def _value(self, part: dict, key: Any) -> Any:
+        value = part[key]
+        if type(value) is bytes:
+            value = part[key] = pickle.loads(value)
+        return value
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._value(self._shard(shard_of(key)), key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        part = self._shard(shard_of(key))
+        return self._value(part, key) if key in part else default
+
+    def peek(self, key: Any, default: Any = None) -> Any:
+        pending = self._pending.get(shard_of(key))
+        if pending is not None and key in pending:
+            return pending[key]
+        return self.get(key, default)
+
+    def shard_items(self, first: int = 0, end: int = SHARDS) -> Iterator[tuple]:
+        for at in range(first, end):
+            part = self._shard(at)
+            for key in list(part):
+                yield key, self._value(part, key)
+
+    def __reduce__(self) -> tuple:
+        for at in list(self._pending):
+            self._shard(at)
+        order = self._order
+        if not is_packed(order):
+            order = pickle.dumps(order, _PROTOCOL)
+        shards = []
+        for part in self._shards:
+            if not is_packed(part):
+                dumps = pickle.dumps
+                part = {k: v if type(v) is bytes else dumps(v, _PROTOCOL) for k, v in part.items()}
+            shards.append(part)
+        return (type(self), (_packed(order), _packed_shards(shards), self._len))

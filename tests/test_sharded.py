@@ -85,3 +85,27 @@ def test_an_unordered_sharded_dict_takes_new_keys_without_an_order():
     want = {**values, "new1": None, "h3": (3, 3)}
     assert len(twice) == len(want) and dict(twice.items()) == want and set(twice) == set(want)
     assert dict(twice.shard_items()) == want
+
+
+def test_an_entry_sharded_dict_unpickles_only_the_entries_read():
+    from rsi.sharded import EntryShardedDict
+
+    values = {f"//:a{i}#Command": ["label", i, ("out", "ab" * 32, i)] for i in range(3000)}
+    packed = pickle.loads(pickle.dumps(EntryShardedDict.pack(values), pickle.HIGHEST_PROTOCOL))
+    assert list(packed) == list(values) and len(packed) == len(values)
+    key = "//:a17#Command"
+    entry = packed[key]
+    assert entry == values[key]
+    part = packed._shards[shard_of(key)]
+    # NB: the shard holds its other entries still pickled: only the one read was unpickled
+    assert sum(1 for v in part.values() if type(v) is not bytes) == 1
+    assert packed.get("missing") is None and packed.get(key) is entry
+    # NB: an entry changed in place after it was read is what pickles again
+    entry[1] = -1
+    packed.defer({"//:a18#Command": ["deferred"]})
+    assert packed.peek("//:a18#Command") == ["deferred"]
+    again = pickle.loads(pickle.dumps(packed, pickle.HIGHEST_PROTOCOL))
+    assert again[key][1] == -1 and again["//:a18#Command"] == ["deferred"]
+    walked = dict(again.shard_items())
+    assert len(walked) == 3000 and walked["//:a5#Command"] == values["//:a5#Command"]
+    assert all(type(v) is not bytes for v in walked.values())
