@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from rsi import __version__, sections
+from rsi.sections import Packed, is_packed
+from rsi.sections import raw as unpacked
 from rsi.digest import Digest, FileDigestMemo, digest_value, hasher
 from rsi.fsutil import atomic_write_bytes, prune
 from rsi.gc_policy import quiet_gc
@@ -527,7 +529,6 @@ def _read(store, key: str) -> tuple | None:
         kept = _KEPT.get(str(path))
         if ident is not None and kept is not None and kept[0] == ident:
             touch_entry(path)
-            kept[1][2].memo = store.meta_memo
             return kept[1]
     found = _read_file(store, key)
     if keeping and found is not None and ident is not None:
@@ -541,20 +542,38 @@ def _read(store, key: str) -> tuple | None:
     return found
 
 
-def _read_file(store, key: str) -> tuple | None:
+def _read_file(store, key: str) -> list | None:
     found = read_sealed(store, store.root / "analysis" / key)
     try:
         labels, graph, tracker = found
     except (TypeError, ValueError):
         return None
+    # NB: [labels, graph, the tracker still pickled (a section) until `_tracker` needs it]
+    return [labels, graph, tracker]
+
+
+def _tracker(store, found: list) -> Tracker | None:
+    """The analysis' tracker, unpickled on first use (a one-change build, which checked the
+    state's own copy of it, never needs it: at 100,000 sources, 5 MB unpickled for nothing)."""
+    tracker = found[2]
+    if is_packed(tracker):
+        try:
+            tracker = found[2] = pickle.loads(unpacked(tracker))
+        except sections.CacheDamaged:
+            raise
+        except Exception:  # NB: as any unpickling failure of a memo: no memo
+            return None
+    if not isinstance(tracker, Tracker):
+        return None
     tracker.memo = store.meta_memo
-    return labels, graph, tracker
+    return tracker
 
 
 def load_unchecked(store, key: str) -> tuple | None:
-    """(labels, graph, tracker) under `key` without checking the tracker: for a caller that
-    has just checked the same tracker itself (rsi.incremental)."""
-    return _read(store, key)
+    """(labels, graph) under `key` without checking the tracker (not read): for a caller
+    that has just checked the same tracker itself (rsi.incremental)."""
+    found = _read(store, key)
+    return None if found is None else (found[0], found[1])
 
 
 def load_checked(store, key: str, walker) -> tuple | None:
@@ -563,9 +582,10 @@ def load_checked(store, key: str, walker) -> tuple | None:
     found = _read(store, key)
     if found is None:
         return None
-    if not found[2].still_valid(store, walker):
+    tracker = _tracker(store, found)
+    if tracker is None or not tracker.still_valid(store, walker):
         return None
-    return found
+    return found[0], found[1], tracker
 
 
 def load(store, key: str, walker) -> Any | None:
@@ -574,7 +594,9 @@ def load(store, key: str, walker) -> Any | None:
 
 
 def save(store, key: str, labels, graph, tracker: Tracker) -> None:
-    write_sealed(store, store.root / "analysis" / key, (labels, graph, tracker))
+    # NB: the tracker pickled apart, in a section of its own: read only by a check of it
+    packed = Packed(pickle.dumps(tracker, pickle.HIGHEST_PROTOCOL))
+    write_sealed(store, store.root / "analysis" / key, (labels, graph, packed))
     prune(
         store.root / "analysis",
         keep=KEEP_ANALYSES,
