@@ -16,7 +16,8 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+import queue
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 from rsi.action import Action, ActionResult
@@ -286,6 +287,9 @@ class Scheduler:
         # durable, so "finished" in the event stream always means "will not run again", even
         # if rsi is SIGKILLed the next moment
         committing: dict[Future, tuple] = {}
+        # NB: every run and commit future, as it completes (its done callback): the loop
+        # sleeps on this one queue, not on a waiter installed on each pending future per turn
+        finished: queue.SimpleQueue[Future] = queue.SimpleQueue()
         self.store.sync_each = False
         try:
             while ready or to_execute or running or committing:
@@ -367,6 +371,7 @@ class Scheduler:
                     )
                     fut = pool.submit(self._execute, spec, action, ev)
                     running[fut] = (spec, action, why, ev)
+                    fut.add_done_callback(finished.put)
                     counts["running"] = len(running)
                     if action.exclusive:
                         exclusive_running = True
@@ -380,7 +385,7 @@ class Scheduler:
                 if not running and not ready and not to_execute:
                     # NB: only commits are left: nothing more will join their batch
                     self._committer.hurry()
-                done, _ = wait([*running, *committing], timeout=0.5, return_when=FIRST_COMPLETED)
+                done = _next_done(finished, running, committing)
                 # NB: in dispatch order, so a producer's "ok" precedes its dependents' when
                 # both land in one commit batch
                 for fut in sorted(done, key=lambda f: (committing.get(f) or running[f])[3]):
@@ -432,7 +437,9 @@ class Scheduler:
                     if result.ok:
                         # NB: dependents go on at once with the result in memory; the event
                         # that reports it finished waits until its entry is durable
-                        committing[self._commit_of.pop(spec.id)] = (spec, action, why, ev, result)
+                        commit = self._commit_of.pop(spec.id)
+                        committing[commit] = (spec, action, why, ev, result)
+                        commit.add_done_callback(finished.put)
                         finish(spec.id, Outcome(spec.id, "executed", action.key(), result, why))
                         continue
                     else:
@@ -650,6 +657,21 @@ class Scheduler:
                 retryable=retryable,
             ),
         )
+
+
+def _next_done(finished: queue.SimpleQueue, running: dict, committing: dict) -> set[Future]:
+    """The run and commit futures completed since the last call (waiting up to 0.5 s for the
+    first): those still pending in `running` or `committing`."""
+    try:
+        done = {finished.get(timeout=0.5)}
+    except queue.Empty:
+        return set()
+    while True:
+        try:
+            done.add(finished.get_nowait())
+        except queue.Empty:
+            break
+    return {f for f in done if f in running or f in committing}
 
 
 class _Settled(dict):
