@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 import queue
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Protocol
+from typing import Any, Protocol
 
 from rsi.action import Action, ActionResult
 from rsi.action_history import ActionHistory
@@ -111,17 +111,36 @@ class Scheduler:
         self.sources_seen: dict[str, tuple] = {}
 
     # ------------------------------------------------------------------------ resolution
+    def _prefetch(self, spec: ActionSpec, outcomes: Any, run: set[str]) -> dict[str, tuple]:
+        """{input path: (digest, executable)} of `spec`'s inputs that producers settled before
+        the run give (never one of `run`: the run may make it anew)."""
+        found: dict[str, tuple] = {}
+        settled = outcomes.output if isinstance(outcomes, _Settled) else None
+        if settled is None:
+            return found
+        for art in spec.inputs:
+            if art.producer is not None:
+                producer = self._graph.producer(art.producer)
+                if producer not in run:
+                    got = settled(producer, art.path)
+                    if got is not None:
+                        found[art.path] = got
+        return found
+
     def resolve(self, spec: ActionSpec, outcomes: dict[str, Outcome]) -> Action:
         inputs: dict[str, FileNode | SymlinkNode] = {}
         sources: list[tuple[str, str]] = []
         memo = self.store.file_memo
         settled = outcomes.output if isinstance(outcomes, _Settled) else None
+        early = getattr(self, "_prefetched", {}).pop(spec.id, None) or {}
         for art in spec.inputs:
             if art.producer is not None:
                 producer = self._graph.producer(art.producer)
                 # NB: an output of an action the state vouched for is read from the state, not
                 # through an outcome object made for it (a root of 10,000 inputs: ~150 ms)
-                got = settled(producer, art.path) if settled is not None else None
+                got = early.get(art.path)
+                if got is None and settled is not None:
+                    got = settled(producer, art.path)
                 if got is None:
                     produced = outcomes[producer].result
                     out = produced.output_map.get(art.path) if produced else None
@@ -246,6 +265,12 @@ class Scheduler:
         exclusive_running = False
         stopped = False
         counts["total"] = len(wanted) + (len(known) if known else 0)
+        # NB: with outcomes settled before the run (the incremental state's), the actions
+        # waiting on others have the inputs those settled producers give looked up while the
+        # main thread would only wait: a root of 10,000 inputs waiting on one re-run producer
+        # is resolved from what was looked up meanwhile (~70 ms at 100,000 actions)
+        self._prefetched: dict[str, dict[str, tuple]] = {}
+        early = sorted((a for a, n in waiting.items() if n > 0), reverse=True) if known else []
 
         def finish(action_id: str, outcome: Outcome) -> None:
             outcomes[action_id] = outcome
@@ -385,7 +410,20 @@ class Scheduler:
                 if not running and not ready and not to_execute:
                     # NB: only commits are left: nothing more will join their batch
                     self._committer.hurry()
-                done = _next_done(finished, running, committing)
+                if early and running:
+                    action_id = early.pop()
+                    if waiting.get(action_id, 0) > 0 and action_id not in outcomes:
+                        try:
+                            self._prefetched[action_id] = self._prefetch(
+                                graph.actions[action_id], outcomes, wanted
+                            )
+                        except CacheDamaged:
+                            raise
+                        except Exception:  # noqa: BLE001 - NB: its resolve says what is wrong
+                            pass
+                    done = _next_done(finished, running, committing, wait_s=0.0)
+                else:
+                    done = _next_done(finished, running, committing)
                 # NB: in dispatch order, so a producer's "ok" precedes its dependents' when
                 # both land in one commit batch
                 for fut in sorted(done, key=lambda f: (committing.get(f) or running[f])[3]):
@@ -659,11 +697,13 @@ class Scheduler:
         )
 
 
-def _next_done(finished: queue.SimpleQueue, running: dict, committing: dict) -> set[Future]:
-    """The run and commit futures completed since the last call (waiting up to 0.5 s for the
-    first): those still pending in `running` or `committing`."""
+def _next_done(
+    finished: queue.SimpleQueue, running: dict, committing: dict, wait_s: float = 0.5
+) -> set[Future]:
+    """The run and commit futures completed since the last call (waiting up to `wait_s` for
+    the first): those still pending in `running` or `committing`."""
     try:
-        done = {finished.get(timeout=0.5)}
+        done = {finished.get(timeout=wait_s) if wait_s > 0 else finished.get_nowait()}
     except queue.Empty:
         return set()
     while True:
