@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 import queue
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
@@ -111,21 +111,25 @@ class Scheduler:
         self.sources_seen: dict[str, tuple] = {}
 
     # ------------------------------------------------------------------------ resolution
-    def _prefetch(self, spec: ActionSpec, outcomes: Any, run: set[str]) -> dict[str, tuple]:
-        """{input path: (digest, executable)} of `spec`'s inputs that producers settled before
-        the run give (never one of `run`: the run may make it anew)."""
-        found: dict[str, tuple] = {}
+    def _prefetch(
+        self, spec: ActionSpec, outcomes: Any, run: set[str], found: dict[str, tuple]
+    ) -> Iterator[None]:
+        """Fill `found` ({input path: (digest, executable)}) with `spec`'s inputs that producers
+        settled before the run give (never one of `run`: the run may make it anew), a chunk of
+        `PREFETCH_CHUNK` inputs per step, so the caller sees a finished action in between."""
         settled = outcomes.output if isinstance(outcomes, _Settled) else None
         if settled is None:
-            return found
-        for art in spec.inputs:
+            return
+        producer_of = self._graph.producer
+        for n, art in enumerate(spec.inputs, 1):
             if art.producer is not None:
-                producer = self._graph.producer(art.producer)
+                producer = producer_of(art.producer)
                 if producer not in run:
                     got = settled(producer, art.path)
                     if got is not None:
                         found[art.path] = got
-        return found
+            if n % PREFETCH_CHUNK == 0:
+                yield
 
     def resolve(self, spec: ActionSpec, outcomes: dict[str, Outcome]) -> Action:
         inputs: dict[str, FileNode | SymlinkNode] = {}
@@ -271,6 +275,8 @@ class Scheduler:
         # is resolved from what was looked up meanwhile (~70 ms at 100,000 actions)
         self._prefetched: dict[str, dict[str, tuple]] = {}
         early = sorted((a for a, n in waiting.items() if n > 0), reverse=True) if known else []
+        steps: Iterator[None] | None = None
+        steps_for = ""
 
         def finish(action_id: str, outcome: Outcome) -> None:
             outcomes[action_id] = outcome
@@ -410,17 +416,23 @@ class Scheduler:
                 if not running and not ready and not to_execute:
                     # NB: only commits are left: nothing more will join their batch
                     self._committer.hurry()
-                if early and running:
-                    action_id = early.pop()
-                    if waiting.get(action_id, 0) > 0 and action_id not in outcomes:
-                        try:
-                            self._prefetched[action_id] = self._prefetch(
-                                graph.actions[action_id], outcomes, wanted
-                            )
-                        except CacheDamaged:
-                            raise
-                        except Exception:  # noqa: BLE001 - NB: its resolve says what is wrong
-                            pass
+                if (early or steps is not None) and running:
+                    try:
+                        if steps is not None and waiting.get(steps_for, 0) == 0:
+                            steps = None  # NB: ready now: its resolve looks up the rest
+                        if steps is None and early:
+                            steps_for = early.pop()
+                            if waiting.get(steps_for, 0) > 0 and steps_for not in outcomes:
+                                found = self._prefetched[steps_for] = {}
+                                steps = self._prefetch(
+                                    graph.actions[steps_for], outcomes, wanted, found
+                                )
+                        if steps is not None and next(steps, StopIteration) is StopIteration:
+                            steps = None
+                    except CacheDamaged:
+                        raise
+                    except Exception:  # noqa: BLE001 - NB: its resolve says what is wrong
+                        steps = None
                     done = _next_done(finished, running, committing, wait_s=0.0)
                 else:
                     done = _next_done(finished, running, committing)
@@ -712,6 +724,11 @@ def _next_done(
         except queue.Empty:
             break
     return {f for f in done if f in running or f in committing}
+
+
+# NB: inputs looked up per step of `_prefetch` (~7 ms at 100,000 actions) between looks at
+# whether an action finished
+PREFETCH_CHUNK = 1000
 
 
 class _Settled(dict):

@@ -27,10 +27,9 @@ def test_a_waiting_action_gets_its_settled_inputs_looked_up_while_it_waits(fanin
     early: dict[str, dict] = {}
     real = scheduler.Scheduler._prefetch
 
-    def prefetch(self, spec, outcomes, run):
-        found = real(self, spec, outcomes, run)
-        early[spec.id] = dict(found)
-        return found
+    def prefetch(self, spec, outcomes, run, found):
+        early[spec.id] = found
+        yield from real(self, spec, outcomes, run, found)
 
     lookups: list[str] = []
     real_output = incremental.StateOutcomes.output
