@@ -20,6 +20,7 @@ scheduler, which re-keys it and verifies what it serves.
 from __future__ import annotations
 
 import os
+import pickle
 import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -30,6 +31,8 @@ from rsi.gc_policy import quiet_gc  # noqa: F401 - NB: build.py uses it from her
 from rsi.analysis_cache import Vouched, read_sealed_head, write_sealed
 from rsi.digest import HITS_MOD, Digest, FileDigestMemo, digest_file, digest_value, hit_term
 from rsi.record import Value
+from rsi.sections import Packed, is_packed
+from rsi.sections import raw as unpacked
 from rsi.sharded import EntryShardedDict, Sharded, ShardedDict, UnorderedShardedDict
 
 # NB: /7: the actions in shards (rsi.sharded), `ac_index`. In the request key too, so an older
@@ -96,14 +99,28 @@ def _actions(state: dict) -> Any:
     return state["actions"]
 
 
-def _ac_index(actions: Any) -> dict[str, tuple]:
-    """{action-cache shard (the key's first two hex digits): the actions whose entry is in it}:
-    a shard folder whose signature moved has its entries checked without a walk of every
-    action (`_check_entries`)."""
+def _ac_index(actions: Any) -> dict[str, Any]:
+    """{action-cache shard (the key's first two hex digits): the rows (action id, key hash,
+    entry signature) of the actions whose entry is in it, as the state is written whole}: a
+    shard folder whose signature moved has its entries checked without a walk of every action
+    and without their entries (`_check_listed`; an entry changed since has its row in `outs`).
+    Each shard's rows are pickled apart (`Packed`: a section of the state file, read only for
+    a folder that moved); `_index_rows` reads them."""
     index: dict[str, list] = {}
     for action_id, a in actions.items():
-        index.setdefault(a[KEY_HASH][:2], []).append(action_id)
-    return {shard: tuple(ids) for shard, ids in index.items()}
+        index.setdefault(a[KEY_HASH][:2], []).append((action_id, a[KEY_HASH], a[AC_SIG]))
+    dumps = pickle.dumps
+    return {
+        shard: Packed(dumps(tuple(rows), pickle.HIGHEST_PROTOCOL)) for shard, rows in index.items()
+    }
+
+
+def _index_rows(index: dict, shard: str) -> tuple:
+    """The rows `ac_index` holds for `shard` (unpickled on first use)."""
+    rows = index.get(shard, ())
+    if is_packed(rows):
+        rows = index[shard] = pickle.loads(unpacked(rows))
+    return rows
 
 
 def _exports_of(state: dict, actions: dict[str, list]) -> dict[str, tuple]:
@@ -1358,14 +1375,17 @@ def _check_listed(store: Any, state: dict, shards: set[str], p: Plan, shard_new:
         return False
     actions = _actions(state)
     ac_root = store._ac_s
+    over = state.get("outs") or {}
     for shard in sorted(shards):
-        for action_id in index.get(shard, ()):
+        for listed in _index_rows(index, shard):
+            action_id = listed[0]
             if action_id in p.dirty:
                 continue
-            # NB: the row holds the entry's current key (every change of it goes to `outs`),
-            # so an entry file at the signature recorded with it is held: no entry unpickled
-            row = _sidecar_row(store, state, action_id)
-            if row is not None and row[2] is not None and row[1][:2] == shard:
+            # NB: the row holds the entry's current key and signature (every change of them
+            # since the state was written whole goes to `outs`, which wins), so an entry file
+            # at the signature recorded with it is held: no entry unpickled
+            row = over.get(action_id) or (None, listed[1], listed[2])
+            if row[2] is not None and row[1][:2] == shard:
                 try:
                     st = os.stat(f"{ac_root}/{shard}/{row[1]}")
                 except OSError:
@@ -1647,10 +1667,12 @@ def _record_changes(
                     updated["logs"].add(d[0])
         index = state.get("ac_index")
         if index is not None and old[KEY_HASH][:2] != entry[KEY_HASH][:2]:
-            # NB: its entry moved to another shard folder: the index follows
+            # NB: its entry moved to another shard folder: the index follows (its row there
+            # is the new entry's; `outs` holds it too, and wins)
             was, now_at = old[KEY_HASH][:2], entry[KEY_HASH][:2]
-            index[was] = tuple(i for i in index.get(was, ()) if i != action_id)
-            index[now_at] = (*index.get(now_at, ()), action_id)
+            index[was] = tuple(r for r in _index_rows(index, was) if r[0] != action_id)
+            row = (action_id, entry[KEY_HASH], entry[AC_SIG])
+            index[now_at] = (*_index_rows(index, now_at), row)
             updated["ac_index"].update((was, now_at))
         # NB: written into by this build: its entries are stat'ed next time, which settles it
         shard = entry[KEY_HASH][:2]
