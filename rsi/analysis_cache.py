@@ -257,18 +257,29 @@ class Tracker:
         return sorted(moved)
 
     def moved_reads_since(
-        self, settled: Mapping, unsettled: set[str], dirs: dict[str, str], lstats: dict
+        self,
+        settled: Mapping,
+        unsettled: set[str],
+        dirs: dict[str, str],
+        lstats: dict,
+        others: list[str] | None = None,
     ) -> list[str]:
         """As `moved_reads`, for a caller that checked every read with `still_valid` (which
         gave it `dirs`) and has since found the paths in `settled` but not in `unsettled`
         unchanged in signature (inode, size, mtime, ctime: a chmod or a swap moves ctime), so
         in kind and mode: for those only their folders' real paths are resolved again, once
-        per folder; every other path is checked as `moved_reads` does (`lstats` as there)."""
+        per folder; every other path is checked as `moved_reads` does (`lstats` as there).
+        `others`, when given, holds at least every read not in `settled` (the state's fold:
+        rsi.incremental), so the reads are not walked to find them."""
         moved = self._moved_files()
         realpath = os.path.realpath
         if moved or any(realpath(folder) != real for folder, real in dirs.items()):
             return sorted(moved) or ["(a source's real path)"]
-        rest = {p: want for p, want in self.stats.items() if p not in settled or p in unsettled}
+        stats = self.stats
+        if others is not None:
+            rest = {p: stats[p] for p in (*others, *unsettled) if p in stats}
+        else:
+            rest = {p: want for p, want in stats.items() if p not in settled or p in unsettled}
         if not _stats_unchanged(rest, lstats):
             moved.append("(a source's existence, mode or real path)")
         return moved

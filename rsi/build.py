@@ -125,7 +125,7 @@ class SourcesMoved(Exception):
 
 def _moved(seen: Mapping[str, tuple], plan: Any, analysis: dict, store: LocalStore) -> list[str]:
     """What this build read that the workspace no longer holds (rsi.recheck)."""
-    from rsi.incremental import swept_since_check, unchanged_since_check
+    from rsi.incremental import _fold_fits, swept_since_check, unchanged_since_check
 
     # NB: files under the store (a built toolchain's tree and info.json) are written by this
     # very build; they are outputs it made, never sources another writer moved
@@ -140,7 +140,11 @@ def _moved(seen: Mapping[str, tuple], plan: Any, analysis: dict, store: LocalSto
         moved += recheck.moved_sources(slow, store.function, frozenset(), lstats)
         tracker = analysis.get("tracker")
         if tracker is not None:
-            moved += tracker.moved_reads_since(plan.state["sources"], looked_at, plan.dirs, lstats)
+            sources = plan.state["sources"]
+            # NB: the fold lists every read that is not a source's (and more): no walk of all
+            fold = plan.state.get("fold")
+            others = fold["rest"] if _fold_fits(fold, tracker, sources) else None
+            moved += tracker.moved_reads_since(sources, looked_at, plan.dirs, lstats, others)
         return sorted(p for p in moved if not p.startswith(inside))
     # NB: with a watcher (the build server), what no event named since the check is as read
     unchanged = unchanged_since_check(plan)
