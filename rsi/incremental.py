@@ -123,6 +123,20 @@ def _index_rows(index: dict, shard: str) -> tuple:
     return rows
 
 
+def _listed(state: dict, shard: str) -> list[tuple]:
+    """The rows (action id, key hash or None, signature or None) of the actions whose entry is
+    in `shard` now: `ac_index`'s, as the state was written whole, less those whose entry has
+    moved since to another shard, plus those moved into it (`ac_moved`, {action id: its
+    shard}, in the delta: a few ids a build, not whole shards' rows), whose rows are in `outs`."""
+    rows = list(_index_rows(state["ac_index"], shard))
+    moved = state.get("ac_moved")
+    if moved:
+        rows = [r for r in rows if moved.get(r[0], shard) == shard]
+        have = {r[0] for r in rows}
+        rows += [(i, None, None) for i, at in moved.items() if at == shard and i not in have]
+    return rows
+
+
 def _exports_of(state: dict, actions: dict[str, list]) -> dict[str, tuple]:
     """{producer: its entry's outputs} of every file a target of the state exports: what a
     no-op copies under out/ without reading any action's entry."""
@@ -208,7 +222,7 @@ def _keep_outs(seal: str, table: Sharded) -> None:
 
 
 # NB: the parts of a state a delta replaces entry by entry; the rest of its fields are whole
-DELTA_PARTS = ("actions", "sources", "blobs", "logs", "ac_dirs", "exports", "ac_index", "outs")
+DELTA_PARTS = ("actions", "sources", "blobs", "logs", "ac_dirs", "exports", "ac_moved", "outs")
 # NB: `hits_sum`: the sum of every action's `hit_term` (its hit line in the event summary),
 # kept up to date entry by entry so a no-op's summary costs nothing per action
 DELTA_FIELDS = ("index_sig", "roots_sig", "hits_sum")
@@ -332,6 +346,7 @@ def save(store: Any, state: dict) -> str | None:
     # NB: the sidecar first: a state whose sidecar was never written names a seal no file
     # has, and its builds read the entries instead
     state["outs"] = {}
+    state["ac_moved"] = {}
     state["outs_seal"] = write_sealed(store, _outs_path(store, state["request"]), outs)
     if analysis_cache.keeping and state["outs_seal"] is not None:
         _keep_outs(state["outs_seal"], outs)  # NB: a server's next build need not read it
@@ -1377,7 +1392,7 @@ def _check_listed(store: Any, state: dict, shards: set[str], p: Plan, shard_new:
     ac_root = store._ac_s
     over = state.get("outs") or {}
     for shard in sorted(shards):
-        for listed in _index_rows(index, shard):
+        for listed in _listed(state, shard):
             action_id = listed[0]
             if action_id in p.dirty:
                 continue
@@ -1665,15 +1680,11 @@ def _record_changes(
                 if d and d[0] not in state["logs"]:
                     state["logs"][d[0]] = d[1]
                     updated["logs"].add(d[0])
-        index = state.get("ac_index")
-        if index is not None and old[KEY_HASH][:2] != entry[KEY_HASH][:2]:
-            # NB: its entry moved to another shard folder: the index follows (its row there
-            # is the new entry's; `outs` holds it too, and wins)
-            was, now_at = old[KEY_HASH][:2], entry[KEY_HASH][:2]
-            index[was] = tuple(r for r in _index_rows(index, was) if r[0] != action_id)
-            row = (action_id, entry[KEY_HASH], entry[AC_SIG])
-            index[now_at] = (*_index_rows(index, now_at), row)
-            updated["ac_index"].update((was, now_at))
+        if old[KEY_HASH][:2] != entry[KEY_HASH][:2]:
+            # NB: its entry moved to another shard folder: the index follows (`_listed`; the
+            # entry's row is in `outs`)
+            state.setdefault("ac_moved", {})[action_id] = entry[KEY_HASH][:2]
+            updated["ac_moved"].add(action_id)
         # NB: written into by this build: its entries are stat'ed next time, which settles it
         shard = entry[KEY_HASH][:2]
         if state["ac_dirs"].get(shard, 0) is not None:

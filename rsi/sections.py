@@ -46,6 +46,25 @@ class CacheDamaged(Exception):
         super().__init__(f"the cache file {path} changed or was damaged while in use")
 
 
+class _Blob(bytearray):
+    """The copy of a blob handed to the pickler as a buffer: `dumps` puts those of this type
+    in sections (any other buffer stays in the payload)."""
+
+
+def _rebuilt(data: Any) -> Any:
+    """A blob unpickled: the section `load` handed over for it, else (a plain pickle) its
+    bytes."""
+    return data if type(data) is Section else bytes(data)
+
+
+def _reduced(data: bytes, protocol: int) -> tuple:
+    # NB: protocol 5's out-of-band buffers: the pickler hands them to `dumps` without a call
+    # back into Python per pickled object (a state of 100,000 sources is ~1,000,000 of them)
+    if protocol >= 5 and len(data) >= SECTION_MIN:
+        return (_rebuilt, (pickle.PickleBuffer(_Blob(data)),))
+    return (bytes, (data,))
+
+
 class Packed:
     """Bytes its owner wants in a section of their own when written by `dumps`; plain
     `pickle` writes them as bytes (and reads them back as bytes)."""
@@ -55,8 +74,8 @@ class Packed:
     def __init__(self, data: bytes) -> None:
         self.data = data
 
-    def __reduce__(self) -> tuple:
-        return (bytes, (self.data,))
+    def __reduce_ex__(self, protocol: Any) -> tuple:
+        return _reduced(self.data, protocol)
 
 
 class _File:
@@ -102,8 +121,8 @@ class Section:
             raise CacheDamaged(f.path)
         return data
 
-    def __reduce__(self) -> tuple:
-        return (bytes, (self.read(),))
+    def __reduce_ex__(self, protocol: Any) -> tuple:
+        return _reduced(self.read(), protocol)
 
 
 def raw(part: Any) -> Any:
@@ -123,22 +142,16 @@ def is_packed(part: Any) -> bool:
 def dumps(obj: Any, function: str) -> tuple[str, list[bytes]]:
     """(the seal, the file's parts in order) of `obj` pickled with its `Packed` blobs (and
     sections it still holds) of `SECTION_MIN` bytes or more in sections."""
-    blobs: list[bytes] = []
+    blobs: list[Any] = []
 
-    def persistent_id(o: Any) -> int | None:
-        kind = type(o)
-        if kind is Packed or kind is Section:
-            data = o.data if kind is Packed else o.read()
-            if len(data) >= SECTION_MIN:
-                blobs.append(data)
-                return len(blobs) - 1
-        return None
+    def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+        view = buffer.raw()
+        if type(view.obj) is not _Blob:
+            return True  # NB: not ours (an array's, say): in the payload, as plain pickle has it
+        blobs.append(view)
+        return False
 
-    buffer = io.BytesIO()
-    pickler = pickle.Pickler(buffer, pickle.HIGHEST_PROTOCOL)
-    pickler.persistent_id = persistent_id  # type: ignore[method-assign]
-    pickler.dump(obj)
-    payload = buffer.getvalue()
+    payload = pickle.dumps(obj, 5, buffer_callback=out_of_band)
     rows = []
     for blob in blobs:
         h = hasher(function)
@@ -190,11 +203,5 @@ def load(f: Any, path: str, function: str, seal: str) -> Any:
         sections.append(Section(file, at, size, digest))  # type: ignore[arg-type]
         at += size
 
-    def persistent_load(pid: Any) -> Section:
-        if not isinstance(pid, int) or not 0 <= pid < len(sections):
-            raise pickle.UnpicklingError("no such section")
-        return sections[pid]
-
-    unpickler = pickle.Unpickler(io.BytesIO(payload))
-    unpickler.persistent_load = persistent_load  # type: ignore[method-assign]
-    return unpickler.load()
+    # NB: a pickle asking for more sections than the header lists fails (no such buffer)
+    return pickle.Unpickler(io.BytesIO(payload), buffers=sections).load()
