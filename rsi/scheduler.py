@@ -14,6 +14,7 @@ it records and reads for "why"), `group_commit.py` (durable action-cache entries
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 import queue
@@ -433,6 +434,9 @@ class Scheduler:
                         raise
                     except Exception:  # noqa: BLE001 - NB: its resolve says what is wrong
                         steps = None
+                    # NB: a moment for the running actions' threads between steps: a step
+                    # holds the interpreter, and they need it to hand a result over
+                    time.sleep(0)
                     done = _next_done(finished, running, committing, wait_s=0.0)
                 else:
                     done = _next_done(finished, running, committing)
