@@ -797,9 +797,12 @@ def _plan(
 # NB: set by the build server (rsi/server.py): an rsi.watch.Watcher of the sources' folders
 watcher: Any = None
 
-# NB: from this many sources, a build without a server watches their folders for its re-check
-# before export (`_build_watch`); below, looking at every source again costs less than the
-# watch. RSI_BUILD_WATCH=0 turns it off, =always makes it whatever the size (for tests)
+# NB: opt-in, as the server's watch is: RSI_BUILD_WATCH=1 makes a build without a server watch
+# its sources' folders for its re-check before export (`_build_watch`) from this many sources
+# (below, looking at every source again costs less than the watch), =always whatever the size.
+# Off by default: inotify does not see a write through a hard link made after the check in a
+# folder nobody watches, nor a write through a shared memory mapping, which the `lstat` of
+# every source catches (tests/test_build_watch.py)
 BUILD_WATCH_MIN = 5000
 
 
@@ -811,11 +814,11 @@ def _folders_of(sources: Mapping) -> dict:
 
 def _build_watch(state: dict) -> Any:
     """This build's own watch of the sources' folders (rsi.watch.BuildWatch), made before its
-    check of the sources, or None: off, too few sources for it to pay, a folder for fewer
-    than 8 sources on average, a state without its folders (or not made for these sources),
-    or no inotify instance to be had (the re-check then looks at every source)."""
+    check of the sources, or None: off (the default), too few sources for it to pay, a folder
+    for fewer than 8 sources on average, a state without its folders (or not made for these
+    sources), or no inotify instance to be had (the re-check then looks at every source)."""
     mode = os.environ.get("RSI_BUILD_WATCH", "")
-    if mode == "0":
+    if mode not in ("1", "always"):
         return None
     folders, sources = state.get("folders"), state["sources"]
     if not isinstance(folders, dict) or folders.get("count") != len(sources):
