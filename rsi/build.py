@@ -380,6 +380,41 @@ def _build(
     t0: float,
     attempt: int = 1,
 ) -> BuildReport:
+    plans: list[Any] = []
+    try:
+        return _build_planned(
+            ws,
+            patterns,
+            store,
+            events,
+            root_event,
+            build_id,
+            materialise,
+            lock_timeout,
+            t0,
+            attempt,
+            plans,
+        )
+    finally:
+        # NB: however the build ends (a failure, Ctrl-C, a plan given up for a new analysis),
+        # its plan's watch is closed and its sweep's child reaped
+        for p in plans:
+            p.end_watch()
+
+
+def _build_planned(
+    ws: Workspace,
+    patterns: list[str],
+    store: LocalStore,
+    events: EventLog,
+    root_event: int,
+    build_id: str,
+    materialise: bool,
+    lock_timeout: float | None,
+    t0: float,
+    attempt: int,
+    plans: list[Any],
+) -> BuildReport:
     from rsi import analysis_cache, incremental
 
     current = current_package(ws)
@@ -396,6 +431,8 @@ def _build(
     # other build's export comes between; one that runs something lets go meanwhile
     with _outputs_held(ws, store, events, root_event, patterns, lock_timeout, materialise):
         plan = incremental.plan(ws, store, patterns, current, on_edit) if request else None
+        if plan is not None:
+            plans.append(plan)
         if plan is not None and not plan.dirty:
             plan.end_watch()  # NB: nothing runs, so no re-check before export
             return _build_unchanged(

@@ -518,15 +518,22 @@ class Plan(Value):
         # its check (rsi.watch.BuildWatch), so that re-check looks again only at what an event
         # named; None (look at every source) below `BUILD_WATCH_MIN` sources
         self.sweep_watch: Any = None
+        # NB: without either watch: the child that stats half the sources in that re-check
+        # (rsi.side_check.Sweep), forked when the check found the first edited source
+        self.sweeper: Any = None
         # NB: (the state's `outs_seal`, its sidecar table or None) as last looked up: a root
         # of 10,000 inputs asks for each producer's outputs (`_outputs`)
         self._table: tuple[Any, Any] = (None, None)
 
     def end_watch(self) -> None:
-        """Close this build's own watch (once the re-check before export is made)."""
+        """Close this build's own watch and stop its sweep's child (once the re-check before
+        export is made, or the plan is given up)."""
         if self.sweep_watch is not None:
             self.sweep_watch.close()
             self.sweep_watch = None
+        if self.sweeper is not None:
+            self.sweeper.cancel()
+            self.sweeper = None
 
     @property
     def worth_saving(self) -> bool:
@@ -768,8 +775,17 @@ def _plan(
     side = (
         side_check.start(store._cas_s, state["blobs"], state["logs"]) if p.watch is None else None
     )
+
+    def edited() -> None:
+        # NB: something will likely run, so a re-check before export follows: its sweep's
+        # child is forked now, before `on_edit` starts any thread
+        if p.watch is None and p.sweep_watch is None and p.sweeper is None:
+            p.sweeper = side_check.start_sweep(sources)
+        if on_edit is not None:
+            on_edit()
+
     try:
-        _check_sources(store, sources, modes, p, on_edit, unchanged, fold)
+        _check_sources(store, sources, modes, p, edited, unchanged, fold)
         # NB: the engine and rule code, then every read analysis made (declarations, folder
         # listings, sources' existence, mode and real path): any change means analyse again
         if not analysis_cache.packages_still_at(state["code_packages"]):
@@ -1104,7 +1120,30 @@ def swept_since_check(
     items: Any = sources.items()
     if named is not None:
         items = ((q, sources[q]) for q in dict.fromkeys(named) if q in sources)
+    # NB: with the sweep's child (rsi.side_check.Sweep), the sources of odd hash are its
+    sweeper, p.sweeper = (p.sweeper, None) if named is None else (None, p.sweeper)
+    if sweeper is not None and not sweeper.go():
+        sweeper.cancel()
+        sweeper = None
+    count = xor = 0
+
+    def look(path: str, entry: list) -> None:
+        try:
+            st = lstat(path)
+        except OSError:
+            gone.append(path)
+            return
+        sig = entry[0]
+        if sig is None or sig != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+            slow[path] = (sig, entry[1], entry[2])
+
     for path, entry in items:
+        if sweeper is not None:
+            h = hash(path)
+            if h & 1:
+                count += 1
+                xor ^= h
+                continue
         if path in unsettled or path in seen:
             continue
         try:
@@ -1115,6 +1154,17 @@ def swept_since_check(
         sig = entry[0]
         if sig is None or sig != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
             slow[path] = (sig, entry[1], entry[2])
+    if sweeper is not None:
+        answer = sweeper.result()
+        if answer is not None and answer[1] == count and answer[2] == xor:
+            # NB: the child looked at every odd source the state holds now: those it names
+            # are looked at again here; the others were at their signature after the go
+            todo: Any = ((q, sources[q]) for q in answer[0] if q in sources)
+        else:
+            todo = ((q, e) for q, e in sources.items() if hash(q) & 1)
+        for path, entry in todo:
+            if path not in unsettled and path not in seen:
+                look(path, entry)
     # NB: what the run keyed, else what the check hashed, else what the state recorded
     for path in unsettled:
         entry = sources.get(path)

@@ -19,11 +19,19 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("bwrap")]
 fanin = test_event_hits.fanin
 
 
-@pytest.fixture(autouse=True, params=["0", "always"], ids=["sweep", "build_watch"])
+@pytest.fixture(
+    autouse=True, params=["0", "always", "child"], ids=["sweep", "build_watch", "sweep_child"]
+)
 def build_watch(request, monkeypatch):
-    """Each test with the re-check looking at every source, and with the build's own watch
-    (rsi.watch.BuildWatch) telling it which to look at (at any size, for the test)."""
-    monkeypatch.setenv("RSI_BUILD_WATCH", request.param)
+    """Each test with the re-check looking at every source; with the build's own watch
+    (rsi.watch.BuildWatch) telling it which to look at; and with half the sources swept by a
+    forked child (rsi.side_check.Sweep); each at any size, for the test."""
+    if request.param == "child":
+        monkeypatch.setenv("RSI_BUILD_WATCH", "0")
+        monkeypatch.setenv("RSI_SIDE_CHECK", "always")
+    else:
+        monkeypatch.setenv("RSI_BUILD_WATCH", request.param)
+        monkeypatch.setenv("RSI_SIDE_CHECK", "0")
     return request.param
 
 
