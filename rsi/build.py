@@ -452,7 +452,8 @@ def _build_planned(
         labels, graph, analysis = analyse(ws, patterns, store, current)
     # NB: the state's actions are those this analysis' labels need (it recorded them from the
     # same analysis): no walk of the whole graph
-    wanted = set(plan.state["order"]) if plan is not None else graph.actions_for(labels)
+    # (as a set of the state's order made only on demand: 110,000 ids hashed take ~20 ms)
+    wanted: Any = incremental.Wanted(plan) if plan is not None else graph.actions_for(labels)
     todo, clean, known = wanted, [], None
     if plan is not None and len(plan.actions) == len(wanted):
         todo = set()
@@ -460,9 +461,12 @@ def _build_planned(
             if action_id not in todo:
                 todo.add(action_id)
                 todo |= graph.descendants(action_id, wanted)
-        clean = [i for i in plan.state["order"] if i not in todo]
-        known = incremental.StateOutcomes(store, plan, clean)
+        # NB: every other action of the state, in its order, none listed (nor hashed) here
+        clean = incremental.Except(plan.state["order"], todo)
+        known = incremental.StateOutcomes(store, plan, skip=todo)
     else:
+        if plan is not None:
+            wanted = todo = set(plan.state["order"])
         plan = None
     named = named_labels(ws, patterns)
     required = (
@@ -668,6 +672,7 @@ def _build_planned(
                 observed=scheduler.sources_seen,
                 previous=plan,
                 rerun=todo,
+                wide=scheduler.wide_inputs,
                 roots_sig=store.gc_roots.signature(ws.root),
             )
     c = events.counts

@@ -43,7 +43,7 @@ from rsi.sharded import EntryShardedDict, Sharded, ShardedDict, UnorderedSharded
 # was found as recorded, at the entry's signature (`_fold`); older rsi unpacks four. The
 # blobs' signatures are kept in shards (`ShardedDict`), as the actions' entries are
 # /10: files in sections (rsi.sections): each shard read when first used; `folders`
-SCHEMA = "rsi.incremental/10"
+SCHEMA = "rsi.incremental/11"
 RACY_NS = FileDigestMemo.RACY_NS
 # NB: a build that only found a few small sources touched leaves the state as it is (each is
 # hashed again next time, as now): at 100,000 actions, writing the state costs seconds
@@ -222,7 +222,17 @@ def _keep_outs(seal: str, table: Sharded) -> None:
 
 
 # NB: the parts of a state a delta replaces entry by entry; the rest of its fields are whole
-DELTA_PARTS = ("actions", "sources", "blobs", "logs", "ac_dirs", "exports", "ac_moved", "outs")
+DELTA_PARTS = (
+    "actions",
+    "sources",
+    "blobs",
+    "logs",
+    "ac_dirs",
+    "exports",
+    "ac_moved",
+    "outs",
+    "inputs",
+)
 # NB: `hits_sum`: the sum of every action's `hit_term` (its hit line in the event summary),
 # kept up to date entry by entry so a no-op's summary costs nothing per action
 DELTA_FIELDS = ("index_sig", "roots_sig", "hits_sum")
@@ -524,6 +534,7 @@ class Plan(Value):
         # NB: (the state's `outs_seal`, its sidecar table or None) as last looked up: a root
         # of 10,000 inputs asks for each producer's outputs (`_outputs`)
         self._table: tuple[Any, Any] = (None, None)
+        self._inputs: dict[str, dict] = {}  # NB: `inputs_of`'s tables, unpickled
 
     def end_watch(self) -> None:
         """Close this build's own watch and stop its sweep's child (once the re-check before
@@ -610,6 +621,25 @@ class Plan(Value):
             for i in ids
         }
 
+    def inputs_of(self, action_id: str) -> dict[str, tuple] | None:
+        """The table of `action_id`'s produced inputs as it was last resolved ({input path:
+        (producer, hash, size, executable)}; rsi.scheduler `wide_inputs`), or None.
+
+        NB: sound for the producers this build vouches for: an entry's outputs change only
+        where the record of a build that re-ran that producer writes it, and that build
+        re-ran (resolved) every action downstream of it, so wrote this table again too."""
+        got = self._inputs.get(action_id)
+        if got is None:
+            tables = self.state.get("inputs")
+            packed = tables.get(action_id) if tables else None
+            if packed is None:
+                return None
+            got = pickle.loads(unpacked(packed))
+            if not isinstance(got, dict):
+                return None
+            self._inputs[action_id] = got
+        return got
+
     def key_of(self, action_id: str) -> str:
         a = self.actions[action_id]
         return f"{a[KEY_HASH]}/{a[KEY_SIZE]}"
@@ -656,14 +686,63 @@ def _changed_row(p: Plan, action_id: str, a: list) -> None:
     p.updated["outs"].add(action_id)
 
 
-class StateOutcomes(Mapping):
-    """Outcomes of actions the state vouches for (all of them, or `ids`), made on first use:
-    a build of 100,000 unchanged actions need not build 100,000 objects nobody reads."""
+class Wanted:
+    """The state's actions as the build's set of wanted ones: `in` (looked up in the action
+    shard of the id), `len` and iteration in the state's order, without a set of them all."""
 
-    def __init__(self, store: Any, plan: Plan, ids: list[str] | None = None) -> None:
+    __slots__ = ("_plan",)
+
+    def __init__(self, plan: Plan) -> None:
+        self._plan = plan
+
+    def __contains__(self, action_id: object) -> bool:
+        return action_id in self._plan.actions
+
+    def __len__(self) -> int:
+        return len(self._plan.state["order"])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._plan.state["order"])
+
+
+class Except:
+    """The ids of `order` not in `skip` (a subset of it), in order: iterated, never listed."""
+
+    __slots__ = ("_order", "_skip")
+
+    def __init__(self, order: list[str], skip: set[str]) -> None:
+        self._order, self._skip = order, skip
+
+    def __iter__(self) -> Iterator[str]:
+        skip = self._skip
+        return (i for i in self._order if i not in skip)
+
+    def __len__(self) -> int:
+        return len(self._order) - len(self._skip)
+
+
+class StateOutcomes(Mapping):
+    """Outcomes of actions the state vouches for (all of them, or `ids`, or all but `skip`),
+    made on first use: a build of 100,000 unchanged actions need not build 100,000 objects
+    nobody reads."""
+
+    def __init__(
+        self,
+        store: Any,
+        plan: Plan,
+        ids: list[str] | None = None,
+        skip: set[str] | None = None,
+    ) -> None:
         self._store = store
         self._plan = plan
-        self._ids = plan.state["order"] if ids is None else ids
+        self._skip = skip if skip is not None and ids is None else None
+        self._ids: Any = (
+            ids
+            if ids is not None
+            else Except(plan.state["order"], skip)
+            if skip is not None
+            else plan.state["order"]
+        )
         self._members = None if ids is None else set(ids)
         self._made: dict = {}
 
@@ -671,6 +750,8 @@ class StateOutcomes(Mapping):
         got = self._made.get(action_id)
         if got is None:
             if self._members is not None and action_id not in self._members:
+                raise KeyError(action_id)
+            if self._skip is not None and action_id in self._skip:
                 raise KeyError(action_id)
             # NB: KeyError when the state has no such action (one shard looked at)
             got = self._made[action_id] = self._plan.outcome(action_id)
@@ -684,14 +765,37 @@ class StateOutcomes(Mapping):
 
     def __contains__(self, action_id: object) -> bool:
         if self._members is None:
+            if self._skip is not None and action_id in self._skip:
+                return False
             return action_id in self._plan.actions
         return action_id in self._members
+
+    def settled_ids(self) -> Any:
+        """For the ids of a table of inputs the state keeps (`Plan.inputs_of`), all of them
+        in the state's actions: `in` without a look at their shards where that can say."""
+        return _NotIn(self._skip) if self._skip is not None else self
+
+    def inputs_of(self, consumer: str) -> dict[str, tuple] | None:
+        """The table of `consumer`'s produced inputs the state keeps (`Plan.inputs_of`)."""
+        return self._plan.inputs_of(consumer)
 
     def output(self, producer: str, path: str) -> tuple[Digest, bool] | None:
         """(digest, executable) of a vouched-for action's output, from the state as is."""
         if producer not in self:
             return None
         return self._plan.output(self._store, producer, path)
+
+
+class _NotIn:
+    """`in`: not in `skip` (for ids known to be the state's actions)."""
+
+    __slots__ = ("_skip",)
+
+    def __init__(self, skip: set[str]) -> None:
+        self._skip = skip
+
+    def __contains__(self, action_id: object) -> bool:
+        return action_id not in self._skip
 
 
 class Overlay(Mapping):
@@ -1545,14 +1649,18 @@ def record(
     previous: Plan | None,
     rerun: set[str],
     roots_sig: Any,
+    wide: Mapping[str, dict] | None = None,
 ) -> None:
     """Save the state of a build in which every wanted action succeeded. `observed` is what
     the scheduler saw of each source it keyed ((signature or None, hash, size), or
     (None, None, None) when two reads disagreed); `rerun` are the actions it looked at (the
     others kept their entries from `previous`, which is then updated in place and saved as a
-    delta: a build that ran three actions writes three entries, not the state of all)."""
+    delta: a build that ran three actions writes three entries, not the state of all).
+    `wide`: the tables of produced inputs of the actions it resolved with many
+    (rsi.scheduler `wide_inputs`)."""
+    wide = wide or {}
     if previous is not None:
-        _record_changes(store, previous, outcomes, observed, rerun, roots_sig)
+        _record_changes(store, previous, outcomes, observed, rerun, roots_sig, wide)
         return
     now = time.time_ns()
     wanted = [i for i in outcomes]
@@ -1610,8 +1718,15 @@ def record(
         "index_sig": store.target_index.signature(),
         "roots_sig": roots_sig,
         "hits_sum": _hits_sum(actions),
+        # NB: every action was resolved by this run: its tables are all there are
+        "inputs": {i: _packed_inputs(t) for i, t in wide.items() if i in actions},
     }
     save(store, state)
+
+
+def _packed_inputs(table: dict) -> Packed:
+    """A `wide_inputs` table as the state keeps it (a section of its own when large)."""
+    return Packed(pickle.dumps(table, pickle.HIGHEST_PROTOCOL))
 
 
 def _hits_sum(actions: dict[str, list]) -> int:
@@ -1680,6 +1795,7 @@ def _record_changes(
     observed: Mapping[str, tuple],
     rerun: set[str],
     roots_sig: Any,
+    wide: Mapping[str, dict],
 ) -> None:
     """The same analysis as the previous state's (the plan checked it), so the same sources
     with the same consumers and the same actions: only what the run saw of the sources it
@@ -1688,6 +1804,18 @@ def _record_changes(
     state = p.state
     sources, actions = state["sources"], _actions(state)
     updated = p.updated
+    # NB: every action this build looked at has its table of inputs anew (or none: one it did
+    # not resolve keeps no table that may name a producer's old outputs)
+    tables = state.setdefault("inputs", {})
+    for action_id in rerun:
+        table = wide.get(action_id)
+        if table is not None:
+            tables[action_id] = _packed_inputs(table)
+        elif tables.get(action_id) is None:
+            continue
+        else:
+            tables[action_id] = None
+        updated["inputs"].add(action_id)
     for path, seen in observed.items():
         old = sources.get(path)
         if old is None:

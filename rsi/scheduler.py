@@ -110,6 +110,11 @@ class Scheduler:
         self.required = required
         # NB: source path -> (stat signature or None, hash, size) as keyed (rsi.incremental)
         self.sources_seen: dict[str, tuple] = {}
+        # NB: action id -> {input path: (producer, hash, size, executable)} of every action
+        # resolved with `WIDE_INPUTS` produced inputs or more: the incremental state keeps it,
+        # so the next build that re-runs it reads its settled producers' outputs from one table
+        # (rsi.incremental `Plan.inputs_of`), not from 10,000 producers' entries
+        self.wide_inputs: dict[str, dict[str, tuple]] = {}
 
     # ------------------------------------------------------------------------ resolution
     def _prefetch(
@@ -119,8 +124,8 @@ class Scheduler:
         settled before the run give (never one of `run`: the run may make it anew), a chunk of
         `PREFETCH_CHUNK` inputs per step, so the caller sees a finished action in between."""
         settled = outcomes.output if isinstance(outcomes, _Settled) else None
-        if settled is None:
-            return
+        if settled is None or outcomes.inputs_of(spec.id) is not None:
+            return  # NB: with a table, its resolve reads them from it
         producer_of = self._graph.producer
         for n, art in enumerate(spec.inputs, 1):
             if art.producer is not None:
@@ -138,12 +143,26 @@ class Scheduler:
         memo = self.store.file_memo
         settled = outcomes.output if isinstance(outcomes, _Settled) else None
         early = getattr(self, "_prefetched", {}).pop(spec.id, None) or {}
+        # NB: the table of this action's inputs as the state recorded them (its settled
+        # producers' outputs are still those: any producer that ran since re-ran it too)
+        table = outcomes.inputs_of(spec.id) if settled is not None else None
+        settled_ids = outcomes.settled_ids() if table is not None else None
+        wide: dict[str, tuple] | None = {} if len(spec.inputs) >= WIDE_INPUTS else None
         for art in spec.inputs:
             if art.producer is not None:
                 producer = self._graph.producer(art.producer)
                 # NB: an output of an action the state vouched for is read from the state, not
                 # through an outcome object made for it (a root of 10,000 inputs: ~150 ms)
                 got = early.get(art.path)
+                if got is None and table is not None:
+                    row = table.get(art.path)
+                    if (
+                        row is not None
+                        and row[0] == producer
+                        and producer in settled_ids  # type: ignore[operator]
+                        and not dict.__contains__(outcomes, producer)
+                    ):
+                        got = (Digest(row[1], row[2]), row[3])
                 if got is None and settled is not None:
                     got = settled(producer, art.path)
                 if got is None:
@@ -155,6 +174,8 @@ class Scheduler:
                         )
                     got = (out.digest, out.executable)
                 inputs[art.path] = FileNode(got[0], got[1])
+                if wide is not None:
+                    wide[art.path] = (producer, got[0].hash, got[0].size, got[1])
             elif art.digest is not None:
                 inputs[art.path] = FileNode(art.digest, art.executable)
             elif art.symlink is not None:
@@ -170,6 +191,8 @@ class Scheduler:
                     raise ExecutionError(
                         f"{spec.label}: cannot read input {art.source}: {exc}"
                     ) from exc
+        if wide is not None and len(wide) >= WIDE_INPUTS:
+            self.wide_inputs[spec.id] = wide
         return Action(
             argv=spec.argv,
             inputs=tuple(inputs.items()),
@@ -733,6 +756,8 @@ def _next_done(
 # NB: inputs looked up per step of `_prefetch` between looks at whether an action finished (the
 # first steps load the state's shards: ~0.25 ms each at 100,000 actions)
 PREFETCH_CHUNK = 32
+# NB: an action with this many produced inputs or more has their table kept (`wide_inputs`)
+WIDE_INPUTS = 512
 
 
 class _Settled(dict):
@@ -746,6 +771,17 @@ class _Settled(dict):
         outcome = self._known[action_id]
         self[action_id] = outcome
         return outcome
+
+    def inputs_of(self, consumer: str) -> dict[str, tuple] | None:
+        """The table of `consumer`'s produced inputs the settled outcomes keep, or None
+        (rsi.incremental.StateOutcomes.inputs_of)."""
+        fast = getattr(self._known, "inputs_of", None)
+        return fast(consumer) if fast is not None else None
+
+    def settled_ids(self) -> Any:
+        """What `in` asks of the settled outcomes (their ids), without making one."""
+        fast = getattr(self._known, "settled_ids", None)
+        return fast() if fast is not None else self._known
 
     def output(self, producer: str, path: str) -> tuple[Digest, bool] | None:
         """(digest, executable) of `producer`'s output `path` when the settled outcomes can say
