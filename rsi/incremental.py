@@ -781,6 +781,15 @@ class StateOutcomes(Mapping):
 
     def output(self, producer: str, path: str) -> tuple[Digest, bool] | None:
         """(digest, executable) of a vouched-for action's output, from the state as is."""
+        if self._skip is not None:
+            # NB: all but `skip`: no look at the producer's entry shard to ask whether the
+            # state has it (the sidecar may say all that is needed); one it lacks is None
+            if producer in self._skip:
+                return None
+            try:
+                return self._plan.output(self._store, producer, path)
+            except KeyError:
+                return None
         if producer not in self:
             return None
         return self._plan.output(self._store, producer, path)
@@ -1180,7 +1189,14 @@ def _blobs_to_stat(p: Plan, cas_root: str, blobs: Any, logs: Any) -> tuple | Non
     if blind and any(h[:2] in blind for hashes in (blobs, logs) for h in hashes):
         return None
     named.update(w["cas_linked"])
-    return [h for h in named if h in blobs], [h for h in named if h in logs]
+    return _pick(blobs, named), [h for h in named if h in logs]
+
+
+def _pick(mapping: Any, keys: Any) -> list[tuple]:
+    """(key, value) of each of `keys` in `mapping` (a sharded one: one lookup each)."""
+    if isinstance(mapping, Sharded):
+        return mapping.pick(keys)
+    return [(k, mapping[k]) for k in keys if k in mapping]
 
 
 _SHARDS = tuple(f"{i:02x}" for i in range(256))
@@ -1487,7 +1503,7 @@ def _check_entries(
             check(h, want)
         suspects = side.result()
         if suspects is not None:
-            only_b = [h for h in suspects if h in blobs]
+            only_b = _pick(blobs, suspects)
             only_l = [h for h in suspects if h in logs]
     if only_b is None:
         # NB: every blob, shard by shard where sharded (no order, no lookup per blob); a
@@ -1495,8 +1511,8 @@ def _check_entries(
         for h, want in blobs.shard_items() if isinstance(blobs, Sharded) else blobs.items():
             check(h, want)
     else:
-        for h in only_b:
-            check(h, blobs[h])
+        for h, want in only_b:
+            check(h, want)
     # NB: logs are checked by size, as a cache hit does
     for h in logs if only_l is None else only_l:
         try:

@@ -14,6 +14,7 @@ from typing import Any
 from rsi.sections import Packed, is_packed, raw
 
 SHARDS = 256
+_MISSING = object()
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
@@ -65,6 +66,20 @@ class Sharded(Mapping):
 
     def __getitem__(self, key: Any) -> Any:
         return self._shard(shard_of(key))[key]
+
+    def pick(self, keys: Any) -> list[tuple]:
+        """(key, value) of each of `keys` the mapping holds: one lookup each (no `in` and then
+        a `[]`, each finding the key's shard again)."""
+        shard, missing = self._shard, _MISSING
+        out = []
+        for key in keys:
+            text = key if isinstance(key, str) else str(key)
+            value = shard(zlib.crc32(text.encode("utf-8", "surrogatepass")) % SHARDS).get(
+                key, missing
+            )
+            if value is not missing:
+                out.append((key, value))
+        return out
 
     def get(self, key: Any, default: Any = None) -> Any:
         return self._shard(shard_of(key)).get(key, default)

@@ -109,3 +109,21 @@ def test_an_entry_sharded_dict_unpickles_only_the_entries_read():
     walked = dict(again.shard_items())
     assert len(walked) == 3000 and walked["//:a5#Command"] == values["//:a5#Command"]
     assert all(type(v) is not bytes for v in walked.values())
+
+
+def test_pick_gives_the_held_keys_with_their_values_deferred_ones_included():
+    from rsi.sharded import ShardedDict
+
+    values = {f"b{i}": (i, None if i % 3 else i) for i in range(600)}
+    again = pickle.loads(pickle.dumps(ShardedDict.pack(values), pickle.HIGHEST_PROTOCOL))
+    again.defer({"b5": (50, 50), "new": (1, 1)})
+    asked = ["b1", "b3", "nope", "b5", "new", "b599", "b600"]
+    # NB: a value of None is held (a blob's signature too recent to trust), not "absent"
+    assert again.pick(asked) == [
+        ("b1", (1, None)),
+        ("b3", (3, 3)),
+        ("b5", (50, 50)),
+        ("new", (1, 1)),
+        ("b599", (599, None)),
+    ]
+    assert again.pick([]) == [] and Sharded.pack({"x": None}).pick(["x", "y"]) == [("x", None)]
