@@ -1257,23 +1257,30 @@ def swept_since_check(
         if sig is None or sig != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
             slow[path] = (sig, entry[1], entry[2])
 
-    for path, entry in items:
-        if sweeper is not None:
-            h = hash(path)
-            if h & 1:
-                count += 1
-                xor ^= h
+    try:
+        for path, entry in items:
+            if sweeper is not None:
+                h = hash(path)
+                if h & 1:
+                    count += 1
+                    xor ^= h
+                    continue
+            if path in unsettled or path in seen:
                 continue
-        if path in unsettled or path in seen:
-            continue
-        try:
-            st = lstat(path)
-        except OSError:
-            gone.append(path)
-            continue
-        sig = entry[0]
-        if sig is None or sig != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
-            slow[path] = (sig, entry[1], entry[2])
+            try:
+                st = lstat(path)
+            except OSError:
+                gone.append(path)
+                continue
+            sig = entry[0]
+            if sig is None or sig != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+                slow[path] = (sig, entry[1], entry[2])
+    except BaseException:
+        # NB: a Ctrl-C or a signal mid-sweep: the child is stopped and reaped, not left
+        # blocked on a pipe nobody reads (the plan no longer holds it)
+        if sweeper is not None:
+            sweeper.cancel()
+        raise
     if sweeper is not None:
         answer = sweeper.result()
         if answer is not None and answer[1] == count and answer[2] == xor:

@@ -228,6 +228,15 @@ class EntryShardedDict(ShardedDict):
         part = self._shard(shard_of(key))
         return self._value(part, key) if key in part else default
 
+    def pick(self, keys: Any) -> list[tuple]:
+        return [(key, self._value(part, key)) for key, part in self._parts(keys)]
+
+    def _parts(self, keys: Any) -> Iterator[tuple]:
+        for key in keys:
+            part = self._shard(shard_of(key))
+            if key in part:
+                yield key, part
+
     def peek(self, key: Any, default: Any = None) -> Any:
         pending = self._pending.get(shard_of(key))
         if pending is not None and key in pending:

@@ -376,12 +376,29 @@ def start_sweep(sources: Mapping[str, Any]) -> Sweep | None:
 
 
 def _keep_only(a: int, b: int) -> None:
-    """Close every descriptor but 0-2, `a` and `b`."""
-    lo, hi = min(a, b), max(a, b)
-    top = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536
-    os.closerange(3, lo)
-    os.closerange(lo + 1, hi)
-    os.closerange(hi + 1, max(top, hi + 1))
+    """Close every descriptor but `a` and `b`, with /dev/null at 0-2 (where a process started
+    with those closed holds a lock's file)."""
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+    except OSError:
+        null = -1
+    for fd in (0, 1, 2):
+        if fd not in (a, b, null):
+            if null >= 0:
+                os.dup2(null, fd, inheritable=False)
+            else:
+                _close(fd)
+    keep = {0, 1, 2, a, b} if null >= 0 else {a, b}
+    try:
+        # NB: the open descriptors as listed, not every number up to the limit: without
+        # close_range(2), closerange closes one number at a time (2**30 of them: ~100 s)
+        listed = [int(n) for n in os.listdir("/proc/self/fd")]
+    except (OSError, ValueError):
+        top = min(os.sysconf("SC_OPEN_MAX"), 1 << 16)
+        listed = list(range(top))
+    for fd in listed:
+        if fd not in keep:
+            _close(fd)
 
 
 def _sweep(fd: int, sources: Mapping[str, Any]) -> None:

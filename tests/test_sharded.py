@@ -127,3 +127,13 @@ def test_pick_gives_the_held_keys_with_their_values_deferred_ones_included():
         ("b599", (599, None)),
     ]
     assert again.pick([]) == [] and Sharded.pack({"x": None}).pick(["x", "y"]) == [("x", None)]
+
+
+def test_pick_of_an_entry_sharded_dict_gives_entries_not_their_pickles():
+    from rsi.sharded import EntryShardedDict
+
+    values = {f"//:a{i}#X": [f"//:a{i}", "X", i] for i in range(300)}
+    again = pickle.loads(pickle.dumps(EntryShardedDict.pack(values), pickle.HIGHEST_PROTOCOL))
+    got = again.pick(["//:a3#X", "//:nope#X", "//:a299#X"])
+    assert got == [("//:a3#X", ["//:a3", "X", 3]), ("//:a299#X", ["//:a299", "X", 299])]
+    assert again.pick(["//:a3#X"]) == [("//:a3#X", again["//:a3#X"])]

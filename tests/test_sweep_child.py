@@ -310,3 +310,85 @@ def test_a_no_op_and_a_failed_build_leave_no_child(wide, monkeypatch, tmp_path):
     for sweep in started:
         if sweep is not None:
             assert sweep.pid is None and sweep.fd is None and sweep.go_fd is None
+
+
+class _Plan:
+    """What `swept_since_check` reads of a plan, with the real `end_watch`."""
+
+    def __init__(self, sources):
+        from rsi import incremental
+
+        self.watch = self.sweep_watch = self.sweeper = None
+        self.state = {"sources": sources}
+        self.unsettled: set = set()
+        self.fresh: dict = {}
+        self.dirs: dict = {}
+        self._end = incremental.Plan.end_watch
+
+    def end_watch(self):
+        self._end(self)
+
+
+class _Interrupting(dict):
+    """Ctrl-C in the parent only, part way through its own half of the sweep."""
+
+    def __init__(self, *a, parent: int, after: int, **k):
+        super().__init__(*a, **k)
+        self._parent, self._after = parent, after
+
+    def items(self):
+        for n, kv in enumerate(super().items()):
+            if os.getpid() == self._parent and n == self._after:
+                raise KeyboardInterrupt("Ctrl-C during the re-check")
+            yield kv
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("missing", [10, 4000], ids=["small_answer", "answer_over_a_pipe"])
+def test_an_interrupted_sweep_leaves_no_child_nor_pipe(tmp_path, missing):
+    from rsi import incremental
+
+    base = {
+        str(tmp_path / ("a-long-source-path-name-" * 2 + f"{i:06d}")): [None, "h", 1, []]
+        for i in range(2 * missing)
+    }  # NB: none is there: the child names every odd one (4000: more than a pipe holds)
+    sources = _Interrupting(base, parent=os.getpid(), after=len(base) // 2)
+    p = _Plan(sources)
+    p.sweeper = sweep = side_check.start_sweep(sources)
+    assert sweep is not None
+    pid = sweep.pid
+    with pytest.raises(KeyboardInterrupt):
+        incremental.swept_since_check(p, {}, "/nonexistent-store/")
+    p.end_watch()  # NB: as rsi.build._build's finally does
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # NB: reaped already
+    assert sweep.pid is None and sweep.fd is None and sweep.go_fd is None  # NB: pipes closed
+
+
+@pytest.mark.fast
+def test_the_child_holds_nothing_at_0_to_2_but_dev_null(tmp_path):
+    # NB: a parent started with its standard descriptors closed may hold a lock's file there
+    lock = tmp_path / "lock"
+    saved = os.dup(1)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.dup2(fd, 1)
+        fcntl.flock(1, fcntl.LOCK_EX)
+        sweep = side_check.start_sweep({str(tmp_path): [None, "h", 0, []]})
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    assert sweep is not None
+    try:
+        targets = set()
+        for _ in range(500):
+            where = f"/proc/{sweep.pid}/fd"
+            targets = {os.readlink(f"{where}/{n}") for n in os.listdir(where)}
+            if str(lock) not in targets:
+                break
+            time.sleep(0.01)
+        assert str(lock) not in targets
+        assert os.readlink(f"/proc/{sweep.pid}/fd/1") == os.devnull
+    finally:
+        sweep.cancel()
+        os.close(fd)
