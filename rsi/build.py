@@ -283,6 +283,7 @@ def build(
             attempt = 1
             damages = 0
             while True:
+                plans: list[Any] = []
                 try:
                     report = _build(
                         ws,
@@ -295,6 +296,7 @@ def build(
                         lock_timeout,
                         t0,
                         attempt,
+                        plans,
                     )
                     break
                 except CacheDamaged as damaged:
@@ -335,6 +337,11 @@ def build(
                     for name in events.counts:
                         events.counts[name] = 0
                     attempt += 1
+                finally:
+                    # NB: however the attempt ended (a failure, Ctrl-C, a plan given up for a
+                    # new analysis), its plan's watch is closed and its sweep's child reaped
+                    for p in plans:
+                        p.end_watch()
         except BaseException as exc:
             # NB: every build's log ends with build_finished, saying why it ended early
             ended: dict[str, Any] = {"ok": False}
@@ -378,43 +385,11 @@ def _build(
     materialise: bool,
     lock_timeout: float | None,
     t0: float,
-    attempt: int = 1,
-) -> BuildReport:
-    plans: list[Any] = []
-    try:
-        return _build_planned(
-            ws,
-            patterns,
-            store,
-            events,
-            root_event,
-            build_id,
-            materialise,
-            lock_timeout,
-            t0,
-            attempt,
-            plans,
-        )
-    finally:
-        # NB: however the build ends (a failure, Ctrl-C, a plan given up for a new analysis),
-        # its plan's watch is closed and its sweep's child reaped
-        for p in plans:
-            p.end_watch()
-
-
-def _build_planned(
-    ws: Workspace,
-    patterns: list[str],
-    store: LocalStore,
-    events: EventLog,
-    root_event: int,
-    build_id: str,
-    materialise: bool,
-    lock_timeout: float | None,
-    t0: float,
     attempt: int,
     plans: list[Any],
 ) -> BuildReport:
+    """One attempt; the plan it makes goes into `plans` (the caller ends its watch and its
+    sweep's child however the attempt ends)."""
     from rsi import analysis_cache, incremental
 
     current = current_package(ws)

@@ -95,23 +95,11 @@ class SideCheck:
     def _close(self) -> None:
         fd, self.fd = self.fd, None
         if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            _close(fd)
 
     def _reap(self) -> int | None:
         pid, self.pid = self.pid, None
-        if pid is None:
-            return None
-        while True:
-            try:
-                _, status = os.waitpid(pid, 0)
-            except InterruptedError:  # pragma: no cover - retried by Python since 3.5
-                continue
-            except ChildProcessError:
-                return None
-            return os.waitstatus_to_exitcode(status)
+        return _reap(pid)
 
 
 def _parse(data: bytes) -> set[str] | None:

@@ -359,7 +359,7 @@ def test_an_interrupted_sweep_leaves_no_child_nor_pipe(tmp_path, missing):
     pid = sweep.pid
     with pytest.raises(KeyboardInterrupt):
         incremental.swept_since_check(p, {}, "/nonexistent-store/")
-    p.end_watch()  # NB: as rsi.build._build's finally does
+    p.end_watch()  # NB: as rsi.build.build does after each attempt
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # NB: reaped already
     assert sweep.pid is None and sweep.fd is None and sweep.go_fd is None  # NB: pipes closed
