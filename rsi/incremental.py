@@ -1245,21 +1245,13 @@ def swept_since_check(
     if sweeper is not None and not sweeper.go():
         sweeper.cancel()
         sweeper = None
-    count = xor = 0
 
-    def look(path: str, entry: list) -> None:
-        try:
-            st = lstat(path)
-        except OSError:
-            gone.append(path)
-            return
-        sig = entry[0]
-        if sig is None or sig != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
-            slow[path] = (sig, entry[1], entry[2])
-
-    try:
-        for path, entry in items:
-            if sweeper is not None:
+    def sweep(pairs: Any, split: bool) -> tuple[int, int]:
+        """`lstat` each source of `pairs` (with `split`, the odd-hash ones are the child's:
+        counted and XORed, not looked at); (how many were the child's, their hashes' XOR)."""
+        count = xor = 0
+        for path, entry in pairs:
+            if split:
                 h = hash(path)
                 if h & 1:
                     count += 1
@@ -1275,6 +1267,10 @@ def swept_since_check(
             sig = entry[0]
             if sig is None or sig != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
                 slow[path] = (sig, entry[1], entry[2])
+        return count, xor
+
+    try:
+        count, xor = sweep(items, sweeper is not None)
     except BaseException:
         # NB: a Ctrl-C or a signal mid-sweep: the child is stopped and reaped, not left
         # blocked on a pipe nobody reads (the plan no longer holds it)
@@ -1283,15 +1279,12 @@ def swept_since_check(
         raise
     if sweeper is not None:
         answer = sweeper.result()
-        if answer is not None and answer[1] == count and answer[2] == xor:
+        if answer is not None and answer[1:] == (count, xor):
             # NB: the child looked at every odd source the state holds now: those it names
             # are looked at again here; the others were at their signature after the go
-            todo: Any = ((q, sources[q]) for q in answer[0] if q in sources)
+            sweep(((q, sources[q]) for q in answer[0] if q in sources), False)
         else:
-            todo = ((q, e) for q, e in sources.items() if hash(q) & 1)
-        for path, entry in todo:
-            if path not in unsettled and path not in seen:
-                look(path, entry)
+            sweep(((q, e) for q, e in sources.items() if hash(q) & 1), False)
     # NB: what the run keyed, else what the check hashed, else what the state recorded
     for path in unsettled:
         entry = sources.get(path)

@@ -65,21 +65,14 @@ class SideCheck:
         used (the caller checks every blob itself)."""
         if self.fd is None:
             return None
-        chunks: list[bytes] | None = []
         try:
-            while True:
-                got = os.read(self.fd, 1 << 20)
-                if not got:
-                    break
-                chunks.append(got)  # type: ignore[union-attr]
-        except OSError:
-            chunks = None
+            data = _read_all(self.fd)
         finally:
             self._close()
             status = self._reap()
-        if chunks is None or status != 0:
+        if data is None or status != 0:
             return None
-        return _parse(b"".join(chunks))
+        return _parse(data)
 
     def cancel(self) -> None:
         """Stop the child and reap it (the parent gave up on the plan); nothing once its
@@ -243,23 +236,16 @@ class Sweep:
         if self.fd is None or self.go_fd is not None:
             self.cancel()
             return None
-        chunks: list[bytes] | None = []
         try:
-            while True:
-                got = os.read(self.fd, 1 << 20)
-                if not got:
-                    break
-                chunks.append(got)  # type: ignore[union-attr]
-        except OSError:
-            chunks = None
+            data = _read_all(self.fd)
         finally:
             _close(self.fd)
             self.fd = None
             status = _reap(self.pid)
             self.pid = None
-        if chunks is None or status != 0:
+        if data is None or status != 0:
             return None
-        return _parse_sweep(b"".join(chunks))
+        return _parse_sweep(data)
 
     def cancel(self) -> None:
         """Stop the child and reap it (nothing once its answer was read)."""
@@ -275,6 +261,19 @@ class Sweep:
                 _close(fd)
         _reap(self.pid)
         self.pid = None
+
+
+def _read_all(fd: int) -> bytes | None:
+    """Everything a child writes to `fd` until it closes it (None: a read failed)."""
+    chunks = []
+    try:
+        while True:
+            got = os.read(fd, 1 << 20)
+            if not got:
+                return b"".join(chunks)
+            chunks.append(got)
+    except OSError:
+        return None
 
 
 def _close(fd: int) -> None:
