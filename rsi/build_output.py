@@ -22,7 +22,7 @@ def export_output(
     """Copy one output under `out/` for people; skipped when already identical."""
     dest = ws.out_dir / path
     try:
-        if dest.is_file() and store.meta_memo.digest(dest) == digest:
+        if dest.is_file() and store.out_memo.digest(dest) == digest:
             return str(dest)
     except OSError:
         pass

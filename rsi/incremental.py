@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from rsi import __version__, analysis_cache, side_check
+from rsi import __version__, analysis_cache, native, side_check
 from rsi.gc_policy import quiet_gc  # noqa: F401 - NB: build.py uses it from here
 from rsi.analysis_cache import Vouched, read_sealed_head, write_sealed
 from rsi.digest import HITS_MOD, Digest, FileDigestMemo, digest_file, digest_value, hit_term
@@ -1269,6 +1269,11 @@ def swept_since_check(
                 slow[path] = (sig, entry[1], entry[2])
         return count, xor
 
+    if sweeper is None and named is None and type(sources) is dict:
+        # NB: every source in one batch (rsi.native): those not at their recorded signature
+        # (or with none) are swept as above, one by one
+        moved, _ = native.stale([sources], sig_at=0)
+        items = ((q, sources[q]) for q in moved)
     try:
         count, xor = sweep(items, sweeper is not None)
     except BaseException:
@@ -1391,29 +1396,18 @@ def _check_sources(
         for path, entry in items:
             settle(path, entry, _lstat_or_none(lstat, path))
         return
-    # NB: the fold's common case inline: a source at its signature whose entry vouches for
-    # the analysis' read needs nothing more (not even its mode kept: 100,000 of them)
-    for path, entry in items:
-        try:
-            st = lstat(path)
-        except OSError:
-            settle(path, entry, None)
-            continue
-        if (
-            len(entry) == 5
-            and entry[4] == st.st_mode
-            and entry[0]
-            == (
-                st.st_ino,
-                st.st_size,
-                st.st_mtime_ns,
-                st.st_ctime_ns,
-            )
-        ):
-            if swept_linked is not None and st.st_nlink > 1:
-                swept_linked.append(path)
-            continue
-        settle(path, entry, st)
+    # NB: the fold's common case in one batch (rsi.native: a C loop over threads where it is
+    # built): a source at its signature whose entry vouches for the analysis' read needs
+    # nothing more (not even its mode kept: 100,000 of them); every other is settled here
+    if type(sources) is not dict:
+        for path, entry in items:
+            settle(path, entry, _lstat_or_none(lstat, path))
+        return
+    moved, links = native.stale([sources], sig_at=0, mode_at=4, linked=swept_linked is not None)
+    if swept_linked is not None:
+        swept_linked.extend(links)
+    for path in moved:
+        settle(path, sources[path], _lstat_or_none(lstat, path))
 
 
 def _lstat_or_none(lstat: Callable, path: str) -> os.stat_result | None:
@@ -1505,6 +1499,13 @@ def _check_entries(
         if suspects is not None:
             only_b = _pick(blobs, suspects)
             only_l = [h for h in suspects if h in logs]
+    if only_b is None and linked is None:
+        # NB: every blob in one batch (rsi.native: a C loop over threads where it is built),
+        # shard by shard where sharded (no order); those not at their signature are checked
+        # one by one
+        parts = blobs.shards() if isinstance(blobs, Sharded) else [blobs]
+        if all(type(part) is dict for part in parts):
+            only_b = _pick(blobs, native.stale(parts, prefix=cas_root, follow=True)[0])
     if only_b is None:
         # NB: every blob, shard by shard where sharded (no order, no lookup per blob); a
         # signature replaced meanwhile replaces an existing key, which a walk allows

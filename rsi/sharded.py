@@ -102,6 +102,10 @@ class Sharded(Mapping):
         for at in range(first, end):
             yield from self._shard(at).items()
 
+    def shards(self) -> list[dict]:
+        """Every shard, loaded (for a reader of all of it that does not care about order)."""
+        return [self._shard(at) for at in range(SHARDS)]
+
     def loaded(self) -> int:
         """How many shards have been unpickled (0: no entry has been read)."""
         return sum(1 for part in self._shards if not is_packed(part))

@@ -28,19 +28,28 @@ def always(monkeypatch):
 
 def _looked_at_after(monkeypatch, path, meanwhile=lambda: None):
     """A `meanwhile` that runs `meanwhile()`, then counts every `os.lstat` of `path` (the
-    re-check's) into the list it returns with it."""
+    re-check's), and every batch of rsi.native's stat loop holding it, into the list it
+    returns with it."""
+    from rsi import native
+
     seen: list[str] = []
 
     def start() -> None:
         meanwhile()
-        real = os.lstat
+        real, real_stale = os.lstat, native.stale
 
         def counting(p, *a, **k):
             if os.fspath(p) == str(path):
                 seen.append(str(p))
             return real(p, *a, **k)
 
+        def counting_stale(parts, **kw):
+            if kw.get("prefix") is None and any(str(path) in part for part in parts):
+                seen.append(str(path))
+            return real_stale(parts, **kw)
+
         monkeypatch.setattr(os, "lstat", counting)
+        monkeypatch.setattr(native, "stale", counting_stale)
 
     return start, seen
 

@@ -31,6 +31,7 @@ ENGINE = [
             "rsi.digest",
             "rsi.sections",
             "rsi.sharded",
+            "rsi.native",
             "rsi.attrs",
             "rsi.events",
             "rsi.host",

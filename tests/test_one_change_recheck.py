@@ -20,13 +20,24 @@ fanin = test_event_hits.fanin
 
 
 @pytest.fixture(
-    autouse=True, params=["0", "always", "child"], ids=["sweep", "build_watch", "sweep_child"]
+    autouse=True,
+    params=["0", "python", "always", "child"],
+    ids=["sweep", "sweep_python", "build_watch", "sweep_child"],
 )
 def build_watch(request, monkeypatch):
-    """Each test with the re-check looking at every source; with the build's own watch
+    """Each test with the re-check looking at every source (through the C stat loop, and
+    through the Python loop rsi.native falls back on); with the build's own watch
     (rsi.watch.BuildWatch) telling it which to look at; and with half the sources swept by a
     forked child (rsi.side_check.Sweep); each at any size, for the test."""
-    if request.param == "child":
+    from rsi import native
+
+    if request.param == "0":
+        assert native.available(), "the C stat loop is not built (python -m rsi.native build)"
+    if request.param == "python":
+        monkeypatch.setattr(native, "_native", None)
+        monkeypatch.setenv("RSI_BUILD_WATCH", "0")
+        monkeypatch.setenv("RSI_SIDE_CHECK", "0")
+    elif request.param == "child":
         monkeypatch.setenv("RSI_BUILD_WATCH", "0")
         monkeypatch.setenv("RSI_SIDE_CHECK", "always")
     else:
