@@ -222,6 +222,39 @@ for p in paths:
 """
 
 
+# NB: the same floor as a bare C loop (one thread): rsi's own check is a C loop over threads
+# (rsi/native.py), so it can beat the Python floor above; this says by how much it beats C
+FLOOR_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+int main(int argc, char **argv) {
+    FILE *f = fopen(argv[1], "r");
+    if (!f) return 2;
+    char *line = NULL; size_t cap = 0; ssize_t n; struct stat st;
+    while ((n = getline(&line, &cap, f)) > 0) {
+        if (line[n - 1] == '\n') line[n - 1] = 0;
+        stat(line, &st);
+    }
+    return 0;
+}
+"""
+
+
+def _c_floor(where: Path) -> Path | None:
+    """The C floor's program, compiled beside the workspace (None: no compiler)."""
+    src, exe = where / f".floorc-{os.getpid()}.c", where / f".floorc-{os.getpid()}"
+    src.write_text(FLOOR_C)
+    try:
+        done = subprocess.run(["cc", "-O2", str(src), "-o", str(exe)], capture_output=True)
+    except OSError:
+        return None
+    finally:
+        src.unlink()
+    return exe if done.returncode == 0 else None
+
+
 def _timed(cmd: list[str], cwd: Path, env: dict | None = None) -> tuple[float, int, str, float]:
     """(wall seconds, peak RSS KiB from GNU time, stdout, CPU seconds: user + sys of it and its
     children, which a loaded host inflates far less than wall time) of one command."""
@@ -264,7 +297,8 @@ def bench_noop(ws: Path, repeat: int, served: bool = False, watch: bool = False)
     blobs = [str(p) for d in cas.iterdir() if d.is_dir() for p in d.iterdir()]
     listing = ws.parent / f".floor-{os.getpid()}"
     listing.write_text("\n".join(sources + blobs))
-    noop, floor, rss, log_bytes = [], [], [], []
+    noop, floor, floor_c, rss, log_bytes = [], [], [], [], []
+    c_floor = _c_floor(ws.parent)
     # NB: bytecode as installed (PYTHONDONTWRITEBYTECODE would compile rsi on every run)
     for tree, flags in ((ROOT / "rsi", ["-q"]), (ROOT / "rules", ["-q", "-x", "/rules/harness/"])):
         subprocess.run([sys.executable, "-m", "compileall", *flags, str(tree)], capture_output=True)
@@ -280,8 +314,12 @@ def bench_noop(ws: Path, repeat: int, served: bool = False, watch: bool = False)
             logs = ws / "cache" / "events"
             log_bytes.append(max(logs.iterdir(), key=lambda q: q.stat().st_mtime).stat().st_size)
             floor.append(_timed([sys.executable, "-S", "-c", FLOOR, str(listing)], ws)[0])
+            if c_floor is not None:
+                floor_c.append(_timed([str(c_floor), str(listing)], ws)[0])
     finally:
         listing.unlink()
+        if c_floor is not None:
+            c_floor.unlink()
     actions = int(m.group(1))
     n, f = statistics.median(noop), statistics.median(floor)
     return {
@@ -291,6 +329,8 @@ def bench_noop(ws: Path, repeat: int, served: bool = False, watch: bool = False)
         "noop_us_per_action": 1e6 * n / actions,
         "floor_s": f,
         "ratio_to_floor": n / f,
+        "c_floor_s": statistics.median(floor_c) if floor_c else None,
+        "ratio_to_c_floor": n / statistics.median(floor_c) if floor_c else None,
         "peak_rss_mib": max(rss) / 1024,
         "event_log_bytes": max(log_bytes),
         "noop_samples_s": [round(x, 4) for x in noop],
@@ -477,7 +517,13 @@ def main() -> None:
         print(
             f"{r['actions']} actions: {how}no-op {r['noop_s']:.3f}s "
             f"({r['noop_us_per_action']:.2f} us/action), stat floor {r['floor_s']:.3f}s "
-            f"({r['stat_paths']} paths): {r['ratio_to_floor']:.2f}x | peak RSS "
+            f"({r['stat_paths']} paths): {r['ratio_to_floor']:.2f}x"
+            + (
+                f", C floor {r['c_floor_s']:.3f}s: {r['ratio_to_c_floor']:.2f}x"
+                if r["c_floor_s"]
+                else ""
+            )
+            + " | peak RSS "
             f"{r['peak_rss_mib']:.0f} MiB | event log {r['event_log_bytes']} bytes",
             flush=True,
         )

@@ -923,6 +923,10 @@ def _plan(
             p.end_watch()
 
 
+# NB: from this many blobs a watched check stats them in one batch (rsi.native) rather than
+# one by one in Python
+NATIVE_LINKED_MIN = 64
+
 # NB: set by the build server (rsi/server.py): an rsi.watch.Watcher of the sources' folders
 watcher: Any = None
 
@@ -1511,6 +1515,16 @@ def _check_entries(
         # signature replaced meanwhile replaces an existing key, which a walk allows
         for h, want in blobs.shard_items() if isinstance(blobs, Sharded) else blobs.items():
             check(h, want)
+    elif linked is not None and len(only_b) >= NATIVE_LINKED_MIN:
+        # NB: a watcher's blobs (a prepared tree's 10,000 links among them) in one batch:
+        # those at their signature are noted linked or not, the others checked one by one
+        batch = dict(only_b)
+        moved, links = native.stale([batch], prefix=cas_root, follow=True, linked=True)
+        for h in moved:
+            check(h, batch.pop(h))
+        links_set = set(links)
+        for h in batch:
+            (linked.add if h in links_set else linked.discard)(h)
     else:
         for h, want in only_b:
             check(h, want)

@@ -14,22 +14,20 @@ the C source is never loaded."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
-import subprocess
 import sys
-import sysconfig
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from blake3 import blake3
 
 _SOURCE = Path(__file__).with_name("_statloop.c")
 
 
 def _source_digest() -> str | None:
     try:
-        return hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]
+        return blake3(_SOURCE.read_bytes()).hexdigest()[:16]
     except OSError:
         return None
 
@@ -154,6 +152,11 @@ def build(quiet: bool = False) -> Path | None:
     a rename: a process starting meanwhile loads the old module or the new one, never half of
     one). The path built, or None where it could not be (no compiler or headers: rsi then runs
     the Python loop)."""
+    # NB: imported here: every rsi start imports this module (~5 ms of imports otherwise)
+    import subprocess
+    import sysconfig
+    import tempfile
+
     digest = _source_digest()
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     include = sysconfig.get_paths()["include"]

@@ -170,11 +170,25 @@ def _blob_of(ws: Path, content: bytes) -> Path:
     return found[0]
 
 
-@pytest.fixture
-def blobs_looked(served, monkeypatch):
-    """The store's blobs each build `stat`s in its check (rsi.incremental `_check_entries`)."""
+@pytest.fixture(params=["python", "c"])
+def blobs_looked(served, monkeypatch, request):
+    """The store's blobs each build `stat`s in its check (rsi.incremental `_check_entries`):
+    one by one, and (`c`) every batch of the blobs to look at in rsi.native's stat loop."""
+    from rsi import native
+
     ws, run, _, watcher = served
     looked = _record_calls(monkeypatch, "stat")
+    if request.param == "c":
+        assert native.available()
+        monkeypatch.setattr(incremental, "NATIVE_LINKED_MIN", 0)
+        real = native.stale
+
+        def stale(parts, **kw):
+            if kw.get("prefix") is not None:
+                looked.extend(f"{kw['prefix']}/{h[:2]}/{h}" for part in parts for h in part)
+            return real(parts, **kw)
+
+        monkeypatch.setattr(native, "stale", stale)
 
     def blobs() -> set[str]:
         cas = str(ws / "cache" / "cas") + "/"
