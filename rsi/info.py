@@ -1,13 +1,14 @@
 """`rsi info`: the sandbox this host gives actions and every action's limits, with how each is
-enforced (or why it is not). Owns that report only; it must never change a limit or start a
-sandbox (it reads what rsi/limits.py and the executors say).
+enforced (or why it is not), and which stat loop the incremental state's check runs (and why
+not the C one). Owns that report only; it must never change a limit or start a sandbox (it
+reads what rsi/limits.py, rsi/native.py and the executors say).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rsi import __version__
+from rsi import __version__, native
 from rsi.executors.local import sandbox_mode
 from rsi.executors.pool import bwrap_has_size, pool_supported
 from rsi.limits import MEMORY_FRACTION, Limits, cgroup_support, host_memory_bytes, human
@@ -26,6 +27,7 @@ def describe(ws: Any = None) -> dict:
         "executor": ws.executor if ws is not None else "local",
         "sandbox": sandbox,
         "persistent_slots": pooled,
+        "stat_loop": native.describe(),
         "host_memory_bytes": host_memory_bytes(),
         "limits": {
             "scratch_bytes": limits.scratch_bytes,
@@ -57,6 +59,7 @@ def render(doc: dict) -> str:
         f"executor    {doc['executor']}",
         f"sandbox     {doc['sandbox']}"
         + (", persistent slots" if doc["persistent_slots"] else ", one per action"),
+        f"stat loop   {doc['stat_loop']} (the incremental state's check)",
         f"scratch     {human(lim['scratch_bytes'])} per action ({lim['scratch_from']}): "
         + lim["scratch"],
         f"memory      {human(lim['memory_bytes'])} per action ({lim['memory_from']}): "

@@ -32,21 +32,31 @@ def _source_digest() -> str | None:
         return None
 
 
+# NB: why the Python loop runs (None: the C loop is in use); `rsi info` shows it
+_why_not: str | None = None
+
+
 def _load():
+    global _why_not
     if os.environ.get("RSI_NATIVE", "") == "0":
+        _why_not = "RSI_NATIVE=0"
         return None
     # NB: the C loop encodes a path as UTF-8; os.fsencode does too only with this encoding
     if sys.getfilesystemencoding() != "utf-8" or not sys.platform.startswith("linux"):
+        _why_not = f"not Linux with UTF-8 paths ({sys.platform}, {sys.getfilesystemencoding()})"
         return None
     try:
         from rsi import _statloop  # type: ignore[attr-defined]
     except ImportError:
+        _why_not = "not built for this interpreter (python -m rsi.native build)"
         return None
     # NB: a module built from another revision of the source is not used (the loop it runs
     # may not be the one this checkout's tests hold to); without the source, it is trusted
     want = _source_digest()
     if want is not None and getattr(_statloop, "SOURCE_DIGEST", None) != want:
+        _why_not = "built from another revision of rsi/_statloop.c (python -m rsi.native build)"
         return None
+    _why_not = None
     return _statloop
 
 
@@ -56,6 +66,13 @@ _native = _load()
 def available() -> bool:
     """The C loop is in use."""
     return _native is not None
+
+
+def describe() -> str:
+    """Which loop the state's check runs, for people (`rsi info`)."""
+    if _native is not None:
+        return f"C ({os.path.basename(_native.__file__)}), {threads()} threads"
+    return f"Python: {_why_not or 'the C loop is off'}"
 
 
 def threads() -> int:

@@ -256,13 +256,16 @@ def test_a_dict_changed_by_another_thread_is_an_error_or_a_whole_answer(tmp_path
     assert errors + answers == 20
 
 
-def test_a_module_built_from_another_source_is_not_used(monkeypatch):
+def test_a_module_built_from_another_source_is_not_used_and_rsi_info_says_why(monkeypatch):
+    from rsi import info
+
+    monkeypatch.setattr(native, "_why_not", None)
     monkeypatch.setattr(native, "_source_digest", lambda: "0" * 16)
-    assert native._load() is None
+    monkeypatch.setattr(native, "_native", native._load())
+    assert native._native is None
+    assert "another revision of rsi/_statloop.c" in info.render(info.describe())
     monkeypatch.setenv("RSI_NATIVE", "0")
-    monkeypatch.undo()
-    monkeypatch.setenv("RSI_NATIVE", "0")
-    assert native._load() is None
+    assert native._load() is None and native.describe() == "Python: RSI_NATIVE=0"
 
 
 def test_without_the_c_loop_stale_runs_the_python_loop(files, monkeypatch):
