@@ -6,7 +6,8 @@
  *   keys: every key that is not *clean*: not a str, not encodable as a path, whose path
  *         (the key, or prefix + "/" + key[:2] + "/" + key) cannot be stat'ed (lstat, or stat
  *         with `follow`), or whose value does not hold that very stat's signature
- *         (st_ino, st_size, st_mtime_ns, st_ctime_ns) as a tuple of four ints (the value
+ *         (st_ino, st_size, st_mtime_ns, st_ctime_ns) as a tuple of four ints, or of six
+ *         ending in that stat's st_uid and st_mode (a prepared tree's entries; the value
  *         itself with sig_at < 0, else value[sig_at] of a list), or, with mode_at >= 0, whose
  *         value is not a list of exactly mode_at + 1 items ending in that stat's st_mode;
  *   linked_keys (with `linked`): the clean keys whose stat shows more than one link or a
@@ -37,6 +38,7 @@ typedef struct {
     long long mtime_ns;
     long long ctime_ns;
     unsigned int mode;
+    unsigned long long uid;
     unsigned long long nlink;
     int ok; /* 1: stat'ed; 0: it failed; -1: no path (not looked at) */
 } result_t;
@@ -74,6 +76,7 @@ static void *run_job(void *arg) {
         r->mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
         r->ctime_ns = (long long)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec;
         r->mode = (unsigned int)st.st_mode;
+        r->uid = (unsigned long long)st.st_uid;
         r->nlink = (unsigned long long)st.st_nlink;
     }
     return NULL;
@@ -121,7 +124,13 @@ static int clean(PyObject *value, const result_t *r, int sig_at, int mode_at) {
             sig = PyList_GET_ITEM(value, sig_at);
         }
     }
-    if (!PyTuple_CheckExact(sig) || PyTuple_GET_SIZE(sig) != 4)
+    if (!PyTuple_CheckExact(sig))
+        return 0;
+    Py_ssize_t fields = PyTuple_GET_SIZE(sig);
+    if (fields != 4 && fields != 6)
+        return 0;
+    if (fields == 6 && !(int_is(PyTuple_GET_ITEM(sig, 4), (long long)r->uid, 1) &&
+                         int_is(PyTuple_GET_ITEM(sig, 5), (long long)r->mode, 0)))
         return 0;
     return int_is(PyTuple_GET_ITEM(sig, 0), (long long)r->ino, 1) &&
            int_is(PyTuple_GET_ITEM(sig, 1), r->size, 0) &&

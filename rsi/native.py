@@ -98,8 +98,10 @@ def stale(
     more than one link or a symbolic link, with `linked`). A key is clean when it is a str
     whose path (the key itself, or `prefix/key[:2]/key`) can be `lstat`ed (`stat`ed with
     `follow`), and its value holds that stat's (st_ino, st_size, st_mtime_ns, st_ctime_ns) as
-    a tuple of four ints: the value itself, or its item `sig_at`; with `mode_at`, the value
-    is a list of exactly `mode_at + 1` items, the last being that stat's st_mode."""
+    a tuple of four ints, or of six ending in its st_uid and st_mode (a prepared tree's
+    entries, rsi/executors/staged.py): the value itself, or its item `sig_at`; with
+    `mode_at`, the value is a list of exactly `mode_at + 1` items, the last being that stat's
+    st_mode."""
     if _native is not None:
         return _native.stale(
             parts if isinstance(parts, list) else list(parts),
@@ -156,12 +158,11 @@ def _clean(value: object, st: os.stat_result, sig_at: int, mode_at: int) -> bool
             if sig_at >= len(value):
                 return False
             sig = value[sig_at]
-    return (
-        type(sig) is tuple
-        and len(sig) == 4
-        and all(type(x) is int for x in sig)
-        and sig == (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    )
+    if type(sig) is not tuple or not all(type(x) is int for x in sig):
+        return False
+    if len(sig) == 6:
+        return sig == (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_uid, st.st_mode)
+    return len(sig) == 4 and sig == (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def build(quiet: bool = False) -> Path | None:

@@ -296,3 +296,19 @@ def test_build_compiles_a_loadable_module_and_a_failed_compile_leaves_nothing(
     built.unlink()
     assert native.build(quiet=True) is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["_statloop.c"]
+
+
+def test_six_field_signatures_hold_the_owner_and_mode_too(files):
+    a = str(files / "a")
+    st = os.lstat(a)
+    six = (*_sig(st), st.st_uid, st.st_mode)
+    entries = {a: six}
+    for i, bad in ((4, st.st_uid + 1), (5, st.st_mode ^ 0o200)):
+        wrong = list(six)
+        wrong[i] = bad
+        entries[f"{files}/{'./' * (i - 3)}a"] = tuple(wrong)
+    entries[f"{files}/././././a"] = (*six, 0)  # NB: seven fields
+    entries[f"{files}/./././a"] = six[:5]  # NB: five
+    c, py = _both([entries])
+    assert c == py
+    assert c[0] == set(entries) - {a}

@@ -5,12 +5,14 @@ hostile action must not reach the store or the next action's inputs through them
 from __future__ import annotations
 
 import os
+import time
 import threading
 
 import pytest
 
 from rsi.action import Action
 from rsi.digest import FileNode, SymlinkNode
+from rsi.errors import CorruptEntry
 from rsi.executors import base as executor_base
 from rsi.executors import staged
 from rsi.executors.local import LocalExecutor
@@ -211,3 +213,42 @@ def test_cache_gc_removes_the_trees_so_no_removed_blob_stays_on_disk_through_the
     again = inputs(store)
     lines = out(store, ex.run(act(LIST, again), store)).splitlines()
     assert sorted(lines) == sorted(f"input {i}".encode() for i in range(N))
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("tamper", ["replace", "in_place", "chmod"])
+def test_a_tampered_entry_of_a_trusted_tree_is_replaced_not_served(store, ex, tamper):
+    """Once a tree's entries are trusted (checked past the racy window), a run keeps each one
+    still at its signature without hashing it (in one batch, rsi.native) and looks again at
+    any other: one replaced or made writable is replaced, never served. One rewritten in place
+    (its size and mtime put back) was written through the tree's hard link into the store's
+    blob itself: the run refuses with the blob named, and serves nothing."""
+    ins = inputs(store)
+    ex.run(act(LIST, ins), store)
+    time.sleep(1.1)  # NB: past the racy window: the next run trusts what it verifies
+    ex.run(act(LIST, ins), store)
+    exec_dir = tree_of(store)
+    inodes = {rel: os.lstat(exec_dir / rel).st_ino for rel, _ in ins}
+    victim = exec_dir / "f2"
+    st = os.lstat(victim)
+    if tamper == "replace":
+        os.unlink(victim)
+        victim.write_text("forged\n")
+        os.chmod(victim, 0o444)
+    elif tamper == "in_place":
+        os.chmod(victim, 0o644)
+        victim.write_text("forged\n")  # NB: the same size as "input 2\n"
+        os.chmod(victim, 0o444)
+        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    else:
+        os.chmod(victim, 0o666)
+    if tamper == "in_place":
+        with pytest.raises(CorruptEntry, match="missing or corrupt"):
+            ex.run(act("cat f2 > o", ins), store)
+        return
+    r = ex.run(act("cat f2 > o; ls -l f2 >> o", ins), store)
+    text = out(store, r).decode()
+    assert text.startswith("input 2\n") and "-r--r--r--" in text, text
+    for rel, _ in ins:
+        if rel != "f2":
+            assert os.lstat(exec_dir / rel).st_ino == inodes[rel], rel  # NB: kept as they were

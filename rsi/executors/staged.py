@@ -21,6 +21,7 @@ import stat
 import time
 from pathlib import Path
 
+from rsi import native
 from rsi.action import Action
 from rsi.digest import Digest, FileNode, SymlinkNode, digest_file
 from rsi.executors.base import copy_source
@@ -228,10 +229,19 @@ def _update(store: LocalStore, action: Action, tree: Tree) -> None:
     now = time.time_ns()
     sources = dict(action.sources)
     entries: dict[str, tuple] = {}
+    # NB: the kept entries with a trusted signature in one batch (rsi.native: a C loop over
+    # threads where it is built): those still at it are kept as they are, each other one is
+    # looked at below as before (every entry left in `old` holds its input's content)
+    base = f"{ex}/"
+    batch = {base + rel: e[1] for rel, e in old.items() if e[2]}
+    moved = {path[len(base) :] for path in native.stale([batch])[0]} if batch else set()
     fd = os.open(ex, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for rel, (node, want) in new.items():
             e = old.get(rel)
+            if e is not None and e[2] and rel not in moved:
+                entries[rel] = e
+                continue
             if e is not None:
                 # NB: relative to the tree's descriptor: no walk of the tree's path per entry
                 try:
