@@ -1396,17 +1396,13 @@ def _check_sources(
                 p.touched += 1
                 p.touched_bytes += st.st_size
 
-    if check is None or linked is not None:
+    if check is None or linked is not None or type(sources) is not dict:
         for path, entry in items:
             settle(path, entry, _lstat_or_none(lstat, path))
         return
     # NB: the fold's common case in one batch (rsi.native: a C loop over threads where it is
     # built): a source at its signature whose entry vouches for the analysis' read needs
     # nothing more (not even its mode kept: 100,000 of them); every other is settled here
-    if type(sources) is not dict:
-        for path, entry in items:
-            settle(path, entry, _lstat_or_none(lstat, path))
-        return
     moved, links = native.stale([sources], sig_at=0, mode_at=4, linked=swept_linked is not None)
     if swept_linked is not None:
         swept_linked.extend(links)
