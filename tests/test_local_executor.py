@@ -159,6 +159,22 @@ def test_environment_is_cleared_to_the_declared_variables(store, executor, monke
 
 
 @pytest.mark.e2e
+@pytest.mark.skipif(not os.path.exists("/etc/alternatives/awk"), reason="needs awk by alternatives")
+def test_the_hosts_system_files_bound_in_etc_are_readable_by_the_action(store, executor):
+    """/etc, which bwrap makes above the files bound in it, is 0755: an action run as the
+    sandbox uid reads ld.so.cache, passwd, and the alternatives (awk is one)."""
+    script = (
+        "stat -c %a /etc > o; echo 'a b' | awk '{print $2}' >> o;"
+        " grep -c '^root:' /etc/passwd >> o; head -c 11 /etc/ld.so.cache | tr -d '\\0' >> o"
+    )
+    result = executor.run(sh(script), store)
+    assert store.read_bytes(result.stderr) == b""
+    lines = output(store, result).decode().split("\n")
+    # NB: ld.so.cache starts with its format's magic, new ("glibc-ld.so.cache") or old
+    assert lines[:3] == ["755", "b", "1"] and lines[3] in ("glibc-ld.so", "ld.so-1.7.0"), lines
+
+
+@pytest.mark.e2e
 def test_workspace_and_store_are_invisible(store, executor, tmp_path):
     (tmp_path / "host-file").write_text("host")
     script = f"ls {tmp_path} > o 2>&1; ls {store.root} >> o 2>&1; echo done >> o"

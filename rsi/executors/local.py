@@ -103,6 +103,10 @@ def _system_binds() -> tuple[str, ...]:
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
+    # NB: made here, 0755 as the host's: bwrap would make /etc, above the files bound in it,
+    # 0700, and an action run as the sandbox uid could read none of them (no ld.so.cache, so
+    # every exec probes ~20 library paths; no /etc/alternatives, so no awk; no passwd)
+    args += ["--perms", "0755", "--dir", "/etc"] if bwrap_has_perms() else ["--dir", "/etc"]
     for etc in (
         "/etc/alternatives",
         "/etc/ld.so.cache",
