@@ -200,6 +200,20 @@ def test_jobs_2_runs_independent_actions_in_parallel(build, make_workspace, time
     assert not _overlap(_interval(ws / "out" / "p1.t"), _interval(ws / "out" / "p2.t"))
 
 
+def test_jobs_is_the_most_commands_running_at_once(build, make_workspace, timed, tmp_path):
+    """Six independent actions at `--jobs 2`: two commands at a time, never three."""
+    ws = make_workspace(tmp_path, {"BUILD.toml": "".join(timed(f"q{i}", 0.3) for i in range(6))})
+    run = build(ws, "--jobs", "2", "//:all")
+    assert len(run.executed) == 6
+    spans = [_interval(ws / "out" / f"q{i}.t") for i in range(6)]
+    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    assert most == 2, spans
+
+
 def test_exclusive_action_never_overlaps_another(build, make_workspace, timed, tmp_path):
     ws = make_workspace(
         tmp_path,

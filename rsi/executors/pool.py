@@ -212,11 +212,13 @@ for line in sys.stdin.buffer:
         after = usage()
         resp["written"] = sum(max(0, after[top][0] - before[top][0]) for top in SCRATCH)
         resp["full"] = [top + " is full" for top in SCRATCH if after[top][1] < FULL_BELOW]
+        # NB: answered before the wipe, so the host collects the outputs meanwhile; the next
+        # request is read only once the wipe is done: no action meets another's scratch
+        out.write(marshal.dumps(resp).hex().encode() + b"\n")
         for top in ("/tmp", "/dev/shm", "/dev/mqueue"):
             wipe(top)
         ipc_clean()
         keyrings_clean()
-    out.write(marshal.dumps(resp).hex().encode() + b"\n")
 """
 
 
