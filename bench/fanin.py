@@ -18,7 +18,11 @@ peak RSS (GNU time) and the event log's size.
 
 One changed leaf of a built workspace beside a no-op, with the re-run actions' own time
 (issue 31 point 2), and cold builds beside the same commands run by bare `xargs -P2 sh -c`,
-interleaved, with the ratio of each size to the last (point 4):
+interleaved, with the ratio of each size to the last (point 4). A cold build also reports the
+machine's busy CPU-seconds during it and during the floor (/proc/stat): the floor keeps every
+core busy, so the CPU the engine spends beyond the commands' own sets how near it can come,
+and the budget that 1.2x the floor's wall time leaves it; and how long its start-up and
+analysis take before the first command:
 
     python bench/fanin.py --change-at /tmp/ws100k --repeat 5
     python bench/fanin.py --cold 1000 10000 --repeat 3
@@ -338,6 +342,19 @@ def bench_noop(ws: Path, repeat: int, served: bool = False, watch: bool = False)
     }
 
 
+def busy_cpu_s() -> float:
+    """CPU-seconds every core of this machine has spent busy since boot (/proc/stat): a run's
+    share is the difference across it, sandboxed and detached processes included, which a
+    parent's rusage misses."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # NB: idle and iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+CPU_FLOOR: list[float] = []  # NB: the xargs floor's busy CPU-seconds, one per run
+
+
 def xargs_floor(ws: Path, n: int) -> float:
     """The same commands by bare `xargs -P2 sh -c`, one level at a time (leaves, mids, the
     root), in a fresh copy of the inputs: the floor a cold build is held to (issue 31 point 4)."""
@@ -355,6 +372,7 @@ def xargs_floor(ws: Path, n: int) -> float:
     ]
     env = {"PATH": "/usr/bin:/bin"}
     settle()
+    c0 = busy_cpu_s()
     t0 = time.perf_counter()
     for cmds in levels:
         subprocess.run(
@@ -365,9 +383,21 @@ def xargs_floor(ws: Path, n: int) -> float:
             check=True,
         )
     dt = time.perf_counter() - t0
+    CPU_FLOOR.append(busy_cpu_s() - c0)
     assert len((work / "root.out").read_text().splitlines()) == 2 * n
     bury(work)
     return dt
+
+
+def first_action_s(ws: Path, t0_epoch: float) -> float:
+    """Seconds from the rsi process' start to its first action_started event: its start-up
+    and the analysis, before any command runs."""
+    log = max((ws / "cache" / "events").iterdir(), key=lambda q: q.stat().st_mtime)
+    with open(log) as f:
+        for line in f:
+            if '"action_started"' in line:
+                return json.loads(line)["time"] - t0_epoch
+    return float("nan")
 
 
 def bench_cold(n: int, repeat: int, base: Path, jobs: int = 2) -> dict:
@@ -376,24 +406,41 @@ def bench_cold(n: int, repeat: int, base: Path, jobs: int = 2) -> dict:
     ws = base / f"cold_{n}"
     write_workspace(ws, n)
     (ws / "rsi.toml").write_text("[workspace]\njobs = %d\n" % jobs)
-    cold, floor = [], []
+    cold, floor, cpu, first = [], [], [], []
+    CPU_FLOOR.clear()
     for _ in range(repeat):
         floor.append(xargs_floor(ws, n))
         clean(ws)
+        c0 = busy_cpu_s()
+        e0 = time.time()
         t0 = time.perf_counter()
         p = subprocess.run([*PLAIN, "build", "//:root"], cwd=ws, capture_output=True, text=True)
         cold.append(time.perf_counter() - t0)
+        cpu.append(busy_cpu_s() - c0)
         if p.returncode != 0:
             raise SystemExit(f"rsi build failed:\n{p.stdout}\n{p.stderr}")
         m = re.search(r"(\d+) actions: (\d+) cached, (\d+) executed", p.stdout)
         assert m is not None and int(m.group(3)) == n + n // 10 + 1, p.stdout
+        first.append(first_action_s(ws, e0))
     c, f = statistics.median(cold), statistics.median(floor)
+    actions = n + n // 10 + 1
+    cores = len(os.sched_getaffinity(0))
+    cpu_floor, cpu_rsi = statistics.median(CPU_FLOOR), statistics.median(cpu)
     return {
         "n": n,
-        "actions": n + n // 10 + 1,
+        "actions": actions,
         "cold_s": c,
         "xargs_floor_s": f,
         "ratio_to_floor": c / f,
+        # NB: the machine's busy CPU-seconds during each (the commands' own, and the engine's:
+        # rsi with its sandboxes). With the floor keeping every core busy, 1.2x its wall time
+        # leaves the engine at most `engine_cpu_budget_s` beyond the commands' own
+        "xargs_cpu_s": cpu_floor,
+        "cold_cpu_s": cpu_rsi,
+        "engine_cpu_s": cpu_rsi - cpu_floor,
+        "engine_cpu_per_action_ms": 1000 * (cpu_rsi - cpu_floor) / actions,
+        "engine_cpu_budget_s": 1.2 * f * cores - cpu_floor,
+        "start_to_first_action_s": statistics.median(first),
         "cold_samples_s": [round(x, 3) for x in cold],
         "floor_samples_s": [round(x, 3) for x in floor],
     }
@@ -500,7 +547,11 @@ def main() -> None:
         for r in rows:
             print(
                 f"N={r['n']} ({r['actions']} actions): cold {r['cold_s']:.2f}s | xargs -P2 "
-                f"{r['xargs_floor_s']:.2f}s | {r['ratio_to_floor']:.2f}x the floor",
+                f"{r['xargs_floor_s']:.2f}s | {r['ratio_to_floor']:.2f}x the floor | busy CPU: "
+                f"xargs {r['xargs_cpu_s']:.2f}s, rsi {r['cold_cpu_s']:.2f}s, so the engine "
+                f"{r['engine_cpu_s']:.2f}s ({r['engine_cpu_per_action_ms']:.2f} ms/action) against "
+                f"the {r['engine_cpu_budget_s']:.2f}s 1.2x leaves it | first action after "
+                f"{r['start_to_first_action_s']:.2f}s",
                 flush=True,
             )
         for a, b in zip(rows, rows[1:], strict=False):
