@@ -219,6 +219,7 @@ class RuleContext:
         self.actions: list[ActionSpec] = []
         self._declared_outputs: dict[str, str] = {}
         self._source_fields: dict[str, str] = {}  # exec path -> the attribute that named it
+        self._subpackages: dict[str, bool] = {}  # folder of the package -> has a BUILD.toml
         self._workspace_real: str | None = None
 
     # ---------------------------------------------------------------------------- errors
@@ -407,6 +408,13 @@ class RuleContext:
             norm = self._package_path(rel, out_field, "output") if inside else ""
             if norm in ("", "."):
                 raise self.error(f"output {rel!r} must name a file inside the package", out_field)
+            if rel.endswith("/"):
+                raise self.error(
+                    f"output {rel!r} ends with '/'",
+                    out_field,
+                    hint="an output is a file: name it without the trailing '/'",
+                )
+            self._check_no_subpackage(rel, norm, out_field)
             path = self.exec_path(norm)
             if path in self._declared_outputs:
                 raise self.error(f"output {rel!r} is declared twice", out_field)
@@ -455,6 +463,29 @@ class RuleContext:
         )
         self.actions.append(spec)
         return tuple(Artifact(p, producer=action_id) for p in out_paths)
+
+    def _check_no_subpackage(self, rel: str, norm: str, field_name: str) -> None:
+        """An output in a folder of the package that has a BUILD.toml of its own would be that
+        package's path too (`out/sub/x` from `//:` and from `//sub:`): refused, as Bazel
+        refuses an output crossing a package boundary. Each folder asked is a read of the
+        analysis (a BUILD.toml made there later invalidates it)."""
+        parts = norm.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            folder = "/".join(parts[:i])
+            found = self._subpackages.get(folder)
+            if found is None:
+                # NB: a declaration file's name, as this package's own
+                build = self.package_dir / folder / os.path.basename(self.build_file)
+                if self.tracker is not None:
+                    self.tracker.file(build)
+                found = self._subpackages[folder] = build.is_file()
+            if found:
+                sub = self.exec_path(folder)
+                raise self.error(
+                    f"output {rel!r} lies in package //{sub}, which has a BUILD.toml of its own",
+                    field_name,
+                    hint=f"declare it in //{sub}, or rename the folder",
+                )
 
     def _check_argv(self, argv: tuple, mnemonic: str, field_name: str | None) -> None:
         if not argv:

@@ -338,6 +338,61 @@ def test_an_output_under_a_source_file_is_refused(command, make_workspace, tmp_p
 
 
 @pytest.mark.fast
+def test_an_output_with_a_trailing_slash_is_refused(command, make_workspace, tmp_path):
+    ws = make_workspace(tmp_path, {"BUILD.toml": command("t", cmd="x", outs=["d/"])})
+    err = _error(ws, "//:t")
+    assert err.field == "outs" and "'d/' ends with '/'" in str(err)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("out", ["sub/x", "sub/deeper/x", "./sub/x"])
+def test_an_output_inside_a_subpackage_is_refused_naming_it(command, make_workspace, tmp_path, out):
+    """`out/sub/x` would be //:t's and any //sub target's: refused, as Bazel refuses an
+    output crossing a package boundary."""
+    ws = make_workspace(
+        tmp_path,
+        {
+            "BUILD.toml": command("t", cmd="x", outs=[out]),
+            "sub/BUILD.toml": command("x", cmd="echo sub > $(OUT)", outs=["x"]),
+        },
+    )
+    err = _error(ws, "//:t")
+    assert err.target == "//:t" and err.field == "outs"
+    assert f"{out!r} lies in package //sub" in str(err)
+
+
+@pytest.mark.fast
+def test_an_output_in_a_plain_folder_of_the_package_is_fine(command, make_workspace, tmp_path):
+    ws = make_workspace(
+        tmp_path, {"BUILD.toml": command("t", cmd="x", outs=["sub/x"]), "sub/notes.txt": "n"}
+    )
+    _analyze(ws, "//:t")
+
+
+@pytest.mark.e2e
+def test_a_folder_that_becomes_a_package_refuses_the_output_after_a_cached_analysis(
+    command, make_workspace, run_rsi, tmp_path
+):
+    """The BUILD.toml that is not there is a read of the analysis: made later, the next build
+    (whose analysis and state were cached) is refused; removed again, it builds."""
+    ws = make_workspace(
+        tmp_path, {"BUILD.toml": command("t", cmd="echo top > $(OUT)", outs=["sub/x"])}
+    )
+    assert run_rsi(ws, "build", "//:t").returncode == 0
+    assert run_rsi(ws, "build", "//:t").returncode == 0
+    (ws / "sub" / "BUILD.toml").parent.mkdir(exist_ok=True)
+    (ws / "sub" / "BUILD.toml").write_text(command("x", cmd="echo sub > $(OUT)", outs=["x"]))
+    before = _store_entries(ws)
+    run = run_rsi(ws, "build", "//:t")
+    _assert_refused(run, "BUILD.toml", "//:t", "field 'outs'", "lies in package //sub")
+    assert _store_entries(ws) == before
+    (ws / "sub" / "BUILD.toml").unlink()
+    run = run_rsi(ws, "build", "//:t")
+    assert run.returncode == 0, run
+    assert (ws / "out" / "sub" / "x").read_text() == "top\n"
+
+
+@pytest.mark.fast
 def test_a_shared_action_reached_through_two_dependencies_is_one_input(
     command, make_workspace, tmp_path
 ):
