@@ -342,7 +342,14 @@ def why(ctx: click.Context, target: str, as_json: bool) -> None:
     from rsi.why import explain
 
     ws = _workspace(ctx)
-    doc = explain(open_store(ws), str(Label.parse(target, _current_package(ws))), ws)
+    label = Label.parse(target, _current_package(ws))
+    doc = explain(open_store(ws), str(label), ws)
+    if doc["build_id"] is None:
+        from rsi.build_analysis import make_loader
+
+        # NB: nothing recorded: a label that names no target is a mistake, said as a build
+        # says it (a target since removed, whose builds the store still logs, is explained)
+        make_loader(ws).target(label)
     if as_json:
         _emit(doc, True)
         return

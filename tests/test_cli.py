@@ -252,6 +252,18 @@ def test_why_names_the_changed_attribute(build, run_rsi, ws):
     assert "attribute cmd changed" in run.stdout and "argv changed" in run.stdout
 
 
+def test_why_of_a_label_that_names_no_target_exits_2_saying_so(build, run_rsi, ws):
+    build(ws, "//:use")
+    for label, words in (("//:nope", "no target //:nope"), ("//nopkg:x", "no package //nopkg")):
+        run = run_rsi(ws, "why", label)
+        assert run.returncode == 2 and words in run.stderr and "Traceback" not in run.stderr
+        doc = run_rsi(ws, "why", label, "--json").json()
+        assert doc["exit_code"] == 2 and words in doc["error"]["message"]
+    # NB: a target that exists but was never built is no mistake
+    run = run_rsi(ws, "why", "//:other")
+    assert run.returncode == 0 and "no build of it is recorded" in run.stdout, run
+
+
 def test_why_says_fully_cached(build, run_rsi, ws):
     build(ws, "//:use")
     build(ws, "//:use")
