@@ -117,14 +117,25 @@ def hits_digest(total: int) -> str:
 
 
 def digest_file(path: str | os.PathLike, function: str = DEFAULT_FUNCTION) -> Digest:
-    """Stream a file through the hash; large files are memory-mapped and hashed in parallel."""
-    size = os.stat(path).st_size
+    """Stream a file through the hash; large files are memory-mapped and hashed in parallel.
+    Only a regular file: anything else raises OSError (rsi.fsutil.open_regular)."""
+    from rsi.fsutil import open_regular
+
+    fd = open_regular(path)
+    size = os.fstat(fd).st_size
     if function == "blake3" and size >= _SMALL_FILE:
-        h = blake3.blake3(max_threads=blake3.blake3.AUTO)
-        h.update_mmap(os.fspath(path))
-        return Digest(h.hexdigest(), size)
+        import mmap
+
+        # NB: the descriptor checked, mapped: never the path opened again
+        try:
+            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
+                h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+                h.update(mapped)
+                return Digest(h.hexdigest(), len(mapped))
+        finally:
+            os.close(fd)
     h = _hasher(function)
-    with open(path, "rb") as f:
+    with os.fdopen(fd, "rb") as f:
         if size < _SMALL_FILE:
             data = f.read()
             h.update(data)

@@ -3,10 +3,12 @@ never meet a half-written file."""
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
 import shutil
+import stat
 import threading
 import time
 from pathlib import Path
@@ -21,6 +23,42 @@ except ImportError:
         from hashlib import sha256  # type: ignore[assignment]
 
 from rsi.errors import StoreError
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words ("a FIFO")."""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def open_regular(path: str | os.PathLike) -> int:
+    """A descriptor of `path` for reading, only when it is a regular file. Opened without
+    waiting (the open of a FIFO would wait for a writer, for ever) and checked on the
+    descriptor itself, so a file swapped meanwhile is seen; anything else (a FIFO, a device
+    such as an endless /dev/zero, a folder, a socket) raises OSError(EINVAL) naming it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"not a regular file: it is {file_kind(mode)}", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: str | os.PathLike) -> bytes:
+    """The bytes of `path`, a regular file (`open_regular`)."""
+    with os.fdopen(open_regular(path), "rb") as f:
+        return f.read()
 
 
 def atomic_write_bytes(

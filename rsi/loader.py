@@ -17,6 +17,7 @@ from typing import Iterable, Mapping
 
 from rsi.attrs import Where
 from rsi.errors import DeclarationError, LabelError
+from rsi.fsutil import read_regular
 from rsi.label import Label, Pattern
 from rsi.record import Frozen
 from rsi.rule import Rule
@@ -107,7 +108,7 @@ class Loader:
                 hint="a package is a folder of the workspace; copy it in instead of linking it",
             )
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_regular(path).decode("utf-8")
         except FileNotFoundError:
             raise LabelError(f"no package //{package}: {path} does not exist") from None
         except UnicodeDecodeError as exc:

@@ -14,12 +14,14 @@ import os
 import posixpath
 import re
 import shlex
+import stat
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from rsi.attrs import Attr, Schema
 from rsi.digest import Digest, SymlinkNode, TreeError, scan_tree
 from rsi.errors import DeclarationError
+from rsi.fsutil import file_kind, read_regular
 from rsi.label import Label
 from rsi.record import Frozen
 
@@ -299,10 +301,20 @@ class RuleContext:
                 f"source file {rel!r} cannot be read: {exc.strerror or exc}", field_name
             ) from None
         if not is_file:
+            try:
+                mode = full.stat().st_mode
+            except OSError:
+                raise self.error(
+                    f"source file {rel!r} does not exist ({full})", field_name
+                ) from None
             hint = None
-            if full.is_dir():
+            if stat.S_ISDIR(mode):
                 hint = "name files, not folders (use a tree attribute for folders)"
-            raise self.error(f"source file {rel!r} does not exist ({full})", field_name, hint)
+            raise self.error(
+                f"source file {rel!r} is not a regular file: it is {file_kind(mode)} ({full})",
+                field_name,
+                hint,
+            )
         path = self.exec_path(norm)
         self._source_fields.setdefault(path, field_name)
         return Artifact(path, source=str(full), executable=os.access(full, os.X_OK))
@@ -369,7 +381,7 @@ class RuleContext:
         """Read a file during analysis; tracked, so the analysis cache sees a change to it."""
         if self.tracker is not None:
             self.tracker.file(path)
-        return Path(path).read_bytes()
+        return read_regular(path)
 
     # -------------------------------------------------------------------------- actions
     def action(

@@ -14,6 +14,7 @@ from typing import Iterable
 
 from rsi.digest import DIGEST_FUNCTIONS
 from rsi.errors import DeclarationError, UsageError
+from rsi.fsutil import read_regular
 from rsi.record import Frozen
 
 CONFIG_FILE = "rsi.toml"
@@ -432,7 +433,7 @@ def _config_data(path: Path) -> dict:
 
     now = time.time_ns()
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path)
         text = raw.decode("utf-8")
         data = tomllib.loads(text)
     except OSError as exc:

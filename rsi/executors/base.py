@@ -22,7 +22,7 @@ from typing import Callable, Protocol
 
 from rsi.action import UNCACHED_EXIT_ENV, Action, ActionResult, OutputFile
 from rsi.digest import FileNode, SymlinkNode, digest_bytes, digest_file
-from rsi.fsutil import remove_tree
+from rsi.fsutil import read_regular, remove_tree
 from rsi.limits import Cgroup, Limits, cgroup_support
 from rsi.store import SMALL_BLOB, LocalStore
 
@@ -118,8 +118,7 @@ def copy_source(src: str, dest: Path, node: FileNode, store: LocalStore) -> None
     small = node.digest.size <= (1 << 20)
     try:
         if small:  # NB: one read serves both the hash and the copy
-            with open(src, "rb") as f:
-                data = f.read()
+            data = read_regular(src)
             got = digest_bytes(data, store.function)
             if got == node.digest:
                 with open(dest, "xb") as f:
