@@ -383,7 +383,12 @@ def test_the_child_holds_nothing_at_0_to_2_but_dev_null(tmp_path):
         targets = set()
         for _ in range(500):
             where = f"/proc/{sweep.pid}/fd"
-            targets = {os.readlink(f"{where}/{n}") for n in os.listdir(where)}
+            targets = set()
+            for n in os.listdir(where):
+                try:
+                    targets.add(os.readlink(f"{where}/{n}"))
+                except FileNotFoundError:  # NB: closed by the child between list and read
+                    continue
             if str(lock) not in targets:
                 break
             time.sleep(0.01)
