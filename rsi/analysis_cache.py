@@ -21,7 +21,7 @@ from rsi import __version__, sections
 from rsi.sections import Packed, is_packed
 from rsi.sections import raw as unpacked
 from rsi.digest import Digest, FileDigestMemo, digest_value, hasher
-from rsi.fsutil import atomic_write_bytes, prune
+from rsi.fsutil import atomic_write_bytes, open_regular, prune
 from rsi.gc_policy import quiet_gc
 
 SCHEMA = "rsi.analysis/1"
@@ -411,7 +411,7 @@ def read_sealed_head(store, path: Path) -> tuple[str | None, Any | None]:
     it is unpickled (nothing is unpickled from bytes the seal does not vouch for), and again
     as it is unpickled (what was unpickled is what was checked, whatever wrote meanwhile)."""
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:
             seal = f.readline(256).rstrip(b"\n").decode(errors="replace")
             start = f.tell()
             if f.read(len(sections.MAGIC)) == sections.MAGIC:
@@ -493,7 +493,7 @@ KEEP_IN_MEMORY = 2
 def _entry_identity(path: Path) -> tuple | None:
     """(stat signature, seal) of an analysis entry: what a kept copy must still match."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_regular(path)
     except OSError:
         return None
     try:
@@ -517,7 +517,7 @@ def touch_entry(path: Path) -> None:
     file, so no other file that took the path meanwhile): without this, a long-lived rsi read
     the whole analysis (~160 MB at 100,000 actions) again at every build that needed it."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_regular(path)
     except OSError:
         return
     try:

@@ -330,9 +330,10 @@ class FileDigestMemo:
         entries = self._loaded
         if entries is None:
             entries = {}
+            from rsi.fsutil import read_regular
+
             try:
-                with open(self.path, "rb") as f:  # type: ignore[arg-type]
-                    loaded = json.loads(f.read())
+                loaded = json.loads(read_regular(self.path))  # type: ignore[arg-type]
                 if loaded.get("function") == self.function:
                     entries = loaded.get("entries", {})
             except (OSError, ValueError, AttributeError):

@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
-from rsi.fsutil import pid_alive
+from rsi.fsutil import pid_alive, read_regular
 from rsi.errors import ExecutionError
 from rsi.record import Frozen
 
@@ -215,7 +215,7 @@ class HostLock:
             names = []
         for name in names:
             try:
-                doc = json.loads((self.holders_dir / name).read_text())
+                doc = json.loads(read_regular(self.holders_dir / name))
                 records.append(
                     Holder(
                         int(doc["pid"]),
@@ -315,7 +315,7 @@ class HostLock:
     def _expected(self, label: str | None) -> float | None:
         """How long the last exclusive holding of `label` lasted on this host, if recorded."""
         try:
-            return _seconds(json.loads(self._expected_path(label).read_text()).get("s"))
+            return _seconds(json.loads(read_regular(self._expected_path(label))).get("s"))
         except (OSError, ValueError, AttributeError):
             return None
 

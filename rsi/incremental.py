@@ -30,6 +30,7 @@ from rsi import __version__, analysis_cache, native, side_check
 from rsi.gc_policy import quiet_gc  # noqa: F401 - NB: build.py uses it from here
 from rsi.analysis_cache import Vouched, read_sealed_head, write_sealed
 from rsi.digest import HITS_MOD, Digest, FileDigestMemo, digest_file, digest_value, hit_term
+from rsi.fsutil import open_regular
 from rsi.record import Value
 from rsi.sections import Packed, is_packed
 from rsi.sections import raw as unpacked
@@ -254,7 +255,7 @@ def _sig_of(path) -> tuple | None:
     a file system may hand a rewritten file the old one's inode and size within one clock
     tick, so the kept copy (`_KEEP`) is trusted by content, not by the stat alone."""
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:
             st = os.fstat(f.fileno())
             head = f.read(160).split(b"\n", 1)[0]
     except OSError:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import errno
+import stat
 import os
 import re
 import shutil
@@ -33,6 +35,7 @@ from rsi.fsutil import (
     atomic_write_bytes,
     create_temp,
     pid_alive,
+    read_regular,
     remove_tree,
     replace_into,
     scan_dir,
@@ -183,9 +186,10 @@ class LocalStore:
         corrupt one is quarantined)."""
         path = _shard(self._cas_s, digest.hash)
         try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError:
+            data = read_regular(path)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:  # NB: not a regular file (a FIFO): never a blob
+                self._quarantine(path)
             return None
         if len(data) != digest.size or digest_bytes(data, self.function) != digest:
             self._quarantine(path)
@@ -199,16 +203,23 @@ class LocalStore:
             st = os.stat(path)
         except OSError:
             return False
-        if st.st_size != digest.size:
+        if st.st_size != digest.size or not stat.S_ISREG(st.st_mode):
             self._quarantine(path)
             return False
-        if st.st_size <= SMALL_BLOB:
-            # NB: hashed again: cheaper than loading the memo of every blob for a few small ones
-            if digest_file(path, self.function) != digest:
+        try:
+            if st.st_size <= SMALL_BLOB:
+                # NB: hashed again: cheaper than loading the memo of every blob for a few
+                # small ones
+                if digest_file(path, self.function) != digest:
+                    self._quarantine(path)
+                    return False
+                return True
+            found = self.blob_memo.digest(path, st)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:  # NB: swapped for a FIFO since the stat
                 self._quarantine(path)
-                return False
-            return True
-        if self.blob_memo.digest(path, st) != digest:
+            return False
+        if found != digest:
             self.blob_memo.forget(path)
             self._quarantine(path)
             return False
@@ -328,9 +339,14 @@ class LocalStore:
     def read_bytes(self, digest: Digest) -> bytes:
         path = self.blob_path(digest)
         try:
-            data = path.read_bytes()
+            data = read_regular(path)
         except FileNotFoundError:
             raise CorruptEntry(f"blob {digest} is missing from {self.cas}") from None
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise StoreError(f"cannot read blob {digest}: {exc.strerror or exc}") from exc
+            self._quarantine(path)
+            raise CorruptEntry(f"blob {digest} was not a regular file and was removed") from None
         if digest_bytes(data, self.function) != digest:
             self._quarantine(path)
             raise CorruptEntry(f"blob {digest} failed verification and was removed")
@@ -425,11 +441,13 @@ class LocalStore:
         """The cached result for `key`, or None. A corrupt entry is deleted and reported as None."""
         path = _shard(self._ac_s, key.hash)
         try:
-            with open(path, "rb") as f:
-                raw = f.read()
+            raw = read_regular(path)
         except FileNotFoundError:
             return None
         except OSError as exc:
+            if exc.errno == errno.EINVAL:  # NB: a FIFO in its place: a miss, never a wait
+                self._quarantine(path)
+                return None
             raise StoreError(f"cannot read {path}: {exc}") from exc
         try:
             result = self.parse_action_result(raw, key)

@@ -16,7 +16,9 @@ from typing import Iterator
 from rsi.fsutil import (
     atomic_write_bytes,
     name_hash,
+    open_regular,
     path_signatures,
+    read_regular,
     scan_dir,
     stat_signature,
     store_write_error,
@@ -58,7 +60,7 @@ class GcRoots:
     def read(self, path: Path) -> dict:
         """The registration document with its journal (when it extends this file) applied."""
         try:
-            with open(path, "rb") as f:
+            with os.fdopen(open_regular(path), "rb") as f:
                 st = os.fstat(f.fileno())
                 doc = json.loads(f.read())
         except (OSError, ValueError):
@@ -73,7 +75,7 @@ class GcRoots:
 
     def _journal_updates(self, path: Path, base_sig: list) -> list[dict]:
         try:
-            lines = self._journal_path(path).read_bytes().splitlines()
+            lines = read_regular(self._journal_path(path)).splitlines()
         except OSError:
             return []
         updates: list[dict] = []
@@ -144,7 +146,7 @@ class GcRoots:
     @staticmethod
     def _journal_header(journal: Path) -> list | None:
         try:
-            with open(journal, "rb") as f:
+            with os.fdopen(open_regular(journal), "rb") as f:
                 return json.loads(f.readline()).get("extends")
         except (OSError, ValueError, AttributeError):
             return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from rsi.fsutil import read_regular
 from rsi.label import Label
 from rsi.store import LocalStore
 
@@ -32,7 +33,7 @@ def explain(store: LocalStore, target: str, ws=None) -> dict:
         ran, cached, found, build_id = [], 0, False, None
         summarised, seen = 0, set()  # NB: hits not listed (`actions_cached`), actions listed
         try:
-            lines = log.read_text().splitlines()
+            lines = read_regular(log).decode(errors="replace").splitlines()
         except OSError:
             continue
         requested = False
