@@ -398,7 +398,8 @@ def serve(key: str) -> int:
             continue
         with conn:
             try:
-                if _loaded_files() != known:
+                now = _loaded_files()
+                if any(now.get(path) != sig for path, sig in known.items()):
                     say("code or installed packages changed: exiting")
                     send_quietly(conn, b"r")
                     break
@@ -408,7 +409,12 @@ def serve(key: str) -> int:
             finally:
                 last = time.monotonic()
                 busy.release()
-        known = _loaded_files()
+        # NB: only the modules this build imported first are added, as they are now: a file
+        # loaded before is held to its signature at load, never to one taken after the build
+        # (a rewrite landing between the client's exit and that snapshot went unseen, and the
+        # next build was served with the old code)
+        for path, sig in _loaded_files().items():
+            known.setdefault(path, sig)
         if _rss_mb() > max_rss:
             say(f"holding {_rss_mb():.0f} MiB after a build (> {max_rss:g}): exiting")
             break
