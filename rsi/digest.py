@@ -18,6 +18,7 @@ import blake3
 
 from rsi.canonical import canonical_bytes
 from rsi.errors import RsiError, StoreError
+from rsi.fsutil import atomic_write_bytes, open_regular, read_regular
 from rsi.record import Frozen, Ordered
 
 _set = object.__setattr__
@@ -119,8 +120,6 @@ def hits_digest(total: int) -> str:
 def digest_file(path: str | os.PathLike, function: str = DEFAULT_FUNCTION) -> Digest:
     """Stream a file through the hash; large files are memory-mapped and hashed in parallel.
     Only a regular file: anything else raises OSError (rsi.fsutil.open_regular)."""
-    from rsi.fsutil import open_regular
-
     fd = open_regular(path)
     size = os.fstat(fd).st_size
     if function == "blake3" and size >= _SMALL_FILE:
@@ -330,8 +329,6 @@ class FileDigestMemo:
         entries = self._loaded
         if entries is None:
             entries = {}
-            from rsi.fsutil import read_regular
-
             try:
                 loaded = json.loads(read_regular(self.path))  # type: ignore[arg-type]
                 if loaded.get("function") == self.function:
@@ -399,8 +396,6 @@ class FileDigestMemo:
     def save(self) -> None:
         if not self._dirty or self.path is None or self._loaded is None:
             return
-        from rsi.fsutil import atomic_write_bytes
-
         entries = dict(self._entries)  # NB: a snapshot; other threads may still be adding
         data = json.dumps({"function": self.function, "entries": entries}).encode()
         try:
